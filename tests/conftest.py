@@ -1,0 +1,18 @@
+"""Shared test setup: GPU tests run only where a GPU is visible."""
+
+import shutil
+
+import pytest
+from hypothesis import settings
+
+settings.register_profile("lcab", deadline=None, max_examples=60)
+settings.load_profile("lcab")
+
+
+def pytest_collection_modifyitems(config, items):
+    if shutil.which("nvidia-smi"):
+        return
+    skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU (no nvidia-smi on this machine)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip_gpu)
