@@ -12,6 +12,11 @@ import numpy as np
 from lcab.masks import AttnMask
 
 
+def _einsum(subscripts, *operands):
+    # optimize=True routes the contractions through BLAS (plain einsum loops).
+    return np.einsum(subscripts, *operands, optimize=True)
+
+
 def _prepare(q, k, v, mask: AttnMask, scale):
     q, k, v = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
     if q.ndim != 4 or k.shape != v.shape or k.ndim != 4:
@@ -37,7 +42,7 @@ def _prepare(q, k, v, mask: AttnMask, scale):
 
 def _probabilities(q, k, visible, scale):
     """Softmax probabilities (b, hq, sq, sk) and lse (b, hq, sq)."""
-    scores = np.einsum("bqhd,bkhd->bhqk", q, k) * scale
+    scores = _einsum("bqhd,bkhd->bhqk", q, k) * scale
     scores = np.where(visible, scores, -np.inf)
     row_max = scores.max(axis=-1, keepdims=True)
     safe_max = np.where(np.isfinite(row_max), row_max, 0.0)
@@ -56,7 +61,7 @@ def attention(q, k, v, mask: AttnMask, scale: float | None = None):
     """
     q, k, v, visible, scale, _ = _prepare(q, k, v, mask, scale)
     probs, lse = _probabilities(q, k, visible, scale)
-    out = np.einsum("bhqk,bkhd->bqhd", probs, v)
+    out = _einsum("bhqk,bkhd->bqhd", probs, v)
     return out, lse
 
 
@@ -65,13 +70,13 @@ def attention_grads(q, k, v, mask: AttnMask, dout, scale: float | None = None):
     q, k_full, v_full, visible, scale, group = _prepare(q, k, v, mask, scale)
     dout = np.asarray(dout, dtype=np.float64)
     probs, _ = _probabilities(q, k_full, visible, scale)
-    out = np.einsum("bhqk,bkhd->bqhd", probs, v_full)
-    dv_full = np.einsum("bhqk,bqhd->bkhd", probs, dout)
-    dprobs = np.einsum("bqhd,bkhd->bhqk", dout, v_full)
-    row_dot = np.einsum("bqhd,bqhd->bhq", dout, out)[..., None]
+    out = _einsum("bhqk,bkhd->bqhd", probs, v_full)
+    dv_full = _einsum("bhqk,bqhd->bkhd", probs, dout)
+    dprobs = _einsum("bqhd,bkhd->bhqk", dout, v_full)
+    row_dot = _einsum("bqhd,bqhd->bhq", dout, out)[..., None]
     dscores = probs * (dprobs - row_dot) * scale
-    dq = np.einsum("bhqk,bkhd->bqhd", dscores, k_full)
-    dk_full = np.einsum("bhqk,bqhd->bkhd", dscores, q)
+    dq = _einsum("bhqk,bkhd->bqhd", dscores, k_full)
+    dk_full = _einsum("bhqk,bqhd->bkhd", dscores, q)
     # Sum the gradients of query heads that shared one K/V head.
     b, sk, hq, d = dk_full.shape
     dk = dk_full.reshape(b, sk, hq // group, group, d).sum(axis=3)

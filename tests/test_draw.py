@@ -7,7 +7,7 @@ import matplotlib.image
 import numpy as np
 
 from lcab.masks import MASK_NAMES
-from lcab.masks.draw import picture_mask
+from lcab.masks.small import small_mask
 
 
 def test_cli_writes_one_picture_per_family_and_a_grid(tmp_path):
@@ -36,7 +36,7 @@ def test_cli_rejects_bad_flags(tmp_path):
 
 def test_picture_masks_show_their_structure():
     for name in MASK_NAMES:
-        mask = picture_mask(name)
+        mask = small_mask(name)
         assert mask.seqlen_q == 256 and 0 < mask.density() <= 1
         if name not in ("full", "prefix_lm_causal", "global_sliding_window", "causal"):
             assert mask.density() < 0.35, name  # small parameters, visible pattern

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from lcab.masks import ALIASES, MASK_NAMES, AttnMask, AttnSlice, KINDS, make_mask
 from lcab.masks import slices as slices_lib
-from lcab.masks.draw import picture_mask
+from lcab.masks.small import small_mask
 
 SEEDS = [0, 1, 7]
 SIZES = [1, 3, 97, 640, 2048]
@@ -228,9 +228,9 @@ def test_documents_from_pile_sum_to_seqlen():
 def test_views_are_none_where_the_shape_is_not_theirs():
     for name in ("share_question", "causal_blockwise", "block_sparse", "prefix_lm_causal",
                  "global_sliding_window", "sliding_window", "block_causal_document"):
-        assert picture_mask(name).documents() is None
+        assert small_mask(name).documents() is None
     for name in ("full_document", "share_question", "block_sparse", "prefix_lm_causal"):
-        mask = picture_mask(name)
+        mask = small_mask(name)
         assert mask.window() is None, name
 
 

@@ -6,13 +6,16 @@
 """
 
 from lcab.masks.factory import ALIASES, MASK_NAMES, canonical_name, make_mask
+from lcab.masks.families import FAMILIES as FAMILIES_BY_NAME
 from lcab.masks.mask import DENSE_LIMIT, AttnMask, Documents
 from lcab.masks.schedule import BlockSchedule
+from lcab.masks.small import small_mask
 from lcab.masks.slices import KINDS, AttnSlice
 
 __all__ = [
     "ALIASES",
     "DENSE_LIMIT",
+    "FAMILIES_BY_NAME",
     "KINDS",
     "MASK_NAMES",
     "AttnMask",
@@ -21,4 +24,5 @@ __all__ = [
     "Documents",
     "canonical_name",
     "make_mask",
+    "small_mask",
 ]

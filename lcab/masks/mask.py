@@ -71,6 +71,14 @@ class AttnMask:
     def __setattr__(self, key, value):
         raise dataclasses.FrozenInstanceError(f"AttnMask is immutable ({key=})")
 
+    def __reduce__(self):
+        # Slots plus a frozen __setattr__ need an explicit recipe to pickle
+        # (child processes of --isolate receive masks this way).
+        return (
+            _rebuild,
+            (self.seqlen_q, self.seqlen_k, np.array(self._table), self.name, self.params),
+        )
+
     # ----- identity -----------------------------------------------------
     @property
     def slice_table(self) -> np.ndarray:
@@ -197,6 +205,10 @@ class AttnMask:
         return schedule_lib.build_block_schedule(
             self._table, self.seqlen_q, self.seqlen_k, block_q, block_k
         )
+
+
+def _rebuild(seqlen_q, seqlen_k, table, name, params) -> AttnMask:
+    return AttnMask(seqlen_q, seqlen_k, table, name=name, params=params, _trusted=True)
 
 
 # ----- validation --------------------------------------------------------

@@ -1,0 +1,137 @@
+"""JAX runtime: ahead-of-time compiled, timed with block_until_ready.
+
+Compilation is done once per measured function with jit(...).lower().compile()
+and reported as compile_s; the timed calls run the compiled executable only.
+On GPU a 256 MiB buffer is rewritten between repeats so that no repeat finds
+its inputs in L2. Peak memory is XLA's memory analysis of the executable
+(arguments + outputs + temporaries): JAX has no per-case peak counter.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import platform
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from lcab.runtime import L2_FLUSH_BYTES, DeviceInfo, Runtime, Timing
+
+_DTYPES = {"bfloat16": jnp.bfloat16, "float16": jnp.float16, "float32": jnp.float32}
+
+
+def _package_version(name: str) -> str | None:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+class JaxRuntime(Runtime):
+    framework = "jax"
+
+    def __init__(self):
+        self._flush = None
+
+    def device(self) -> DeviceInfo:
+        first = jax.devices()[0]
+        return DeviceInfo(
+            name=first.device_kind if first.platform != "cpu" else "cpu",
+            platform=first.platform,
+            count=jax.device_count(),
+        )
+
+    def versions(self) -> dict[str, str]:
+        found = {"jax": jax.__version__, "python": platform.python_version(),
+                 "numpy": np.__version__}
+        for package in ("jaxlib", "jax-cuda13-plugin", "jax-cuda12-plugin", "tokamax",
+                        "flash-attn3-jax"):
+            version = _package_version(package)
+            if version:
+                found[package] = version
+        return found
+
+    def from_numpy(self, array, dtype):
+        return jnp.asarray(np.asarray(array, dtype=np.float32), dtype=_DTYPES[dtype])
+
+    def to_numpy(self, array):
+        return np.asarray(jnp.asarray(array, dtype=jnp.float32), dtype=np.float64)
+
+    def dtype_name(self, array) -> str:
+        for name, dtype in _DTYPES.items():
+            if array.dtype == dtype:
+                return name
+        raise ValueError(f"unsupported array dtype {array.dtype}; use one of {list(_DTYPES)}")
+
+    def swap_seq_heads(self, array):
+        return jnp.swapaxes(array, 1, 2)
+
+    def random_inputs(self, shapes, dtype, seed):
+        keys = jax.random.split(jax.random.key(seed), len(shapes))
+        return [
+            jax.random.normal(key, shape, dtype=_DTYPES[dtype]) for key, shape in zip(keys, shapes)
+        ]
+
+    def forward(self, fn, q, k, v):
+        return jax.jit(fn)(q, k, v)
+
+    def forward_backward(self, fn, q, k, v, dout):
+        return jax.jit(_with_gradients(fn))(q, k, v, dout)
+
+    def _flush_l2(self):
+        if self._flush is None:
+            buffer = jnp.zeros(L2_FLUSH_BYTES // 4, dtype=jnp.int32)
+            rewrite = jax.jit(lambda b: b + 1, donate_argnums=0)
+            self._flush = [buffer, rewrite]
+        buffer, rewrite = self._flush
+        self._flush[0] = rewrite(buffer).block_until_ready()
+
+    def measure(self, fn, inputs, *, backward, warmup, iters, flush_l2):
+        target = _with_gradients(fn) if backward else fn
+        start = time.perf_counter()
+        compiled = jax.jit(target).lower(*inputs).compile()
+        compile_s = time.perf_counter() - start
+        flush = flush_l2 and jax.devices()[0].platform == "gpu"
+        for _ in range(warmup + 1):  # the first call also loads the executable
+            jax.block_until_ready(compiled(*inputs))
+        samples = []
+        for _ in range(iters):
+            if flush:
+                self._flush_l2()
+            start = time.perf_counter()
+            jax.block_until_ready(compiled(*inputs))
+            samples.append((time.perf_counter() - start) * 1e3)
+        return Timing(tuple(samples), compile_s=compile_s, peak_mem_bytes=_peak_bytes(compiled))
+
+    def is_oom(self, exc):
+        text = str(exc)
+        return super().is_oom(exc) or "RESOURCE_EXHAUSTED" in text or "Out of memory" in text
+
+    def cleanup(self):
+        super().cleanup()
+        jax.clear_caches()
+
+
+def _with_gradients(fn):
+    """(q, k, v, dout) -> (out, dq, dk, dv): the output is returned too so
+    XLA cannot drop any of the forward pass from a fwd+bwd measurement."""
+
+    def forward_backward(q, k, v, dout):
+        out, pullback = jax.vjp(fn, q, k, v)
+        return (out, *pullback(dout.astype(out.dtype)))
+
+    return forward_backward
+
+
+def _peak_bytes(compiled) -> int | None:
+    try:
+        stats = compiled.memory_analysis()
+    except Exception:  # noqa: BLE001 - not every platform reports it
+        return None
+    if stats is None:
+        return None
+    fields = ("argument_size_in_bytes", "output_size_in_bytes", "temp_size_in_bytes")
+    total = sum(int(getattr(stats, field, 0) or 0) for field in fields)
+    return total - int(getattr(stats, "alias_size_in_bytes", 0) or 0)

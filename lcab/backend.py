@@ -1,0 +1,98 @@
+"""The backend protocol: what every kernel or CP strategy declares and does.
+
+A backend is a named implementation, `<framework>.<name>`. It says exactly
+what it can express (masks, dtypes, head dims, GQA, directions) through
+`supports(workload)`, and `build(workload)` returns a framework function
+f(q, k, v) -> out that the framework's runtime compiles, differentiates and
+times. Backends never time themselves and the runner never branches on a
+backend's name.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import importlib
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+from lcab.workloads import DTYPES, Workload
+
+LAYOUTS = ("bshd", "bhsd")  # (batch, seq, heads, dim) or (batch, heads, seq, dim)
+
+
+@dataclasses.dataclass(frozen=True)
+class Support:
+    """Whether a backend runs a workload exactly, and how or why not.
+
+    `how` names the way the mask (and shape) is expressed, e.g. "is_causal",
+    "dense boolean mask", "cu_seqlens; K/V heads repeated"; it goes into the
+    result row's `notes` column.
+    """
+
+    ok: bool
+    reason: str = ""
+    how: str = ""
+
+    @classmethod
+    def yes(cls, how: str) -> "Support":
+        return cls(True, how=how)
+
+    @classmethod
+    def no(cls, reason: str) -> "Support":
+        return cls(False, reason=reason)
+
+
+class Backend(abc.ABC):
+    """Subclass per implementation; register it in lcab.registry."""
+
+    name: ClassVar[str]
+    framework: ClassVar[str]
+    description: ClassVar[str] = ""
+    suite: ClassVar[str] = "kernel"
+    layout: ClassVar[str] = "bshd"
+    directions: ClassVar[tuple[str, ...]] = ("fwd", "bwd")
+    dtypes: ClassVar[tuple[str, ...]] = DTYPES
+    head_dims: ClassVar[tuple[int, ...] | None] = None  # None: any head_dim
+    gqa: ClassVar[bool] = True  # False: heads_q must equal heads_kv
+    requires: ClassVar[tuple[str, ...]] = ()  # modules that must import
+    probe_seqlen: ClassVar[int] = 256  # size of the correctness probe
+    cp_size: ClassVar[int] = 1
+    strategy: ClassVar[str | None] = None
+
+    @classmethod
+    def unavailable_reason(cls) -> str | None:
+        """None when usable here; otherwise why not (missing package, no GPU)."""
+        for module in cls.requires:
+            try:
+                importlib.import_module(module)
+            except Exception as exc:  # noqa: BLE001 - any import failure means unavailable
+                return f"cannot import {module}: {type(exc).__name__}: {exc}"
+        return cls.environment_problem()
+
+    @classmethod
+    def environment_problem(cls) -> str | None:
+        """Override to require a device or version; None when fine."""
+        return None
+
+    def supports(self, workload: Workload) -> Support:
+        """Shape checks shared by every backend, then the backend's mask check."""
+        if workload.dtype not in self.dtypes:
+            return Support.no(f"dtype {workload.dtype} not in {self.dtypes}")
+        if self.head_dims is not None and workload.head_dim not in self.head_dims:
+            return Support.no(f"head_dim {workload.head_dim} not in {self.head_dims}")
+        if not self.gqa and workload.heads_q != workload.heads_kv:
+            return Support.no("needs heads_q == heads_kv (no GQA)")
+        return self.mask_support(workload)
+
+    @abc.abstractmethod
+    def mask_support(self, workload: Workload) -> Support:
+        """Whether (and how) this backend expresses workload.mask exactly."""
+
+    @abc.abstractmethod
+    def build(self, workload: Workload) -> Callable[[Any, Any, Any], Any]:
+        """A framework function f(q, k, v) -> out in this backend's layout.
+
+        Host-side mask processing (cu_seqlens, dense masks, schedules)
+        happens here, once, outside anything that is timed.
+        """

@@ -1,0 +1,1 @@
+"""The benchmark CLI: `python -m lcab.experiments` (absl flags, flagfiles in experiments/)."""

@@ -1,0 +1,244 @@
+"""python -m lcab.experiments: run a sweep, write JSONL rows, print a table.
+
+    python -m lcab.experiments --flagfile=experiments/seed_kernels.flags --out out/seed
+
+Settings not given fall back to lcab.experiments.presets (a one-minute CPU
+sweep without a GPU, the seed's kernel sweep with one). --framework=all runs
+each framework in its own process (JAX and PyTorch fight over GPU memory)
+and merges their rows into one table.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import pathlib
+import secrets
+import subprocess
+import sys
+
+from absl import app, flags
+
+from lcab import registry, results
+from lcab.experiments import presets
+from lcab.experiments.sweep import Sweep, parse_heads, parse_seqlen
+from lcab.masks import MASK_NAMES, canonical_name
+from lcab.masks.doc_lengths import DISTRIBUTIONS
+from lcab.runner import Settings, import_plugins, run_cases
+from lcab.workloads import DTYPES, canonical_dtype
+
+FRAMEWORKS = ("jax", "torch")
+
+_FRAMEWORK = flags.DEFINE_enum(
+    "framework", "all", [*FRAMEWORKS, "all"],
+    "Which framework's backends to run; 'all' runs each in its own process.")
+_SUITE = flags.DEFINE_enum("suite", "kernel", list(registry.SUITES), "Kernel or CP suite.")
+_BACKENDS = flags.DEFINE_list(
+    "backends", None, "Full backend names (e.g. jax.xla,torch.sdpa_math); default: all of "
+    "the suite and framework.")
+_MASKS = flags.DEFINE_list("masks", None, f"Mask families: {', '.join(MASK_NAMES)}.")
+_SEQLENS = flags.DEFINE_list("seqlens", None, "Sequence lengths, e.g. 4k,8k,128k,1m.")
+_BATCH = flags.DEFINE_integer("batch", 1, "Batch size.", lower_bound=1)
+_HEADS = flags.DEFINE_string("heads", None, "Query:KV heads, e.g. 64:8.")
+_HEAD_DIM = flags.DEFINE_integer("head_dim", None, "Head dimension.", lower_bound=1)
+_DTYPE = flags.DEFINE_string("dtype", None, f"One of {', '.join(DTYPES)} (or bf16, fp16, fp32).")
+_DIRECTIONS = flags.DEFINE_list(
+    "directions", ["fwd", "bwd"], "Directions to time: fwd, bwd (bwd = fwd+bwd - fwd).")
+_WARMUP = flags.DEFINE_integer("warmup", None, "Untimed calls before timing.", lower_bound=0)
+_ITERS = flags.DEFINE_integer("iters", None, "Timed repeats.", lower_bound=1)
+_OUT = flags.DEFINE_string("out", "out", "Directory for the run's JSONL rows.")
+_RESUME = flags.DEFINE_bool("resume", False, "Skip rows already in the output files.")
+_ISOLATE = flags.DEFINE_bool(
+    "isolate", False, "Run each case in a child process (a crash loses one case).")
+_WINDOW = flags.DEFINE_integer("window", None, "Window for sliding-window masks.", lower_bound=0)
+_DOC_DISTRIBUTION = flags.DEFINE_enum(
+    "doc_distribution", None, list(DISTRIBUTIONS), "Document-length histogram.")
+_MASK_SEED = flags.DEFINE_integer("mask_seed", 0, "Seed of random mask parameters.")
+_SEED = flags.DEFINE_integer("seed", 0, "Seed of the random inputs.")
+_FLUSH_L2 = flags.DEFINE_bool("flush_l2", True, "Rewrite 256 MiB between repeats on GPU.")
+_BACKEND_MODULES = flags.DEFINE_list(
+    "backend_modules", [], "Extra modules to import that register backends (plugins).")
+_GIT_COMMIT = flags.DEFINE_string(
+    "git_commit", None, "Commit to record when the tree is not a git checkout.")
+_PROGRESS = flags.DEFINE_bool("progress", True, "Show a progress bar.")
+_SUMMARY = flags.DEFINE_bool("summary", True, "Print the comparison table at the end.")
+_RUN_ID = flags.DEFINE_string("run_id", None, "Identifier written into every row.")
+
+
+# ----- validation at parse time: bad flags fail before anything runs --------
+def _check(values, parse):
+    for value in values or []:
+        parse(value)
+    return True
+
+
+def _parse_direction(text):
+    if text not in ("fwd", "bwd"):
+        raise ValueError(f"direction {text!r} is not one of fwd, bwd")
+    return text
+
+
+def _validator(flag_name, parse):
+    def check(values):
+        try:
+            return _check(values if isinstance(values, list) else [values], parse)
+        except ValueError as exc:
+            raise flags.ValidationError(str(exc)) from exc
+
+    flags.register_validator(flag_name, lambda v: v is None or check(v))
+
+
+_validator("masks", canonical_name)
+_validator("seqlens", parse_seqlen)
+_validator("heads", parse_heads)
+_validator("dtype", canonical_dtype)
+_validator("directions", _parse_direction)
+
+
+@flags.multi_flags_validator(["backends", "backend_modules"])
+def _check_backends(values):
+    try:
+        import_plugins(values["backend_modules"] or [])
+    except ImportError as exc:
+        raise flags.ValidationError(f"--backend_modules: {exc}") from exc
+    for name in values["backends"] or []:
+        try:
+            registry.check_backend_name(name)
+        except ValueError as exc:
+            raise flags.ValidationError(str(exc)) from exc
+    return True
+
+
+# ----- settings -------------------------------------------------------------
+def _resolved(flag, preset_key):
+    """The flag's value if given (command line or flagfile), else the preset's."""
+    if flag.present or preset_key not in presets.current():
+        return flag.value
+    return presets.current()[preset_key]
+
+
+def _sweep(framework: str | None) -> Sweep:
+    backends = _BACKENDS.value or registry.backend_names(suite=_SUITE.value)
+    if framework:
+        backends = [b for b in backends if registry.framework_of(b) == framework]
+    return Sweep(
+        backends=tuple(backends),
+        masks=tuple(_resolved(_MASKS, "masks")),
+        seqlens=tuple(parse_seqlen(s) for s in _resolved(_SEQLENS, "seqlens")),
+        batch=_BATCH.value,
+        heads=parse_heads(_resolved(_HEADS, "heads")),
+        head_dim=_resolved(_HEAD_DIM, "head_dim"),
+        dtype=_resolved(_DTYPE, "dtype"),
+        directions=tuple(d for d in ("fwd", "bwd") if d in _DIRECTIONS.value),
+        suite=_SUITE.value,
+        mask_seed=_MASK_SEED.value,
+        window=_resolved(_WINDOW, "window"),
+        doc_distribution=_resolved(_DOC_DISTRIBUTION, "doc_distribution"),
+    )
+
+
+def _output_path(framework: str) -> pathlib.Path:
+    return pathlib.Path(_OUT.value) / f"{_SUITE.value}_{framework}.jsonl"
+
+
+def _settings(sweep: Sweep, run_id: str) -> Settings:
+    record = {
+        "argv": " ".join(sys.argv[1:]),
+        "backends": list(sweep.backends), "masks": list(sweep.masks),
+        "seqlens": list(sweep.seqlens), "heads": list(sweep.heads),
+        "head_dim": sweep.head_dim, "dtype": sweep.dtype, "window": sweep.window,
+        "doc_distribution": sweep.doc_distribution, "mask_seed": sweep.mask_seed,
+    }
+    return Settings(
+        warmup=_resolved(_WARMUP, "warmup"),
+        iters=_resolved(_ITERS, "iters"),
+        flush_l2=_FLUSH_L2.value,
+        seed=_SEED.value,
+        run_id=run_id,
+        flags=json.dumps(record),
+        git_commit=_GIT_COMMIT.value or _git_commit(),
+        plugin_modules=tuple(_BACKEND_MODULES.value),
+    )
+
+
+def _git_commit() -> str:
+    from lcab.provenance import git_commit
+
+    return git_commit()
+
+
+# ----- running --------------------------------------------------------------
+def _run_framework(framework: str, run_id: str) -> pathlib.Path:
+    sweep = _sweep(framework)
+    path = _output_path(framework)
+    cases = sweep.cases()
+    skip = results.done_keys([path]) if _RESUME.value else set()
+    writer = results.Writer(path)
+    bar = None
+    if _PROGRESS.value and cases:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(cases), unit="case", desc=f"{framework} {sweep.suite}")
+    run_cases(
+        cases, writer, _settings(sweep, run_id), isolate=_ISOLATE.value, skip=skip,
+        progress=(lambda case: bar.update(1)) if bar else None,
+    )
+    if bar:
+        bar.close()
+    return path
+
+
+def _run_children(frameworks, run_id: str) -> list[pathlib.Path]:
+    """One process per framework, sharing the command line and the run id."""
+    argv = [a for a in sys.argv[1:] if not a.startswith(("--framework", "--run_id"))]
+    paths = []
+    for framework in frameworks:
+        command = [sys.executable, "-m", "lcab.experiments", *argv,
+                   f"--framework={framework}", f"--run_id={run_id}", "--nosummary"]
+        status = subprocess.run(command).returncode
+        if status != 0:
+            print(f"lcab.experiments: the {framework} process exited with {status}",
+                  file=sys.stderr)
+        paths.append(_output_path(framework))
+    return paths
+
+
+def _print_summary(paths, run_id: str, resume: bool) -> None:
+    from lcab import report
+
+    existing = [p for p in paths if p.exists()]
+    if not existing:
+        print("no results were written")
+        return
+    frame = results.load(existing)
+    if not resume:
+        frame = frame[frame["run_id"] == run_id]
+    print()
+    print(report.short_table(frame))
+    print(f"\nrows: {', '.join(str(p) for p in existing)}")
+
+
+def main(argv):
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    run_id = _RUN_ID.value or (
+        datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+        + "-" + secrets.token_hex(3)
+    )
+    backends = _BACKENDS.value or registry.backend_names(suite=_SUITE.value)
+    if not backends:
+        raise app.UsageError(f"no backends are registered for --suite={_SUITE.value} yet")
+    if _FRAMEWORK.value == "all":
+        wanted = [f for f in FRAMEWORKS if any(registry.framework_of(b) == f for b in backends)]
+        others = sorted({registry.framework_of(b) for b in backends} - set(FRAMEWORKS))
+        paths = _run_children(wanted, run_id)
+        # Host-only plugin frameworks (e.g. numpy) need no process of their own.
+        paths += [_run_framework(f, run_id) for f in others]
+    else:
+        paths = [_run_framework(_FRAMEWORK.value, run_id)]
+    if _SUMMARY.value:
+        _print_summary(paths, run_id, _RESUME.value)
+
+
+if __name__ == "__main__":
+    app.run(main)

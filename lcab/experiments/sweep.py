@@ -1,0 +1,84 @@
+"""A sweep declared as data: parsed settings -> the list of cases to run."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+from lcab import registry
+from lcab.masks import FAMILIES_BY_NAME, canonical_name, make_mask
+from lcab.runner import Case
+from lcab.workloads import Workload, canonical_dtype
+
+_SIZE = re.compile(r"^\s*(\d+)\s*([kKmM]?)\s*$")
+_UNITS = {"": 1, "k": 1024, "m": 1024 * 1024}
+
+
+def parse_seqlen(text: str) -> int:
+    """'4096', '4k', '128k', '1m' -> tokens (k = 1024, m = 1024**2)."""
+    match = _SIZE.match(str(text))
+    if not match or int(match[1]) <= 0:
+        raise ValueError(f"seqlen {text!r} is not a positive size like 4096, 4k, 128k or 1m")
+    return int(match[1]) * _UNITS[match[2].lower()]
+
+
+def parse_heads(text: str) -> tuple[int, int]:
+    """'64:8' -> (64, 8); '16' -> (16, 16)."""
+    parts = str(text).split(":")
+    if len(parts) not in (1, 2) or not all(p.strip().isdigit() for p in parts):
+        raise ValueError(f"heads {text!r} is not 'Q:KV' (e.g. 64:8) or 'H'")
+    heads_q, heads_kv = int(parts[0]), int(parts[-1])
+    if heads_q <= 0 or heads_kv <= 0 or heads_q % heads_kv:
+        raise ValueError(f"heads {text!r}: both positive and Q a multiple of KV")
+    return heads_q, heads_kv
+
+
+def format_seqlen(tokens: int) -> str:
+    for suffix, unit in (("m", 1024 * 1024), ("k", 1024)):
+        if tokens % unit == 0:
+            return f"{tokens // unit}{suffix}"
+    return str(tokens)
+
+
+@dataclasses.dataclass(frozen=True)
+class Sweep:
+    backends: tuple[str, ...]
+    masks: tuple[str, ...]
+    seqlens: tuple[int, ...]
+    batch: int = 1
+    heads: tuple[int, int] = (64, 8)
+    head_dim: int = 128
+    dtype: str = "bfloat16"
+    directions: tuple[str, ...] = ("fwd", "bwd")
+    suite: str = "kernel"
+    mask_seed: int = 0
+    window: int | None = None
+    doc_distribution: str | None = None
+
+    def __post_init__(self):
+        for name in self.backends:
+            registry.check_backend_name(name)
+        object.__setattr__(self, "masks", tuple(canonical_name(m) for m in self.masks))
+        object.__setattr__(self, "dtype", canonical_dtype(self.dtype))
+
+    def mask_params(self, name: str) -> dict:
+        """The sweep-wide parameters that this family takes."""
+        offered = {"window": self.window, "distribution": self.doc_distribution}
+        takes = FAMILIES_BY_NAME[name].params
+        return {k: v for k, v in offered.items() if k in takes and v is not None}
+
+    def cases(self) -> list[Case]:
+        cases = []
+        for mask_name in self.masks:
+            for seqlen in self.seqlens:
+                mask = make_mask(
+                    mask_name, seqlen, seed=self.mask_seed, **self.mask_params(mask_name)
+                )
+                workload = Workload(
+                    self.batch, seqlen, seqlen, *self.heads, self.head_dim, self.dtype, mask
+                )
+                cases += [
+                    Case(backend, workload, self.directions, self.suite)
+                    for backend in self.backends
+                ]
+        return cases

@@ -1,0 +1,51 @@
+"""Small-scale masks: each family with parameters that show its structure.
+
+Used for pictures and for correctness probes: at a few hundred tokens the
+default parameters (1024-token windows and blocks, real document lengths)
+would collapse most families into full or causal, so a probe would not
+test what the family is about. Sizes scale with the sequence length.
+"""
+
+from __future__ import annotations
+
+from lcab.masks.factory import make_mask
+from lcab.masks.mask import AttnMask
+
+SMALL_SEQLEN = 256
+_DOC_LENS = (40, 72, 24, 56, 64)  # out of 256: five uneven documents
+# Parameters at 256 tokens.
+SMALL_PARAMS: dict[str, dict] = {
+    "sliding_window": {"window": 24},
+    "sliding_window_causal": {"window": 24},
+    "global_sliding_window": {"global_len": 20},
+    "full_document": {"doc_lens": _DOC_LENS},
+    "causal_document": {"doc_lens": _DOC_LENS},
+    "block_causal_document": {"doc_lens": _DOC_LENS, "block_size": 16},
+    "share_question": {"doc_lens": _DOC_LENS},
+    "causal_blockwise": {"doc_lens": _DOC_LENS},
+    "prefix_lm_causal": {"prefix_len": 64},
+    "prefix_lm_document": {"doc_lens": _DOC_LENS, "prefix_len": 16},
+    "block_sparse": {"block_size": 16, "keep": 0.25},
+    "var_block_sparse": {"block_size": 24, "keep": 0.25},
+}
+
+
+def _scaled(params: dict, seqlen: int) -> dict:
+    scale = seqlen / SMALL_SEQLEN
+    out = {}
+    for key, value in params.items():
+        if key == "doc_lens":
+            lens = [max(1, round(x * scale)) for x in value[:-1]]
+            out[key] = [*lens, seqlen - sum(lens)]
+        elif key == "keep":
+            out[key] = value
+        else:
+            out[key] = max(1, round(value * scale))
+    return out
+
+
+def small_mask(name: str, seqlen: int = SMALL_SEQLEN, seed: int = 0) -> AttnMask:
+    """Family `name` at `seqlen` (>= 32) with structure-revealing parameters."""
+    if seqlen < 32:
+        raise ValueError(f"small masks need seqlen >= 32, got {seqlen=}")
+    return make_mask(name, seqlen, seed=seed, **_scaled(SMALL_PARAMS.get(name, {}), seqlen))

@@ -1,0 +1,73 @@
+"""A host-only runtime over NumPy arrays, for plugins and the harness's tests.
+
+Low-precision dtypes are emulated by rounding float32 values (bfloat16 by
+round-to-nearest-even on the bit pattern), so a NumPy backend sees the same
+input values a GPU kernel would. There is no autodiff here: a function run
+backward must carry a `grads(q, k, v, dout)` attribute.
+"""
+
+from __future__ import annotations
+
+import platform
+import time
+
+import numpy as np
+
+from lcab.runtime import DeviceInfo, Runtime, Timing
+
+
+def round_to(array: np.ndarray, dtype: str) -> np.ndarray:
+    x = np.asarray(array, dtype=np.float32)
+    if dtype == "float16":
+        return x.astype(np.float16).astype(np.float32)
+    if dtype == "bfloat16":
+        bits = x.view(np.uint32)
+        rounded = (bits + np.uint32(0x7FFF) + ((bits >> 16) & np.uint32(1))) & np.uint32(0xFFFF0000)
+        return rounded.view(np.float32)
+    return x
+
+
+class NumpyRuntime(Runtime):
+    framework = "numpy"
+
+    def device(self) -> DeviceInfo:
+        return DeviceInfo(name="cpu", platform="cpu", count=1)
+
+    def versions(self) -> dict[str, str]:
+        return {"numpy": np.__version__, "python": platform.python_version()}
+
+    def from_numpy(self, array, dtype):
+        return round_to(array, dtype)
+
+    def to_numpy(self, array):
+        return np.asarray(array, dtype=np.float64)
+
+    def dtype_name(self, array) -> str:
+        return "float32"
+
+    def swap_seq_heads(self, array):
+        return np.swapaxes(array, 1, 2)
+
+    def random_inputs(self, shapes, dtype, seed):
+        rng = np.random.default_rng(seed)
+        return [round_to(rng.standard_normal(shape), dtype) for shape in shapes]
+
+    def forward(self, fn, q, k, v):
+        return fn(q, k, v)
+
+    def forward_backward(self, fn, q, k, v, dout):
+        return (fn(q, k, v), *fn.grads(q, k, v, dout))
+
+    def measure(self, fn, inputs, *, backward, warmup, iters, flush_l2):
+        run = (lambda: self.forward_backward(fn, *inputs)) if backward else (lambda: fn(*inputs))
+        start = time.perf_counter()
+        run()
+        first = time.perf_counter() - start
+        for _ in range(warmup):
+            run()
+        samples = []
+        for _ in range(iters):
+            start = time.perf_counter()
+            run()
+            samples.append((time.perf_counter() - start) * 1e3)
+        return Timing(tuple(samples), compile_s=first, peak_mem_bytes=None)

@@ -1,0 +1,115 @@
+"""The backend and runtime registry: one immutable table drives dispatch.
+
+Entries name a class by "module:attribute" and are imported only when used,
+so listing backends (CLI choices, docs) never imports a framework. Adding a
+backend is one module plus one line in BACKENDS.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import types
+
+from lcab.backend import Backend
+from lcab.runtime import Runtime
+
+
+@dataclasses.dataclass(frozen=True)
+class Entry:
+    target: str  # "package.module:ClassName"
+    suite: str = "kernel"  # "kernel" or "cp"
+
+    def load(self):
+        module_name, attribute = self.target.split(":")
+        return getattr(importlib.import_module(module_name), attribute)
+
+
+SUITES = ("kernel", "cp")
+
+_BUILTIN_BACKENDS = {
+    "jax.xla": Entry("jax_backends.xla:XlaBackend"),
+    "torch.sdpa_math": Entry("torch_backends.sdpa:SdpaMathBackend"),
+}
+
+_BUILTIN_RUNTIMES = {
+    "jax": "jax_backends.runtime:JaxRuntime",
+    "torch": "torch_backends.runtime:TorchRuntime",
+    "numpy": "lcab.numpy_runtime:NumpyRuntime",  # host-only; plugins and tests
+}
+
+_plugins: dict[str, Entry] = {}
+BACKENDS = types.MappingProxyType(_BUILTIN_BACKENDS)
+
+
+class Unavailable(Exception):
+    """A backend or runtime cannot be used here; the message says why."""
+
+
+def framework_of(name: str) -> str:
+    return name.split(".", 1)[0]
+
+
+def all_backends() -> dict[str, Entry]:
+    return {**_BUILTIN_BACKENDS, **_plugins}
+
+
+def backend_names(framework: str | None = None, suite: str | None = None) -> list[str]:
+    return [
+        name
+        for name, entry in all_backends().items()
+        if (framework in (None, "all") or framework_of(name) == framework)
+        and (suite is None or entry.suite == suite)
+    ]
+
+
+def check_backend_name(name: str) -> str:
+    if name not in all_backends():
+        raise ValueError(f"unknown backend {name!r}; choose from {', '.join(all_backends())}")
+    return name
+
+
+def register_backend(name: str, target: str, suite: str = "kernel") -> None:
+    """Add a backend from outside LCAB (a --backend_modules plugin or a test)."""
+    if "." not in name or framework_of(name) not in _BUILTIN_RUNTIMES:
+        raise ValueError(
+            f"backend name {name!r} must be <framework>.<name> with framework in "
+            f"{', '.join(_BUILTIN_RUNTIMES)}"
+        )
+    if suite not in SUITES:
+        raise ValueError(f"suite={suite!r} is not one of {SUITES}")
+    _plugins[name] = Entry(target, suite)
+
+
+def plugins() -> dict[str, Entry]:
+    """Backends registered at run time (handed to --isolate child processes)."""
+    return dict(_plugins)
+
+
+def load_backend(name: str) -> Backend:
+    """An instance of the named backend; Unavailable says why it cannot run."""
+    entry = all_backends()[check_backend_name(name)]
+    try:
+        cls = entry.load()
+    except Exception as exc:  # noqa: BLE001 - a broken optional import is a status
+        raise Unavailable(f"cannot import {entry.target}: {type(exc).__name__}: {exc}") from exc
+    reason = cls.unavailable_reason()
+    if reason:
+        raise Unavailable(reason)
+    return cls()
+
+
+_runtimes: dict[str, Runtime] = {}
+
+
+def load_runtime(framework: str) -> Runtime:
+    """The (cached) runtime of a framework; Unavailable if it cannot import."""
+    if framework not in _runtimes:
+        if framework not in _BUILTIN_RUNTIMES:
+            raise ValueError(f"unknown framework {framework!r}")
+        try:
+            cls = Entry(_BUILTIN_RUNTIMES[framework]).load()
+            _runtimes[framework] = cls()
+        except Exception as exc:  # noqa: BLE001 - missing framework -> UNAVAILABLE rows
+            raise Unavailable(f"{framework} runtime: {type(exc).__name__}: {exc}") from exc
+    return _runtimes[framework]

@@ -1,0 +1,197 @@
+"""python -m lcab.report --results PATH[,PATH...] --out DIR: tables and figures.
+
+--results takes result JSONL files or directories (searched for *.jsonl);
+repeat the flag or separate paths with commas. Reruns and merged files are
+reduced to the newest row of each measurement. DIR receives:
+
+  kernel_fwd.md, kernel_bwd.md    kernel TFLOP/s, one file per direction
+  kernel_fwd.csv, kernel_bwd.csv  the same tables, one "setting" column first
+  cross_framework.md, .csv        best JAX vs best PyTorch backend per cell
+  cp.md, cp.csv                   per-GPU TFLOP/s of CP rows (only if any)
+  figures/kernel_<mask>.png       one per mask with kernel rows
+  figures/cp_<mask>.png           one per mask with CP rows
+  README.md                       an index: devices, dates, legend, every
+                                  table embedded and every figure shown
+
+The kernel and cross-framework files are written when kernel rows exist, a
+direction's file when that direction has rows. Results of several settings
+(shapes, dtype, device) give one section per setting in each markdown file,
+and figure names gain the setting: figures/kernel_<mask>__<setting>.png.
+"""
+
+from __future__ import annotations
+
+import pathlib
+import re
+
+import pandas as pd
+from absl import app, flags
+
+from lcab import results
+from lcab.report import figures, tables
+from lcab.status import LEGEND
+
+_RESULTS = flags.DEFINE_multi_string(
+    "results", None,
+    "Result JSONL files or directories; repeat the flag or separate paths with commas.",
+)
+_OUT = flags.DEFINE_string(
+    "out", None, "Directory to write the tables, figures and README.md into."
+)
+flags.mark_flags_as_required(["results", "out"])
+
+
+def split_paths(values: list[str] | None) -> list[str]:
+    return [part.strip() for value in values or () for part in value.split(",") if part.strip()]
+
+
+@flags.validator("results")
+def _results_exist(values) -> bool:
+    if values is None:
+        return True  # mark_flags_as_required reports it
+    paths = split_paths(values)
+    if not paths:
+        raise flags.ValidationError("no path given; give result JSONL files or directories")
+    missing = [path for path in paths if not pathlib.Path(path).exists()]
+    if missing:
+        raise flags.ValidationError(f"no such file or directory: {', '.join(missing)}")
+    return True
+
+
+@flags.validator("out")
+def _out_is_a_directory(value) -> bool:
+    if value is not None and pathlib.Path(value).exists() and not pathlib.Path(value).is_dir():
+        raise flags.ValidationError(f"{value} exists and is not a directory")
+    return True
+
+
+# ---------------------------------------------------------------- writing
+
+
+def slug(text: str) -> str:
+    """A file-name-safe form of a mask name or setting label."""
+    return re.sub(r"[^A-Za-z0-9]+", "_", str(text)).strip("_").lower()
+
+
+def _per_setting(frame, make_table) -> list[tuple[str, pd.DataFrame]]:
+    """(setting label, table) for each setting group that gives a non-empty table."""
+    made = [(label, make_table(group)) for label, group in tables.setting_groups(frame)]
+    return [(label, table) for label, table in made if len(table)]
+
+
+def _markdown(title: str, sections, level: int = 1, legend: bool = True) -> str:
+    """A title, then one heading and table per setting."""
+    parts = [f"{'#' * level} {title}", ""]
+    for label, table in sections:
+        parts += [f"{'#' * (level + 1)} {label}", "", tables.to_markdown(table), ""]
+    if legend:
+        parts += [f"Legend: {LEGEND}", ""]
+    return "\n".join(parts)
+
+
+def _csv(sections) -> str:
+    """All sections in one CSV, a leading "setting" column telling them apart."""
+    frames = [table.reset_index().assign(setting=label) for label, table in sections]
+    joined = pd.concat(frames, ignore_index=True)
+    return joined[["setting", *(c for c in joined.columns if c != "setting")]].to_csv(index=False)
+
+
+class ReportWriter:
+    """Writes files under one directory and remembers what it wrote, for the index."""
+
+    def __init__(self, out: pathlib.Path):
+        self.out = out
+        self.written: list[pathlib.Path] = []
+        self.index_sections: list[str] = []
+
+    def text(self, name: str, content: str) -> pathlib.Path:
+        path = self.out / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(content)
+        self.written.append(path)
+        return path
+
+    def table(self, stem: str, title: str, sections) -> None:
+        """stem.md and stem.csv, and the same tables embedded in the index."""
+        if not sections:
+            return
+        self.text(f"{stem}.md", _markdown(title, sections))
+        self.text(f"{stem}.csv", _csv(sections))
+        body = _markdown(title, sections, level=2, legend=False)
+        links = f"Files: [{stem}.md]({stem}.md), [{stem}.csv]({stem}.csv)"
+        self.index_sections.append(f"{body}\n{links}\n")
+
+    def figure(self, draw, frame, mask: str, stem: str) -> pathlib.Path:
+        path = draw(frame, mask, self.out / "figures" / f"{stem}.png")
+        self.written.append(path)
+        return path
+
+
+def _figure_stem(kind: str, mask: str, label: str, several_settings: bool) -> str:
+    return f"{kind}_{slug(mask)}__{slug(label)}" if several_settings else f"{kind}_{slug(mask)}"
+
+
+def write_figures(writer: ReportWriter, frame: pd.DataFrame) -> list[pathlib.Path]:
+    """One kernel figure per mask with kernel rows, one CP figure per mask with CP rows."""
+    groups = list(tables.setting_groups(frame))
+    drawn = []
+    for suite, draw in (("kernel", figures.kernel_figure), ("cp", figures.cp_figure)):
+        for label, group in groups:
+            rows = group[group["suite"] == suite]
+            for mask in pd.unique(rows["mask"]):
+                stem = _figure_stem(suite, mask, label, len(groups) > 1)
+                drawn.append(writer.figure(draw, rows, mask, stem))
+    return drawn
+
+
+def _index(frame: pd.DataFrame, paths: list[str], writer: ReportWriter, figure_paths) -> str:
+    """README.md: what the results are, every table, every figure."""
+    parts = [
+        "# LCAB report",
+        "",
+        f"- Results: {len(frame)} rows (newest of each measurement) from {', '.join(paths)}",
+        f"- Devices: {', '.join(tables.devices(frame)) or 'unknown'}",
+        f"- Dates (UTC): {tables.date_range(frame)}",
+        f"- Legend: {LEGEND}",
+        "",
+        *writer.index_sections,
+    ]
+    if figure_paths:
+        parts += ["## Figures", ""]
+        for path in figure_paths:
+            relative = path.relative_to(writer.out).as_posix()
+            parts += [f"[{path.name}]({relative})", "", f"![{path.stem}]({relative})", ""]
+    return "\n".join(parts)
+
+
+def write_report(paths: list[str], out: pathlib.Path) -> list[pathlib.Path]:
+    """Every table, figure and the README.md index; returns the written paths."""
+    frame = tables.latest(results.load(paths))
+    if frame.empty:
+        raise app.UsageError(f"--results {', '.join(paths)}: no result rows found")
+    writer = ReportWriter(out)
+    kernel = frame[frame["suite"] == "kernel"]
+    for direction in tables.DIRECTIONS:
+        if (kernel["direction"] == direction).any():
+            writer.table(
+                f"kernel_{direction}", f"Kernels, {direction}: TFLOP/s",
+                _per_setting(kernel, lambda group, d=direction: tables.kernel_table(group, d)),
+            )
+    writer.table("cross_framework", "Best JAX vs best PyTorch backend: TFLOP/s",
+                 _per_setting(kernel, tables.cross_framework_table))
+    writer.table("cp", "Context parallel: per-GPU TFLOP/s",
+                 _per_setting(frame[frame["suite"] == "cp"], tables.cp_table))
+    figure_paths = write_figures(writer, frame)
+    writer.text("README.md", _index(frame, paths, writer, figure_paths))
+    return writer.written
+
+
+def main(argv):
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    for path in write_report(split_paths(_RESULTS.value), pathlib.Path(_OUT.value)):
+        print(path)
+
+
+if __name__ == "__main__":
+    app.run(main)

@@ -1,0 +1,186 @@
+"""Figures of result rows: kernel bar charts and CP line charts (PNG).
+
+Kernel figures follow the MagiAttention benchmark figures: one picture per
+mask, grouped bars per sequence length, one bar per backend, the TFLOP/s
+printed above each bar, and a failed row shown as its status code (E for
+out of memory, X for unsupported, ...) on a stub bar at the same place, so
+a missing number is never mistaken for a slow one.
+
+Only this module imports matplotlib, and it uses `matplotlib.figure.Figure`
+with the Agg canvas directly, not pyplot: no global backend switch and no
+figure registry that keeps every figure alive.
+"""
+
+from __future__ import annotations
+
+import pathlib
+
+import pandas as pd
+from matplotlib import colormaps
+from matplotlib.figure import Figure
+from matplotlib.patches import Patch
+
+from lcab.report import tables
+from lcab.status import LEGEND, Status
+
+DPI = 120
+PANEL_TITLES = {"fwd": "forward", "bwd": "backward"}
+# Above this many bars in a panel the values are printed vertically so
+# neighbouring labels do not run into each other.
+UPRIGHT_LABELS_ABOVE = 16
+STUB_FRACTION = 0.012  # a failed row's stub bar, as a fraction of the panel's height
+
+
+def seqlen_label(seqlen: int) -> str:
+    """4096 -> "4k", 1048576 -> "1M"; other lengths as they are."""
+    seqlen = int(seqlen)
+    for size, suffix in ((1 << 20, "M"), (1 << 10, "k")):
+        if seqlen % size == 0:
+            return f"{seqlen // size}{suffix}"
+    return str(seqlen)
+
+
+def _colors(names: list[str]) -> dict[str, tuple]:
+    """One stable colour per backend (or CP line), in table order."""
+    palette = colormaps["tab10" if len(names) <= 10 else "tab20"]
+    return {name: palette(i % palette.N) for i, name in enumerate(names)}
+
+
+def _rows_of_mask(rows: pd.DataFrame, suite: str, mask: str) -> pd.DataFrame:
+    mine = rows[rows["mask"] == mask]
+    if mine.empty:
+        present = sorted(map(str, pd.unique(rows["mask"])))
+        raise ValueError(f"no {suite} rows for mask={mask!r}; masks with {suite} rows: {present}")
+    return mine
+
+
+def _save(fig: Figure, path: str | pathlib.Path) -> pathlib.Path:
+    path = pathlib.Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=DPI)
+    return path
+
+
+def _footnote(fig: Figure, rows: pd.DataFrame) -> None:
+    # A figure-level x label, so constrained layout keeps it clear of the axes.
+    if (rows["status"] != Status.OK.value).any():
+        fig.supxlabel(LEGEND, fontsize=7, color="0.3")
+
+
+# ---------------------------------------------------------------- kernel bars
+
+
+def _kernel_panel(ax, rows, backends, seqlens, colors, upright: bool) -> None:
+    """Grouped bars: one group per seqlen, one bar per backend."""
+    ok_values = rows.loc[rows["status"] == Status.OK.value, "tflops"]
+    top = float(ok_values.max()) if not ok_values.empty else 1.0
+    width = 0.8 / len(backends)
+    cells = {(r.backend, r.seqlen): r for r in rows.itertuples(index=False)}
+    for b, backend in enumerate(backends):
+        for s, seqlen in enumerate(seqlens):
+            row = cells.get((backend, seqlen))
+            if row is None:
+                continue  # never measured: no bar, no letter
+            x = s - 0.4 + width * (b + 0.5)
+            label = tables.format_cell(row.status, row.tflops)
+            failed = row.status != Status.OK.value
+            height = top * STUB_FRACTION if failed else float(row.tflops)
+            ax.bar(x, height, width * 0.92, color=colors[backend])
+            ax.text(x, height + top * 0.01, label, ha="center", va="bottom",
+                    rotation=90 if upright and not failed else 0,  # codes are short
+                    fontsize=9 if failed else 7,
+                    fontweight="bold" if failed else "normal",
+                    color="firebrick" if failed else "black")
+    ax.set_xticks(range(len(seqlens)), [seqlen_label(s) for s in seqlens])
+    ax.set_xlim(-0.5, len(seqlens) - 0.5)
+    ax.set_ylim(0, top * (1.22 if upright else 1.12))
+    ax.set_xlabel("sequence length")
+    ax.set_ylabel("TFLOP/s")
+    ax.grid(axis="y", alpha=0.3)
+    ax.set_axisbelow(True)
+
+
+def kernel_figure(frame: pd.DataFrame, mask: str, path: str | pathlib.Path) -> pathlib.Path:
+    """A PNG of one mask's kernel TFLOP/s: fwd and bwd panels of grouped bars."""
+    rows = _rows_of_mask(tables.suite_rows(frame, "kernel"), "kernel", mask)
+    label = tables.single_setting(rows, "kernel_figure")
+    backends = tables.backend_order(rows)
+    seqlens = sorted(int(s) for s in pd.unique(rows["seqlen"]))
+    directions = [d for d in tables.DIRECTIONS if (rows["direction"] == d).any()]
+    colors = _colors(backends)
+    upright = len(backends) * len(seqlens) > UPRIGHT_LABELS_ABOVE
+
+    width = min(26.0, max(9.0, 3.0 + len(seqlens) * (0.45 * len(backends) + 0.5)))
+    fig = Figure(figsize=(width, 3.4 * len(directions) + 1.2), layout="constrained")
+    axes = fig.subplots(len(directions), 1, squeeze=False)[:, 0]
+    for ax, direction in zip(axes, directions):
+        _kernel_panel(ax, rows[rows["direction"] == direction], backends, seqlens, colors, upright)
+        ax.set_title(PANEL_TITLES.get(direction, direction), fontsize=10)
+    # Legend from the colours, not the bars: a backend may have no bar in a panel.
+    handles = [Patch(color=colors[backend], label=backend) for backend in backends]
+    # Beside the panels, centred: at the top it would collide with the title.
+    fig.legend(handles=handles, loc="outside right center", fontsize=8, frameon=False)
+    fig.suptitle(f"{mask}: {label}", fontsize=11)
+    _footnote(fig, rows)
+    return _save(fig, path)
+
+
+# ---------------------------------------------------------------- CP lines
+
+
+def _cp_panel(ax, rows, lines, colors, styles) -> None:
+    """Per-GPU TFLOP/s against cp_size; a failed point is its code on the x axis."""
+    ok_values = rows.loc[rows["status"] == Status.OK.value, "tflops"]
+    top = float(ok_values.max()) if not ok_values.empty else 1.0
+    curves = [(line, seqlen) for line in lines for seqlen in styles]
+    for k, (line, seqlen) in enumerate(curves):
+        mine = rows[(rows["line"] == line) & (rows["seqlen"] == seqlen)].sort_values("cp_size")
+        if mine.empty:
+            continue
+        ok = mine[mine["status"] == Status.OK.value]
+        name = line if len(styles) == 1 else f"{line} @ {seqlen_label(seqlen)}"
+        ax.plot(ok["cp_size"], ok["tflops"], styles[seqlen], marker="o", color=colors[line],
+                label=name)
+        for r in mine[mine["status"] != Status.OK.value].itertuples(index=False):
+            # Each curve's codes at its own height, so failures at one cp_size stay readable.
+            ax.text(r.cp_size, top * (0.03 + 0.06 * (k % 12)),
+                    tables.format_cell(r.status, r.tflops), ha="center", va="bottom",
+                    fontsize=9, fontweight="bold", color=colors[line])
+    sizes = sorted(int(s) for s in pd.unique(rows["cp_size"]))
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(sizes, [str(s) for s in sizes])
+    ax.minorticks_off()
+    ax.set_xlim(sizes[0] / 1.25, sizes[-1] * 1.25)  # room for codes at the ends
+    ax.set_ylim(0, top * 1.15)
+    ax.set_xlabel("cp_size (GPUs)")
+    ax.set_ylabel("TFLOP/s per GPU")
+    ax.grid(alpha=0.3)
+
+
+def cp_figure(frame: pd.DataFrame, mask: str, path: str | pathlib.Path) -> pathlib.Path:
+    """A PNG of one mask's CP rows: per-GPU TFLOP/s against cp_size, fwd and bwd panels."""
+    rows = _rows_of_mask(tables.suite_rows(frame, "cp"), "cp", mask)
+    label = tables.single_setting(rows, "cp_figure")
+    rows = tables.with_line(rows)
+    lines = tables.line_order(rows)
+    colors = _colors(lines)
+    # One line style per sequence length, when a mask was run at several.
+    seqlens = sorted(int(s) for s in pd.unique(rows["seqlen"]))
+    styles = dict(zip(seqlens, ["-", "--", ":", "-."] * len(seqlens)))
+    directions = [d for d in tables.DIRECTIONS if (rows["direction"] == d).any()]
+
+    fig = Figure(figsize=(5.5 * len(directions) + 2.5, 5.0), layout="constrained")
+    axes = fig.subplots(1, len(directions), squeeze=False)[0]
+    for ax, direction in zip(axes, directions):
+        _cp_panel(ax, rows[rows["direction"] == direction], lines, colors, styles)
+        ax.set_title(PANEL_TITLES.get(direction, direction), fontsize=10)
+    # Every panel's lines, once each: a line may fail everywhere in one panel.
+    legend = {}
+    for ax in axes:
+        legend.update(zip(*reversed(ax.get_legend_handles_labels())))
+    fig.legend(list(legend.values()), list(legend), loc="outside right center",
+               fontsize=8, frameon=False)
+    seqlen_text = ", ".join(seqlen_label(s) for s in seqlens)
+    fig.suptitle(f"{mask} at {seqlen_text}, context parallel: {label}", fontsize=11)
+    _footnote(fig, rows)
+    return _save(fig, path)

@@ -1,0 +1,386 @@
+"""Comparison tables from result rows (the DataFrame of `lcab.results.load`).
+
+Every table is a DataFrame of strings, ready for markdown or CSV: an OK row
+shows its TFLOP/s rounded to an integer, any other row the short code of its
+status (`lcab.status.CODES`), and a combination that was never measured an
+empty string. Each table function first keeps only the newest row of each
+measurement (`latest`) and expects one setting group (`setting_groups`):
+numbers from different shapes, dtypes or devices never share a table.
+"""
+
+from __future__ import annotations
+
+import re
+import warnings
+from collections.abc import Iterable, Iterator, Sequence
+
+import pandas as pd
+
+from lcab.status import CODES, LEGEND, Status
+
+DIRECTIONS = ("fwd", "bwd")
+# Column order of every table: these frameworks first, in this order, then any
+# other framework alphabetically; backends alphabetically inside a framework.
+FRAMEWORK_ORDER = ("jax", "torch")
+# Rows that measure the same thing: reruns and merged files repeat them, and
+# the newest timestamp wins. Strategy and device are part of it so that two
+# strategies of one backend, or two GPUs, are never collapsed into one row.
+MEASUREMENT_KEY = (
+    "suite", "backend", "workload_key", "direction", "cp_size", "strategy", "device",
+)
+# Rows that may share one table. The device is a setting: an H100 and an
+# H200 number side by side would read as a comparison of kernels.
+SETTING_COLUMNS = ("batch", "heads_q", "heads_kv", "head_dim", "dtype", "device")
+KERNEL_INDEX = ("mask", "seqlen")
+CP_INDEX = ("mask", "seqlen", "direction", "cp_size")
+CROSS_INDEX = ("mask", "seqlen", "direction")
+CP_SHORT_INDEX = ("mask", "seqlen", "cp_size")
+
+
+# ---------------------------------------------------------------- row selection
+
+
+def _oldest_first(frame: pd.DataFrame) -> pd.DataFrame:
+    """Rows sorted by timestamp (stable, rows without a time first)."""
+    times = pd.to_datetime(frame["timestamp"], utc=True, errors="coerce", format="ISO8601")
+    order = times.reset_index(drop=True).sort_values(kind="stable", na_position="first").index
+    return frame.iloc[order]
+
+
+def latest(frame: pd.DataFrame) -> pd.DataFrame:
+    """One row per measurement (MEASUREMENT_KEY): the one with the newest timestamp.
+
+    The kept rows stay in their original order, so "the order masks first
+    appear" still means the order of the files.
+    """
+    positions = pd.Series(range(len(frame)), index=frame.index)
+    newest = _oldest_first(frame.assign(_position=positions.to_numpy()))
+    newest = newest.drop_duplicates(subset=list(MEASUREMENT_KEY), keep="last")
+    return newest.sort_values("_position", kind="stable").drop(columns="_position")
+
+
+def suite_rows(frame: pd.DataFrame, suite: str) -> pd.DataFrame:
+    """The newest rows of one suite ("kernel" or "cp")."""
+    return latest(frame[frame["suite"] == suite])
+
+
+def _int_text(value) -> str:
+    return str(int(value)) if pd.notna(value) else "?"
+
+
+def setting_label(setting: dict) -> str:
+    """E.g. "batch 1, heads 64:8, head_dim 128, bfloat16 on NVIDIA H200"."""
+    return (
+        f"batch {_int_text(setting['batch'])}, "
+        f"heads {_int_text(setting['heads_q'])}:{_int_text(setting['heads_kv'])}, "
+        f"head_dim {_int_text(setting['head_dim'])}, {setting['dtype']} on {setting['device']}"
+    )
+
+
+def setting_groups(frame: pd.DataFrame) -> Iterator[tuple[str, pd.DataFrame]]:
+    """(label, rows) for each setting (SETTING_COLUMNS), in order of first appearance."""
+    if frame.empty:
+        return
+    groups = frame.groupby(list(SETTING_COLUMNS), sort=False, dropna=False)
+    for values, group in groups:
+        yield setting_label(dict(zip(SETTING_COLUMNS, values))), group
+
+
+def single_setting(rows: pd.DataFrame, what: str) -> str:
+    """The label of the one setting group of `rows`; several is an error."""
+    labels = [label for label, _ in setting_groups(rows)]
+    if len(labels) != 1:
+        raise ValueError(
+            f"{what} needs rows of exactly one setting, got {len(labels)}: {labels}; "
+            "split them with lcab.report.setting_groups"
+        )
+    return labels[0]
+
+
+# ---------------------------------------------------------------- ordering
+
+
+def backend_order(frame: pd.DataFrame) -> list[str]:
+    """Backends of the frame: FRAMEWORK_ORDER first, alphabetical inside."""
+    pairs = frame[["framework", "backend"]].drop_duplicates()
+
+    def rank(pair):
+        framework, backend = pair
+        if framework in FRAMEWORK_ORDER:
+            return (FRAMEWORK_ORDER.index(framework), "", str(backend))
+        return (len(FRAMEWORK_ORDER), str(framework), str(backend))
+
+    return [backend for _, backend in sorted(pairs.itertuples(index=False), key=rank)]
+
+
+def line_label(strategy, backend: str) -> str:
+    """A CP line: "ring/jax.cp_ring" (the backend alone when no strategy)."""
+    return f"{strategy}/{backend}" if pd.notna(strategy) and strategy != "" else str(backend)
+
+
+def with_line(rows: pd.DataFrame) -> pd.DataFrame:
+    """Rows with a "line" column naming their CP curve (see line_label)."""
+    return rows.assign(line=[line_label(s, b) for s, b in zip(rows["strategy"], rows["backend"])])
+
+
+def line_order(rows: pd.DataFrame) -> list[str]:
+    """CP lines in backend order, then by strategy."""
+    backends = backend_order(rows)
+    pairs = rows[["backend", "strategy"]].drop_duplicates()
+    ranked = sorted(
+        pairs.itertuples(index=False),
+        key=lambda pair: (backends.index(pair[0]), str(pair[1])),
+    )
+    return [line_label(strategy, backend) for backend, strategy in ranked]
+
+
+def _sort_rank(column: pd.Series, masks: Sequence[str]) -> pd.Series:
+    """Sort key of one index column: masks by first appearance, directions fwd first."""
+    if column.name == "mask":
+        return column.map({mask: i for i, mask in enumerate(masks)})
+    if column.name == "direction":
+        return column.map(lambda d: DIRECTIONS.index(d) if d in DIRECTIONS else len(DIRECTIONS))
+    if column.name in ("seqlen", "cp_size"):
+        return pd.to_numeric(column, errors="coerce")
+    return column
+
+
+def sorted_index(rows: pd.DataFrame, columns: Sequence[str]) -> pd.MultiIndex:
+    """Every combination of `columns` present in rows, in report order."""
+    masks = list(pd.unique(rows["mask"]))
+    combos = rows[list(columns)].drop_duplicates().sort_values(
+        by=list(columns), key=lambda column: _sort_rank(column, masks), kind="stable"
+    )
+    return pd.MultiIndex.from_frame(combos)
+
+
+# ---------------------------------------------------------------- cells
+
+
+def status_code(status: str) -> str:
+    """The short code of a non-OK status (E, X, -, ERR, MM)."""
+    try:
+        return CODES[Status(status)]
+    except (ValueError, KeyError):
+        raise ValueError(
+            f"status={status!r} has no table code; expected one of {[str(s) for s in CODES]}"
+        ) from None
+
+
+def format_cell(status: str, tflops: float) -> str:
+    """"612" (or "0.041" below 10) for an OK row, its status code otherwise."""
+    if status != Status.OK.value:
+        return status_code(status)
+    if pd.isna(tflops):
+        raise ValueError("an OK row has no tflops value; the result file is corrupt")
+    # GPU figures read as integers; CPU runs are far below 10 TFLOP/s and
+    # would all print 0, so small values keep two significant digits.
+    return f"{tflops:.0f}" if tflops >= 10 else f"{tflops:.2g}"
+
+
+def _one_row_per_cell(rows: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
+    """Drop rows that a newer row of the same table cell hides, saying so.
+
+    This happens when two different workloads share a cell, e.g. the same
+    mask family drawn with two seeds: the table can show only one.
+    """
+    newest_last = _oldest_first(rows)
+    hidden = newest_last.duplicated(subset=keys, keep="last")
+    if hidden.any():
+        example = newest_last[hidden].iloc[0]
+        warnings.warn(
+            f"{int(hidden.sum())} row(s) share a table cell with a newer row and are not shown, "
+            f"e.g. {example['backend']} on {example['workload_key']} ({example['direction']})"
+        )
+    return newest_last[~hidden]
+
+
+def cell_table(
+    rows: pd.DataFrame, index: Sequence[str], column: str, columns: Sequence[str],
+    row_index: pd.MultiIndex,
+) -> pd.DataFrame:
+    """Pivot rows into `row_index` x `columns` cells of formatted TFLOP/s or codes."""
+    index, keys = list(index), [*index, column]
+    table = pd.DataFrame(index=row_index, columns=list(columns), dtype=object)
+    if not rows.empty:
+        rows = _one_row_per_cell(rows, keys)
+        cells = pd.Series(
+            [format_cell(s, t) for s, t in zip(rows["status"], rows["tflops"])],
+            index=pd.MultiIndex.from_frame(rows[keys]),
+            dtype=object,
+        )
+        table = cells.unstack(column).reindex(index=row_index, columns=list(columns))
+    table.columns.name = None
+    return table.astype(object).fillna("")
+
+
+def _check_direction(direction: str) -> None:
+    if direction not in DIRECTIONS:
+        raise ValueError(f"direction={direction!r} is not one of {DIRECTIONS}")
+
+
+# ---------------------------------------------------------------- tables
+
+
+def kernel_table(frame: pd.DataFrame, direction: str) -> pd.DataFrame:
+    """TFLOP/s of every kernel backend: index (mask, seqlen), one column per backend.
+
+    Rows and columns cover every direction, so the fwd and bwd tables line up.
+    """
+    _check_direction(direction)
+    rows = suite_rows(frame, "kernel")
+    if not rows.empty:
+        single_setting(rows, "kernel_table")
+    return cell_table(
+        rows[rows["direction"] == direction], KERNEL_INDEX, "backend",
+        backend_order(rows), sorted_index(rows, KERNEL_INDEX),
+    )
+
+
+def _best(ok_rows: pd.DataFrame, framework: str) -> tuple[str, float] | None:
+    mine = ok_rows[ok_rows["framework"] == framework]
+    if mine.empty:
+        return None
+    best = mine.loc[mine["tflops"].idxmax()]
+    return best["backend"], float(best["tflops"])
+
+
+def cross_framework_table(
+    frame: pd.DataFrame, frameworks: Sequence[str] = FRAMEWORK_ORDER
+) -> pd.DataFrame:
+    """Best backend of each framework per (mask, seqlen, direction), and their ratio.
+
+    Only OK kernel rows count. The ratio is first / second framework
+    (jax/torch), computed from unrounded TFLOP/s, to 2 decimals; cells are
+    empty where a framework has no OK row.
+    """
+    first, second = frameworks
+    rows = suite_rows(frame, "kernel")
+    ok = rows[rows["status"] == Status.OK.value]
+    if not ok.empty:
+        single_setting(ok, "cross_framework_table")
+    index = sorted_index(ok, CROSS_INDEX)
+    columns = [f"best {first}", f"{first} TFLOP/s", f"best {second}", f"{second} TFLOP/s",
+               f"{first}/{second}"]
+    by_cell = {
+        key: _cross_record(_best(cell, first), _best(cell, second))
+        for key, cell in ok.groupby(list(CROSS_INDEX), sort=False)
+    }
+    records = [by_cell[key] for key in index]
+    return pd.DataFrame(records, index=index, columns=columns, dtype=object)
+
+
+def _cross_record(first: tuple[str, float] | None, second: tuple[str, float] | None) -> list[str]:
+    def side(best):
+        return [best[0], f"{best[1]:.0f}"] if best else ["", ""]
+
+    ratio = f"{first[1] / second[1]:.2f}" if first and second and second[1] > 0 else ""
+    return [*side(first), *side(second), ratio]
+
+
+def cp_table(frame: pd.DataFrame) -> pd.DataFrame:
+    """Per-GPU TFLOP/s of CP rows.
+
+    Index (mask, seqlen, direction, cp_size); one column per strategy/backend.
+    """
+    rows = suite_rows(frame, "cp")
+    if not rows.empty:
+        single_setting(rows, "cp_table")
+    rows = with_line(rows)
+    return cell_table(rows, CP_INDEX, "line", line_order(rows), sorted_index(rows, CP_INDEX))
+
+
+# ---------------------------------------------------------------- markdown
+
+
+def _markdown_cell(value) -> str:
+    if value is None or (not isinstance(value, str) and pd.isna(value)):
+        return ""
+    # A pipe would end the cell; a newline would end the row.
+    return re.sub(r"\s*\n\s*", " ", str(value)).replace("|", "\\|")
+
+
+def to_markdown(df: pd.DataFrame) -> str:
+    """A pipe table; named index levels become the leading (left-aligned) columns."""
+    named_index = any(name is not None for name in df.index.names)
+    flat = df.reset_index() if named_index else df
+    n_index = df.index.nlevels if named_index else 0
+    header = [_markdown_cell(c) for c in flat.columns]
+    body = [[_markdown_cell(v) for v in row] for row in flat.itertuples(index=False)]
+    if not header:
+        return "_(no rows)_"
+    widths = [max(3, len(h), *(len(row[i]) for row in body)) for i, h in enumerate(header)]
+
+    def line(cells, right):
+        padded = [c.rjust(w) if r else c.ljust(w) for c, w, r in zip(cells, widths, right)]
+        return "| " + " | ".join(padded) + " |"
+
+    # Numbers and status codes (all upper case) align right; index columns and
+    # text such as backend names (lower case) align left.
+    right = [i >= n_index and not any(re.search("[a-z]", row[i]) for row in body)
+             for i in range(len(header))]
+    rule = "|" + "|".join(("-" * (w + 1) + ":") if r else (":" + "-" * (w + 1))
+                          for w, r in zip(widths, right)) + "|"
+    head = line(header, [False] * len(header))
+    return "\n".join([head, rule, *(line(row, right) for row in body)])
+
+
+# ---------------------------------------------------------------- summaries
+
+
+def devices(frame: pd.DataFrame) -> list[str]:
+    """Device names in order of first appearance."""
+    return [str(d) for d in pd.unique(frame["device"].dropna())]
+
+
+def date_range(frame: pd.DataFrame) -> str:
+    """"2026-01-05" or "2026-01-04 to 2026-01-05" (UTC dates of the rows)."""
+    times = pd.to_datetime(frame["timestamp"], utc=True, errors="coerce", format="ISO8601").dropna()
+    if times.empty:
+        return "unknown dates"
+    first, last = (t.strftime("%Y-%m-%d") for t in (times.min(), times.max()))
+    return first if first == last else f"{first} to {last}"
+
+
+def _joined_directions(tables: Iterable[pd.DataFrame]) -> pd.DataFrame:
+    """Cells "fwd / bwd" from one table per direction; a side never measured is blank."""
+    tables = list(tables)
+    joined = tables[0]
+    for table in tables[1:]:
+        joined = joined + " / " + table
+    return joined.map(lambda text: text.strip() if text.replace("/", "").strip() else "")
+
+
+def _by_direction(rows: pd.DataFrame, index: Sequence[str], column: str, columns: Sequence[str]):
+    """(directions present, joined table) for rows with both directions."""
+    present = [d for d in DIRECTIONS if (rows["direction"] == d).any()]
+    row_index = sorted_index(rows, index)
+    tables = [cell_table(rows[rows["direction"] == d], index, column, columns, row_index)
+              for d in present]
+    return present, _joined_directions(tables)
+
+
+def short_table(frame: pd.DataFrame) -> str:
+    """A compact markdown summary: per setting group, TFLOP/s "fwd / bwd" per backend.
+
+    Kernel rows get index (mask, seqlen); CP rows, if any, a second table
+    with index (mask, seqlen, cp_size) and per-GPU TFLOP/s. Ends with the
+    legend of the codes and the device names.
+    """
+    newest = latest(frame)
+    parts = []
+    for label, group in setting_groups(newest):
+        kernel = group[group["suite"] == "kernel"]
+        if not kernel.empty:
+            present, table = _by_direction(kernel, KERNEL_INDEX, "backend", backend_order(kernel))
+            title = f"**Kernels, TFLOP/s {' / '.join(present)}: {label}**"
+            parts += [title, "", to_markdown(table), ""]
+        cp = with_line(group[group["suite"] == "cp"])
+        if not cp.empty:
+            present, table = _by_direction(cp, CP_SHORT_INDEX, "line", line_order(cp))
+            title = f"**Context parallel, per-GPU TFLOP/s {' / '.join(present)}: {label}**"
+            parts += [title, "", to_markdown(table), ""]
+    if not parts:
+        parts = ["_(no result rows)_", ""]
+    parts += [f"Legend: {LEGEND}", f"Device: {', '.join(devices(newest)) or 'unknown'}"]
+    return "\n".join(parts)

@@ -1,0 +1,152 @@
+"""Result rows: append-only JSONL on disk, one pandas DataFrame in memory.
+
+Each (backend, workload, direction) is one row, written and flushed as soon
+as it is measured, so a killed run loses nothing already measured and
+`--resume` skips what is there. Files from separate processes, machines or
+days merge by concatenation.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import warnings
+from collections.abc import Iterable, Mapping
+
+# The schema: column -> meaning. Order is the DataFrame's column order.
+COLUMNS: dict[str, str] = {
+    "framework": "jax, torch (or numpy for host-only plugins)",
+    "backend": "full backend name, e.g. jax.cudnn",
+    "suite": "kernel or cp",
+    "mask": "mask family name",
+    "mask_params": "resolved mask parameters (JSON): seed, doc_lens, window, ...",
+    "mask_fingerprint": "digest of the exact visible set (AttnMask.fingerprint)",
+    "mask_area": "exact number of visible (q, k) pairs",
+    "density": "mask_area / (seqlen * seqlen_k)",
+    "seqlen": "total query length (for CP rows, the whole sequence)",
+    "seqlen_k": "total key length",
+    "batch": "batch size",
+    "heads_q": "query heads",
+    "heads_kv": "key/value heads",
+    "head_dim": "head dimension",
+    "dtype": "bfloat16, float16 or float32",
+    "direction": "fwd or bwd (bwd = time(fwd+bwd) - time(fwd))",
+    "status": "OK, OOM, UNSUPPORTED, UNAVAILABLE, ERROR or MISMATCH",
+    "reason": "why the status is not OK (empty when OK)",
+    "median_ms": "median time of the timed repeats, ms",
+    "p20_ms": "20th percentile, ms",
+    "p80_ms": "80th percentile, ms",
+    "samples_ms": "every timed repeat, ms (bwd: fwd+bwd samples minus the fwd median)",
+    "flops": "exact FLOPs of this direction (lcab.flops)",
+    "tflops": "flops / median seconds / 1e12, per GPU for CP rows",
+    "peak_mem_bytes": "peak device memory of the case (None where unknown)",
+    "max_err": "normalised max error of the correctness probe (max over out, dq, dk, dv)",
+    "compile_s": "JAX: lower+compile seconds; torch: first-call seconds",
+    "device": "device name, e.g. NVIDIA H200, or cpu",
+    "n_devices": "devices visible to the process",
+    "cp_size": "context-parallel size (1 for kernel rows)",
+    "strategy": "CP strategy (None for kernel rows)",
+    "notes": "how the backend expressed the mask and shape",
+    "versions": "framework and library versions (JSON)",
+    "git_commit": "commit of the LCAB checkout (+dirty when modified)",
+    "timestamp": "UTC time the row was written, ISO 8601",
+    "workload_key": "Workload.key(): identifies the workload for --resume",
+    "run_id": "identifies the run that wrote the row",
+    "flags": "the command line settings of the run",
+    "warmup": "untimed calls before timing",
+    "iters": "timed repeats",
+}
+JSON_COLUMNS = ("mask_params", "versions")
+
+
+def make_row(**fields) -> dict:
+    """A complete row: every schema column present, unknown ones refused."""
+    unknown = sorted(set(fields) - set(COLUMNS))
+    if unknown:
+        raise ValueError(f"unknown result columns {unknown}; the schema is lcab.results.COLUMNS")
+    return {column: fields.get(column) for column in COLUMNS}
+
+
+def row_key(row: Mapping) -> tuple:
+    """What --resume compares: one measurement of one backend on one workload."""
+    return (row["suite"], row["backend"], row["workload_key"], row["direction"])
+
+
+class Writer:
+    """Appends rows to a JSONL file, flushing each one."""
+
+    def __init__(self, path: str | pathlib.Path):
+        self.path = pathlib.Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        # A run killed mid-line leaves no newline; start on a fresh line.
+        if self.path.exists() and self.path.stat().st_size:
+            with open(self.path, "rb") as f:
+                f.seek(-1, 2)
+                needs_newline = f.read(1) != b"\n"
+            if needs_newline:
+                with open(self.path, "a") as f:
+                    f.write("\n")
+
+    def write(self, row: Mapping) -> None:
+        line = json.dumps(row, default=str, allow_nan=False)
+        with open(self.path, "a") as f:
+            f.write(line + "\n")
+            f.flush()
+
+
+def _files(paths: Iterable[str | pathlib.Path]) -> list[pathlib.Path]:
+    found = []
+    for path in map(pathlib.Path, paths):
+        if path.is_dir():
+            found += sorted(path.rglob("*.jsonl"))
+        elif path.exists():
+            found.append(path)
+        else:
+            raise FileNotFoundError(f"no results at {path}")
+    return found
+
+
+def read_rows(paths: Iterable[str | pathlib.Path]) -> list[dict]:
+    """Every row in the files (directories are searched for *.jsonl).
+
+    A line that does not parse (the tail of a killed run) is skipped with a
+    warning naming it.
+    """
+    rows = []
+    for path in _files(paths):
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                warnings.warn(f"{path}:{number}: skipping a truncated or corrupt row")
+    return rows
+
+
+def done_keys(paths: Iterable[str | pathlib.Path]) -> set[tuple]:
+    existing = [p for p in map(pathlib.Path, paths) if p.exists()]
+    return {row_key(row) for row in read_rows(existing)}
+
+
+def load(paths):
+    """All rows of the given files or directories as one DataFrame.
+
+    Columns are COLUMNS in order (missing ones filled with None); the JSON
+    columns (mask_params, versions) are compact JSON strings so that rows
+    can be grouped and compared.
+    """
+    import pandas as pd
+
+    if isinstance(paths, (str, pathlib.Path)):
+        paths = [paths]
+    rows = read_rows(paths)
+    frame = pd.DataFrame(rows, columns=list(COLUMNS)) if rows else pd.DataFrame(columns=list(COLUMNS))
+    for column in JSON_COLUMNS:
+        frame[column] = frame[column].map(
+            lambda value: value if isinstance(value, str) or value is None
+            else json.dumps(value, sort_keys=True)
+        )
+    for column in ("median_ms", "p20_ms", "p80_ms", "tflops", "max_err", "compile_s"):
+        frame[column] = pd.to_numeric(frame[column], errors="coerce")
+    return frame

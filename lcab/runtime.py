@@ -1,0 +1,100 @@
+"""The per-framework runtime protocol and timing statistics.
+
+A runtime moves arrays between NumPy and its framework, runs a backend's
+function forward or forward+backward, and times it on its device. One
+runtime per framework lives in that framework's backend package.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+L2_FLUSH_BYTES = 256 * 1024 * 1024  # written between timed repeats on GPU
+
+
+@dataclasses.dataclass(frozen=True)
+class Timing:
+    """Raw samples of one measured callable and their statistics (ms)."""
+
+    samples_ms: tuple[float, ...]
+    compile_s: float | None = None
+    peak_mem_bytes: int | None = None
+
+    @property
+    def median_ms(self) -> float:
+        return float(np.median(self.samples_ms))
+
+    @property
+    def p20_ms(self) -> float:
+        return float(np.percentile(self.samples_ms, 20))
+
+    @property
+    def p80_ms(self) -> float:
+        return float(np.percentile(self.samples_ms, 80))
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceInfo:
+    name: str  # e.g. "NVIDIA H200" or "cpu"
+    platform: str  # "gpu" or "cpu"
+    count: int
+
+
+class Runtime(abc.ABC):
+    framework: str
+
+    @abc.abstractmethod
+    def device(self) -> DeviceInfo: ...
+
+    @abc.abstractmethod
+    def versions(self) -> dict[str, str]: ...
+
+    @abc.abstractmethod
+    def from_numpy(self, array: np.ndarray, dtype: str) -> Any:
+        """A device array of `dtype` holding `array` (any float NumPy array)."""
+
+    @abc.abstractmethod
+    def to_numpy(self, array: Any) -> np.ndarray:
+        """A float64 NumPy copy of a device array."""
+
+    @abc.abstractmethod
+    def dtype_name(self, array: Any) -> str:
+        """The LCAB dtype name (bfloat16, float16, float32) of a device array."""
+
+    @abc.abstractmethod
+    def swap_seq_heads(self, array: Any) -> Any:
+        """(b, s, h, d) <-> (b, h, s, d)."""
+
+    @abc.abstractmethod
+    def random_inputs(self, shapes: Sequence[tuple[int, ...]], dtype: str, seed: int) -> list:
+        """Standard-normal device arrays, generated on the device."""
+
+    @abc.abstractmethod
+    def forward(self, fn: Callable, q, k, v):
+        """out = fn(q, k, v), run once (for validation)."""
+
+    @abc.abstractmethod
+    def forward_backward(self, fn: Callable, q, k, v, dout):
+        """(out, dq, dk, dv) of fn at (q, k, v) with cotangent dout."""
+
+    @abc.abstractmethod
+    def measure(
+        self, fn: Callable, inputs: Sequence, *, backward: bool, warmup: int, iters: int,
+        flush_l2: bool,
+    ) -> Timing:
+        """Time fn(q, k, v) (backward=False) or fn plus its gradients (True)."""
+
+    def is_oom(self, exc: BaseException) -> bool:
+        """Whether an exception means the device ran out of memory."""
+        return isinstance(exc, MemoryError) or "out of memory" in str(exc).lower()
+
+    def cleanup(self) -> None:
+        """Free what a failed or finished case left behind."""
+        import gc
+
+        gc.collect()

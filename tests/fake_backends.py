@@ -1,0 +1,118 @@
+"""Host-only backends that misbehave on purpose, for the harness's tests.
+
+They run on lcab's NumPy runtime (framework "numpy") and are registered by
+importing this module, the way a --backend_modules plugin would be.
+"""
+
+import os
+import time
+
+import numpy as np
+
+from lcab import reference, registry
+from lcab.backend import Backend, Support
+from lcab.masks import AttnMask
+from lcab.numpy_runtime import round_to
+
+
+def _reference_fn(mask: AttnMask, dtype: str, *, delay_s: float = 0.0):
+    def attend(q, k, v):
+        time.sleep(delay_s)
+        return round_to(reference.attention(q, k, v, mask)[0], dtype)
+
+    attend.grads = lambda q, k, v, dout: [
+        round_to(g, dtype) for g in reference.attention_grads(q, k, v, mask, dout)
+    ]
+    return attend
+
+
+class ReferenceBackend(Backend):
+    """Correct: the float64 reference, rounded to the input dtype."""
+
+    name = "numpy.reference"
+    framework = "numpy"
+    delay_s = 0.0
+
+    def mask_support(self, workload):
+        if workload.seqlen_q * workload.seqlen_k > 1 << 22:
+            return Support.no("dense reference limited to 2048 x 2048")
+        return Support.yes("dense float64 reference")
+
+    def build(self, workload):
+        return _reference_fn(workload.mask, workload.dtype, delay_s=self.delay_s)
+
+
+class SlowBackend(ReferenceBackend):
+    name = "numpy.slow"
+    delay_s = 0.3
+
+
+class OffByOneWindowBackend(ReferenceBackend):
+    """Wrong: every query also sees the key right after its last visible one."""
+
+    name = "numpy.off_by_one"
+    directions = ("fwd",)
+
+    def build(self, workload):
+        dense = workload.mask.to_dense()
+        widened = dense | np.roll(dense, 1, axis=1)
+        dtype = workload.dtype
+
+        def attend(q, k, v):
+            group = q.shape[2] // k.shape[2]
+            k, v = np.repeat(k, group, axis=2), np.repeat(v, group, axis=2)
+            scores = np.einsum("bqhd,bkhd->bhqk", q, k) / np.sqrt(q.shape[-1])
+            scores = np.where(widened, scores, -np.inf)
+            weights = np.exp(scores - scores.max(axis=-1, keepdims=True))
+            weights /= weights.sum(axis=-1, keepdims=True)
+            return round_to(np.einsum("bhqk,bkhd->bqhd", weights, v), dtype)
+
+        return attend
+
+
+class OutOfMemoryBackend(ReferenceBackend):
+    """Validates fine, then runs out of memory above 512 tokens."""
+
+    name = "numpy.oom"
+
+    def build(self, workload):
+        if workload.seqlen_q > 512:
+            raise MemoryError("out of memory: tried to allocate 80.00 GiB")
+        return super().build(workload)
+
+
+class RaisingBackend(ReferenceBackend):
+    name = "numpy.raises"
+
+    def build(self, workload):
+        raise RuntimeError(f"kernel launch failed for {workload.seqlen_q=}")
+
+
+class CausalOnlyBackend(ReferenceBackend):
+    name = "numpy.causal_only"
+    directions = ("fwd",)
+
+    def mask_support(self, workload):
+        documents = workload.mask.documents()
+        if documents is None or not documents.causal or len(documents.lens) != 1:
+            return Support.no("only the causal mask")
+        return Support.yes("is_causal")
+
+
+class CrashingBackend(ReferenceBackend):
+    """Kills its process outright, as a crashed driver would."""
+
+    name = "numpy.crash"
+
+    def build(self, workload):
+        os._exit(3)
+
+
+class MissingPackageBackend(ReferenceBackend):
+    name = "numpy.missing"
+    requires = ("a_package_that_is_not_installed",)
+
+
+for _cls in (ReferenceBackend, SlowBackend, OffByOneWindowBackend, OutOfMemoryBackend,
+             RaisingBackend, CausalOnlyBackend, CrashingBackend, MissingPackageBackend):
+    registry.register_backend(_cls.name, f"{__name__}:{_cls.__name__}")

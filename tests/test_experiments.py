@@ -1,0 +1,134 @@
+"""python -m lcab.experiments end to end: flags, presets, frameworks, resume."""
+
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from lcab import results
+from lcab.experiments import presets
+from lcab.experiments.sweep import format_seqlen, parse_heads, parse_seqlen
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+PLUGIN = "--backend_modules=tests.fake_backends"
+
+
+def cli(*args, timeout=300):
+    return subprocess.run(
+        [sys.executable, "-m", "lcab.experiments", "--noprogress", *args],
+        capture_output=True, text=True, cwd=ROOT, timeout=timeout,
+    )
+
+
+def test_size_and_heads_parsing():
+    assert [parse_seqlen(s) for s in ("4096", "4k", "128k", "1m", "1M")] == [
+        4096, 4096, 131072, 1048576, 1048576]
+    assert parse_heads("64:8") == (64, 8) and parse_heads("16") == (16, 16)
+    assert format_seqlen(131072) == "128k" and format_seqlen(1000) == "1000"
+    for bad in ("4q", "-1", "0", "k"):
+        with pytest.raises(ValueError, match="positive size"):
+            parse_seqlen(bad)
+    for bad in ("64:7", "a:b", "1:2:3", "0:0"):
+        with pytest.raises(ValueError):
+            parse_heads(bad)
+
+
+def test_both_frameworks_in_their_own_processes_merge_into_one_table(tmp_path):
+    run = cli(
+        "--backends=jax.xla,torch.sdpa_math", "--masks=causal,share_question",
+        "--seqlens=256", "--heads=4:2", "--head_dim=32", "--dtype=float32",
+        "--warmup=1", "--iters=2", f"--out={tmp_path}",
+    )
+    assert run.returncode == 0, run.stderr
+    frame = results.load(tmp_path)
+    assert sorted(p.name for p in tmp_path.glob("*.jsonl")) == [
+        "kernel_jax.jsonl", "kernel_torch.jsonl"]
+    assert set(frame["backend"]) == {"jax.xla", "torch.sdpa_math"}
+    assert len(frame) == 2 * 2 * 2  # backends x masks x directions
+    assert frame["run_id"].nunique() == 1
+    assert (frame[frame["direction"] == "fwd"]["status"] == "OK").all()
+    assert set(frame["device"]) == {"cpu"}
+    assert "| share_question" in run.stdout and "torch.sdpa_math" in run.stdout
+    assert "Legend:" in run.stdout
+
+
+def test_flagfile_sets_the_sweep_and_presets_fill_the_rest(tmp_path):
+    run = cli("--flagfile=experiments/cpu_smoke.flags", "--backends=numpy.reference", PLUGIN,
+              "--seqlens=256", "--iters=1", f"--out={tmp_path}")
+    assert run.returncode == 0, run.stderr
+    frame = results.load(tmp_path)
+    assert list(dict.fromkeys(frame["mask"])) == presets.CPU["masks"]
+    assert set(frame["seqlen"]) == {256} and set(frame["heads_q"]) == {4}
+    assert (frame["status"] == "OK").all()
+    assert (frame["iters"] == 1).all()
+
+
+def test_no_flags_on_a_cpu_machine_means_the_cpu_preset(tmp_path):
+    if presets.has_gpu():
+        pytest.skip("this machine has a GPU: the default is the seed's sweep")
+    run = cli("--backends=numpy.reference", PLUGIN, f"--out={tmp_path}")
+    assert run.returncode == 0, run.stderr
+    frame = results.load(tmp_path)
+    assert sorted(set(frame["seqlen"])) == [parse_seqlen(s) for s in presets.CPU["seqlens"]]
+    assert set(frame["dtype"]) == {"float32"} and set(frame["head_dim"]) == {64}
+
+
+@pytest.mark.parametrize(
+    "flag, message",
+    [
+        ("--masks=causal,diagonal", "unknown mask 'diagonal'; choose from full, causal"),
+        ("--backends=jax.flashy", "unknown backend 'jax.flashy'; choose from jax.xla"),
+        ("--seqlens=4k,12q", "seqlen '12q' is not a positive size"),
+        ("--heads=64:7", "heads '64:7'"),
+        ("--dtype=int8", "dtype='int8' is not one of"),
+        ("--directions=fwd,sideways", "direction 'sideways' is not one of fwd, bwd"),
+        ("--framework=mxnet", "jax|torch|all"),
+        ("--doc_distribution=wiki", "chatqa2_long_sft"),
+    ],
+)
+def test_bad_flags_fail_at_once_naming_the_choices(tmp_path, flag, message):
+    run = cli(flag, f"--out={tmp_path}", timeout=60)
+    assert run.returncode != 0
+    assert message in run.stderr
+    assert not list(tmp_path.glob("*.jsonl"))
+
+
+def test_a_killed_run_resumes_where_it_stopped(tmp_path):
+    args = [sys.executable, "-m", "lcab.experiments", "--noprogress", "--backends=numpy.slow",
+            PLUGIN, "--masks=causal,full", "--seqlens=64,96,128", "--heads=2:1",
+            "--head_dim=8", "--warmup=0", "--iters=2", "--directions=fwd", f"--out={tmp_path}"]
+    path = tmp_path / "kernel_numpy.jsonl"
+    process = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.time() + 120
+    while time.time() < deadline and len(results.read_rows([path]) if path.exists() else []) < 2:
+        time.sleep(0.1)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    survived = results.read_rows([path])
+    assert 2 <= len(survived) < 6, "the run should have been killed half-way"
+
+    resumed = subprocess.run([*args, "--resume"], cwd=ROOT, capture_output=True, text=True)
+    assert resumed.returncode == 0, resumed.stderr
+    rows = results.read_rows([path])
+    assert rows[: len(survived)] == survived  # nothing measured was lost or redone
+    assert len(rows) == 6 and len({results.row_key(r) for r in rows}) == 6
+    assert all(r["status"] == "OK" for r in rows)
+
+
+def test_isolate_keeps_the_sweep_alive_through_a_crash(tmp_path):
+    run = cli("--backends=numpy.crash,numpy.reference", PLUGIN, "--masks=causal",
+              "--seqlens=64", "--heads=2:1", "--head_dim=8", "--iters=1", "--isolate",
+              f"--out={tmp_path}")
+    assert run.returncode == 0, run.stderr
+    frame = results.load(tmp_path)
+    by_backend = frame.groupby("backend")["status"].agg(set).to_dict()
+    assert by_backend == {"numpy.crash": {"ERROR"}, "numpy.reference": {"OK"}}
+    assert "ERR" in run.stdout
+
+
+def test_cp_suite_without_cp_backends_says_so(tmp_path):
+    run = cli("--suite=cp", f"--out={tmp_path}", timeout=60)
+    assert run.returncode != 0 and "no backends are registered for --suite=cp" in run.stderr

@@ -1,0 +1,215 @@
+"""lcab.report: tables, figures and the CLI, on a small synthetic sample.
+
+tests/data/sample_results.jsonl is hand-made test data (device
+"synthetic-test-device"), not measurements. Its TFLOP/s follow
+base[backend] * mask factor * seqlen factor * direction factor, e.g.
+jax.cudnn full 4096 fwd = 402.4, bwd = 402.4 * 0.8 = 321.92.
+"""
+
+import pathlib
+import subprocess
+import sys
+
+import matplotlib.image
+import pandas as pd
+import pytest
+
+from lcab import results
+from lcab.report import (
+    cp_table,
+    cross_framework_table,
+    kernel_table,
+    latest,
+    setting_groups,
+    short_table,
+    to_markdown,
+)
+from lcab.report import figures, tables
+from lcab.status import LEGEND
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+SAMPLE = ROOT / "tests" / "data" / "sample_results.jsonl"
+DEVICE = "synthetic-test-device"
+SETTING = f"batch 1, heads 64:8, head_dim 128, bfloat16 on {DEVICE}"
+BACKENDS = ["jax.cudnn", "jax.xla", "torch.flex", "torch.sdpa_math"]
+
+
+@pytest.fixture(scope="module")
+def frame():
+    return results.load([SAMPLE])
+
+
+def test_sample_rows_have_the_schema_and_are_marked_synthetic(frame):
+    assert list(frame.columns) == list(results.COLUMNS)
+    assert 30 <= len(frame) <= 70
+    assert set(frame["device"]) == {DEVICE}
+    assert {"OOM", "UNSUPPORTED", "OK"} <= set(frame["status"])
+
+
+def test_kernel_table_shows_rounded_tflops_and_status_codes(frame):
+    fwd, bwd = kernel_table(frame, "fwd"), kernel_table(frame, "bwd")
+    assert list(fwd.columns) == BACKENDS  # jax first, then torch, alphabetical inside
+    assert list(fwd.index) == [
+        ("full", 4096), ("full", 8192), ("causal", 4096), ("causal", 8192),
+        ("causal_document", 4096), ("causal_document", 8192),
+    ]
+    assert fwd.loc[("full", 4096), "jax.cudnn"] == "402"  # 402.4
+    assert bwd.loc[("full", 4096), "jax.cudnn"] == "322"  # 321.92
+    assert fwd.loc[("full", 8192), "jax.cudnn"] == "443"  # 442.64
+    assert bwd.loc[("full", 8192), "torch.sdpa_math"] == "E"  # OOM
+    assert fwd.loc[("causal_document", 4096), "jax.cudnn"] == "X"  # UNSUPPORTED
+    assert bwd.loc[("causal_document", 8192), "jax.xla"] == "ERR"
+    assert bwd.loc[("full", 4096), "torch.flex"] == "MM"
+
+
+def test_kernel_table_leaves_unmeasured_cells_empty(frame):
+    without = frame[~((frame["backend"] == "jax.xla") & (frame["mask"] == "causal"))]
+    table = kernel_table(without, "fwd")
+    assert table.loc[("causal", 4096), "jax.xla"] == ""
+    assert table.loc[("full", 4096), "jax.xla"] == "101"
+
+
+def test_kernel_table_rejects_a_bad_direction(frame):
+    with pytest.raises(ValueError, match="direction='fwd_bwd'"):
+        kernel_table(frame, "fwd_bwd")
+
+
+def test_latest_keeps_the_newest_rerun(frame):
+    assert len(frame) == 63 and len(latest(frame)) == 62
+    rerun = latest(frame).query(
+        "backend == 'torch.flex' and mask == 'causal' and seqlen == 8192 and direction == 'fwd'"
+    )
+    # The older row (250.2, a day earlier) comes later in the file: order must not matter.
+    assert rerun["tflops"].tolist() == [pytest.approx(298.68)]
+    assert kernel_table(frame, "fwd").loc[("causal", 8192), "torch.flex"] == "299"
+
+
+def test_cross_framework_picks_the_best_ok_backend_of_each_side(frame):
+    table = cross_framework_table(frame)
+    row = table.loc[("full", 4096, "bwd")]
+    # torch.flex is MISMATCH there, so the best torch backend is sdpa_math.
+    assert row["best jax"] == "jax.cudnn" and row["jax TFLOP/s"] == "322"
+    assert row["best torch"] == "torch.sdpa_math" and row["torch TFLOP/s"] == "65"
+    assert row["jax/torch"] == f"{321.92 / 64.96:.2f}" == "4.96"
+    # jax.xla errored and jax.cudnn is unsupported: no JAX side, no ratio.
+    empty = table.loc[("causal_document", 8192, "bwd")]
+    assert empty["best jax"] == "" and empty["jax/torch"] == ""
+    assert empty["best torch"] == "torch.flex"
+
+
+def test_cp_table(frame):
+    table = cp_table(frame)
+    assert list(table.columns) == ["ring/jax.cp_ring", "usp/torch.cp_usp"]
+    assert table.index.names == ["mask", "seqlen", "direction", "cp_size"]
+    assert table.loc[("causal", 8192, "fwd", 1), "ring/jax.cp_ring"] == "380"
+    assert table.loc[("causal", 8192, "fwd", 1), "usp/torch.cp_usp"] == ""  # never run
+    assert table.loc[("causal", 8192, "bwd", 8), "usp/torch.cp_usp"] == "E"
+    assert [key[3] for key in table.index[:4]] == [1, 2, 4, 8]
+
+
+def test_short_table(frame):
+    text = short_table(frame)
+    assert SETTING in text
+    assert "| full            | 4096   | 402 / 322 |" in text
+    assert "X / X" in text and "67 / ERR" in text and "302 / MM" in text
+    assert "271 / E" in text  # the CP table
+    assert LEGEND in text
+    assert text.rstrip().endswith(f"Device: {DEVICE}")
+
+
+def test_tables_are_split_by_setting(frame):
+    mixed = frame.copy()
+    mixed.loc[mixed["backend"] == "torch.flex", "head_dim"] = 64
+    labels = [label for label, _ in setting_groups(mixed)]
+    assert labels == [SETTING, SETTING.replace("head_dim 128", "head_dim 64")]
+    with pytest.raises(ValueError, match="setting_groups"):
+        kernel_table(mixed, "fwd")
+    assert short_table(mixed).count("**Kernels") == 2
+
+
+def test_to_markdown_needs_no_tabulate(monkeypatch):
+    monkeypatch.setitem(sys.modules, "tabulate", None)  # importing it would fail
+    table = pd.DataFrame(
+        {"a|b": ["1", "x|y"], "n": ["10", "E"]},
+        index=pd.Index(["r1", "r2"], name="row"),
+    )
+    lines = to_markdown(table).splitlines()
+    assert len(lines) == 4
+    assert [cell.strip() for cell in lines[0].strip("|").split(" | ")] == ["row", "a\\|b", "n"]
+    assert lines[1].startswith("|:") and lines[1].endswith(":|")  # index left, numbers right
+    assert "x\\|y" in lines[3]
+
+
+def test_unknown_status_is_named_in_the_error():
+    with pytest.raises(ValueError, match="status='CRASHED'"):
+        tables.format_cell("CRASHED", float("nan"))
+
+
+def test_figure_for_a_mask_without_rows_says_which_masks_exist(frame, tmp_path):
+    with pytest.raises(ValueError, match="mask='sliding_window'.*causal_document"):
+        figures.kernel_figure(frame, "sliding_window", tmp_path / "x.png")
+
+
+def test_importing_lcab_report_does_not_import_matplotlib():
+    code = "import sys, lcab.report; print('matplotlib' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "False"
+
+
+def _report(*args):
+    return subprocess.run(
+        [sys.executable, "-m", "lcab.report", *args], capture_output=True, text=True, cwd=ROOT
+    )
+
+
+def test_cli_writes_every_table_figure_and_the_index(tmp_path):
+    # Repeated and comma-separated paths both work; the duplicates collapse in latest().
+    result = _report("--results", f"{SAMPLE},{SAMPLE.parent}", "--results", str(SAMPLE),
+                     "--out", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    expected = {
+        "kernel_fwd.md", "kernel_fwd.csv", "kernel_bwd.md", "kernel_bwd.csv",
+        "cross_framework.md", "cross_framework.csv", "cp.md", "cp.csv", "README.md",
+        "figures/kernel_full.png", "figures/kernel_causal.png",
+        "figures/kernel_causal_document.png", "figures/cp_causal.png",
+    }
+    files = [path for path in tmp_path.rglob("*") if path.is_file()]
+    written = {path.relative_to(tmp_path).as_posix() for path in files}
+    assert written == expected
+    printed = {
+        pathlib.Path(line).relative_to(tmp_path).as_posix() for line in result.stdout.split()
+    }
+    assert printed == expected
+
+    for name in expected - {"README.md"}:
+        if name.endswith(".png"):
+            image = matplotlib.image.imread(tmp_path / name)
+            assert image.shape[0] >= 400 and image.shape[1] >= 800, (name, image.shape)
+            assert image[..., :3].std() > 0.05, f"{name} looks blank"
+
+    fwd = pd.read_csv(tmp_path / "kernel_fwd.csv", dtype=str, keep_default_na=False)
+    assert list(fwd.columns) == ["setting", "mask", "seqlen", *BACKENDS]
+    assert fwd.loc[0, "jax.cudnn"] == "402" and (fwd["setting"] == SETTING).all()
+    assert "| causal_document | 4096   |         X |" in (tmp_path / "kernel_fwd.md").read_text()
+
+    index = (tmp_path / "README.md").read_text()
+    assert DEVICE in index and "2026-01-05" in index and LEGEND in index
+    assert "![kernel_causal_document](figures/kernel_causal_document.png)" in index
+    assert "| full            | 4096   | fwd       | jax.cudnn |" in index  # cross-framework
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--out", "OUT"], "--results must have a value"),
+        (["--results", "nope.jsonl", "--out", "OUT"], "no such file or directory: nope.jsonl"),
+        (["--results", f"{SAMPLE},missing2.jsonl", "--out", "OUT"], "missing2.jsonl"),
+        (["--results", str(SAMPLE)], "--out must have a value"),
+    ],
+)
+def test_cli_rejects_bad_flags(tmp_path, args, message):
+    result = _report(*(str(tmp_path / "out") if arg == "OUT" else arg for arg in args))
+    assert result.returncode != 0
+    assert message in result.stderr
+    assert not (tmp_path / "out").exists()
