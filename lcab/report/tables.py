@@ -1,9 +1,9 @@
 """Comparison tables from result rows (the DataFrame of `lcab.results.load`).
 
 Every table is a DataFrame of strings, ready for markdown or CSV: an OK row
-shows its TFLOP/s rounded to an integer, any other row the short code of its
-status (`lcab.status.CODES`), and a combination that was never measured an
-empty string. Each table function first keeps only the newest row of each
+shows its TFLOP/s rounded to an integer (two significant digits below 10),
+any other row the short code of its status (`lcab.status.CODES`), and a
+combination that was never measured an empty string. Each table function first keeps only the newest row of each
 measurement (`latest`) and expects one setting group (`setting_groups`):
 numbers from different shapes, dtypes or devices never share a table.
 """
@@ -272,7 +272,7 @@ def cross_framework_table(
 
 def _cross_record(first: tuple[str, float] | None, second: tuple[str, float] | None) -> list[str]:
     def side(best):
-        return [best[0], f"{best[1]:.0f}"] if best else ["", ""]
+        return [best[0], format_cell(Status.OK.value, best[1])] if best else ["", ""]
 
     ratio = f"{first[1] / second[1]:.2f}" if first and second and second[1] > 0 else ""
     return [*side(first), *side(second), ratio]
