@@ -11,18 +11,18 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from lcab import expressions
 from lcab.backend import Backend, Support
 from lcab.workloads import Workload
 
-DENSE_MASK_CELLS = 1 << 28  # 16k x 16k: a 256 MiB host mask, past any useful size here
 
 
 def _native(workload: Workload) -> str | None:
     """How the mask maps to flags without a dense mask, if it does."""
-    documents = workload.mask.documents()
-    if documents is not None and len(documents.lens) == 1:
-        return "is_causal" if documents.causal else "no mask"
-    return None
+    causal = expressions.causal_flag(workload.mask)
+    if causal is None:
+        return None
+    return "is_causal" if causal else "no mask"
 
 
 class XlaBackend(Backend):
@@ -35,11 +35,10 @@ class XlaBackend(Backend):
         native = _native(workload)
         if native:
             return Support.yes(native)
-        cells = workload.seqlen_q * workload.seqlen_k
-        if cells > DENSE_MASK_CELLS:
+        if not expressions.dense_mask_fits(workload.mask):
             return Support.no(
                 f"a dense mask of {workload.seqlen_q} x {workload.seqlen_k} exceeds "
-                f"{DENSE_MASK_CELLS} cells"
+                f"{expressions.DENSE_MASK_CELLS} cells"
             )
         return Support.yes("dense boolean mask")
 
@@ -54,7 +53,7 @@ class XlaBackend(Backend):
                 )
 
             return attend
-        dense = jnp.asarray(workload.mask.to_dense(max_elements=DENSE_MASK_CELLS))
+        dense = jnp.asarray(workload.mask.to_dense(max_elements=expressions.DENSE_MASK_CELLS))
 
         def attend_masked(q, k, v):
             return jax.nn.dot_product_attention(

@@ -8,6 +8,7 @@ gradient matmuls plus half a recompute), as FlashAttention's benchmarks do.
 from __future__ import annotations
 
 DIRECTIONS = ("fwd", "bwd", "fwd_bwd")
+TIMED_DIRECTIONS = ("fwd", "bwd")  # what rows report; fwd_bwd is only measured
 # Multiples of the forward count; bwd is exactly 5/2 and stays integral.
 _TIMES_FORWARD_X2 = {"fwd": 2, "bwd": 5, "fwd_bwd": 7}
 

@@ -23,7 +23,8 @@ def round_to(array: np.ndarray, dtype: str) -> np.ndarray:
     if dtype == "bfloat16":
         bits = x.view(np.uint32)
         rounded = (bits + np.uint32(0x7FFF) + ((bits >> 16) & np.uint32(1))) & np.uint32(0xFFFF0000)
-        return rounded.view(np.float32)
+        # NaN bit patterns would carry into the exponent; keep them NaN.
+        return np.where(np.isnan(x), x, rounded.view(np.float32))
     return x
 
 

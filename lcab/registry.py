@@ -29,7 +29,22 @@ SUITES = ("kernel", "cp")
 
 _BUILTIN_BACKENDS = {
     "jax.xla": Entry("jax_backends.xla:XlaBackend"),
+    "jax.cudnn": Entry("jax_backends.cudnn:CudnnBackend"),
+    "jax.pallas_triton": Entry("jax_backends.pallas_triton:PallasTritonBackend"),
+    "jax.pallas_mgpu": Entry("jax_backends.pallas_mgpu:PallasMosaicGpuBackend"),
+    "jax.tokamax_mosaic": Entry("jax_backends.tokamax_attention:TokamaxMosaicBackend"),
+    "jax.tokamax_triton": Entry("jax_backends.tokamax_attention:TokamaxTritonBackend"),
+    "jax.tokamax_cudnn": Entry("jax_backends.tokamax_attention:TokamaxCudnnBackend"),
+    "jax.fa3": Entry("jax_backends.fa3:Fa3Backend"),
     "torch.sdpa_math": Entry("torch_backends.sdpa:SdpaMathBackend"),
+    "torch.sdpa_cudnn": Entry("torch_backends.sdpa:SdpaCudnnBackend"),
+    "torch.sdpa_flash": Entry("torch_backends.sdpa:SdpaFlashBackend"),
+    "torch.sdpa_efficient": Entry("torch_backends.sdpa:SdpaEfficientBackend"),
+    "torch.varlen": Entry("torch_backends.varlen:VarlenBackend"),
+    "torch.flex": Entry("torch_backends.flex:FlexBackend"),
+    "torch.flash_attn": Entry("torch_backends.flash_attn:FlashAttn2Backend"),
+    "torch.fa3": Entry("torch_backends.flash_attn:FlashAttn3Backend"),
+    "torch.fa4": Entry("torch_backends.flash_attn:FlashAttn4Backend"),
 }
 
 _BUILTIN_RUNTIMES = {
@@ -93,10 +108,15 @@ def load_backend(name: str) -> Backend:
         cls = entry.load()
     except Exception as exc:  # noqa: BLE001 - a broken optional import is a status
         raise Unavailable(f"cannot import {entry.target}: {type(exc).__name__}: {exc}") from exc
-    reason = cls.unavailable_reason()
-    if reason:
-        raise Unavailable(reason)
-    return cls()
+    try:
+        reason = cls.unavailable_reason()
+        if reason:
+            raise Unavailable(reason)
+        return cls()
+    except Unavailable:
+        raise
+    except Exception as exc:  # noqa: BLE001 - a backend that cannot start is unavailable
+        raise Unavailable(f"{name} failed to start: {type(exc).__name__}: {exc}") from exc
 
 
 _runtimes: dict[str, Runtime] = {}

@@ -9,6 +9,7 @@ days merge by concatenation.
 from __future__ import annotations
 
 import json
+import math
 import pathlib
 import warnings
 from collections.abc import Iterable, Mapping
@@ -42,6 +43,7 @@ COLUMNS: dict[str, str] = {
     "peak_mem_bytes": "peak device memory of the case (None where unknown)",
     "max_err": "normalised max error of the correctness probe (max over out, dq, dk, dv)",
     "compile_s": "JAX: lower+compile seconds; torch: first-call seconds",
+    "setup_s": "seconds of the backend's host-side build (masks, BlockMasks, cu_seqlens), untimed",
     "device": "device name, e.g. NVIDIA H200, or cpu",
     "n_devices": "devices visible to the process",
     "cp_size": "context-parallel size (1 for kernel rows)",
@@ -88,10 +90,21 @@ class Writer:
                     f.write("\n")
 
     def write(self, row: Mapping) -> None:
-        line = json.dumps(row, default=str, allow_nan=False)
+        line = json.dumps(_finite(dict(row)), default=str, allow_nan=False)
         with open(self.path, "a") as f:
             f.write(line + "\n")
             f.flush()
+
+
+def _finite(value):
+    """JSON has no NaN or infinity: such numbers are written as null."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
 
 
 def _files(paths: Iterable[str | pathlib.Path]) -> list[pathlib.Path]:

@@ -12,7 +12,9 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import importlib
+import math
 import multiprocessing
+import time
 import traceback
 from collections.abc import Callable, Iterable, Sequence
 
@@ -53,6 +55,7 @@ class Settings:
     flags: str = ""
     git_commit: str = "unknown"
     plugin_modules: tuple[str, ...] = ()
+    isolate_timeout_s: float | None = None  # an isolated case running longer is killed
 
 
 def _now() -> str:
@@ -119,18 +122,37 @@ class Runner:
 
     # ----- one case ---------------------------------------------------------
     def run_case(self, case: Case) -> list[dict]:
+        """Rows for every direction of the case, whatever goes wrong.
+
+        Anything unexpected (a backend raising in supports(), a runtime that
+        cannot name its device, ...) becomes ERROR rows for the directions
+        not yet written, so no backend can end a sweep.
+        """
+        written: list[dict] = []
+        context: dict = {}
+        try:
+            self._run_case(case, written, context)
+        except Exception as exc:  # noqa: BLE001 - the last line of defence
+            done = {row["direction"] for row in written}
+            left = [d for d in case.directions if d not in done]
+            written += self._rows_for_all(
+                case, Status.ERROR, left, reason=f"harness: {_describe(exc)}", **context
+            )
+        return written
+
+    def _run_case(self, case: Case, rows: list[dict], context: dict) -> None:
         try:
             runtime = registry.load_runtime(registry.framework_of(case.backend))
+        except registry.Unavailable as exc:
+            rows += self._rows_for_all(case, Status.UNAVAILABLE, reason=str(exc))
+            return
+        context.update(device_info=runtime.device(), versions=runtime.versions())
+        try:
             backend = registry.load_backend(case.backend)
         except registry.Unavailable as exc:
-            return self._rows_for_all(case, Status.UNAVAILABLE, reason=str(exc))
-        context = dict(
-            device_info=runtime.device(),
-            versions=runtime.versions(),
-            cp_size=backend.cp_size,
-            strategy=backend.strategy,
-        )
-        rows = []
+            rows += self._rows_for_all(case, Status.UNAVAILABLE, reason=str(exc), **context)
+            return
+        context.update(cp_size=backend.cp_size, strategy=backend.strategy)
         directions = [d for d in case.directions if d in backend.directions]
         missing = [d for d in case.directions if d not in backend.directions]
         if missing:
@@ -139,45 +161,62 @@ class Runner:
                 reason=f"{case.backend} has no {'/'.join(missing)} pass", **context,
             )
         if not directions:
-            return rows
+            return
         support = backend.supports(case.workload)
         if not support.ok:
-            return rows + self._rows_for_all(
+            rows += self._rows_for_all(
                 case, Status.UNSUPPORTED, directions, reason=support.reason, **context
             )
+            return
         context["notes"] = support.how
 
-        verdict = self._validate(backend, runtime, case.workload, "bwd" in directions)
+        verdict = self._validate(backend, runtime, case.workload, support, "bwd" in directions)
         if isinstance(verdict, Exception):
             status = Status.OOM if runtime.is_oom(verdict) else Status.ERROR
-            return rows + self._rows_for_all(
+            rows += self._rows_for_all(
                 case, status, directions,
                 reason=f"correctness probe failed to run: {_describe(verdict)}", **context,
             )
+            return
+        if verdict.note:
+            context["notes"] = f"{support.how}; {verdict.note}"
         timed = []
         for direction in directions:
             if verdict.ok(direction):
                 timed.append(direction)
             else:
+                error = verdict.error(direction)
                 rows.append(self._row(
-                    case, direction, Status.MISMATCH, max_err=verdict.error(direction),
+                    case, direction, Status.MISMATCH,
+                    max_err=error if error is not None and math.isfinite(error) else None,
                     reason=(
-                        f"normalised max error {verdict.error(direction):.3g} > "
-                        f"{verdict.tolerance:g} on the probe ({verdict.probe})"
+                        f"normalised max error {error:.3g} > {verdict.tolerance:g} "
+                        f"on the probe ({verdict.probe})"
                     ),
                     **context,
                 ))
         if timed:
             rows += self._time(case, backend, runtime, timed, verdict, context)
-        return rows
 
-    def _validate(self, backend, runtime, workload: Workload, backward: bool):
-        key = (backend.name, workload.mask.name, workload.dtype, workload.head_dim,
+    def _validate(self, backend, runtime, workload: Workload, support, backward: bool):
+        # One probe per code path: the same family expressed the same way
+        # (support.how), dtype, head_dim and GQA ratio, so long sweeps probe
+        # each family once. A workload short enough to be its own probe,
+        # or a hand-built mask, is probed as itself (keyed by fingerprint).
+        try:
+            probe, note = validation.choose_probe(backend, workload)
+        except Exception as exc:  # noqa: BLE001 - any failure is a row status
+            return exc
+        family = workload.mask.name
+        if probe.mask == workload.mask or family not in validation.FAMILIES_BY_NAME:
+            family = f"{family}@{workload.mask.fingerprint()}"
+        key = (backend.name, family, support.how, workload.dtype, workload.head_dim,
                workload.gqa_ratio, backward)
         if key not in self._verdicts:
             try:
-                self._verdicts[key] = validation.check(
-                    backend, runtime, workload, backward=backward, seed=self.settings.seed
+                self._verdicts[key] = validation.check_probe(
+                    backend, runtime, probe, note=note, backward=backward,
+                    seed=self.settings.seed,
                 )
             except Exception as exc:  # noqa: BLE001 - any failure is a row status
                 self._verdicts[key] = exc
@@ -199,7 +238,9 @@ class Runner:
             inputs = runtime.random_inputs(
                 [q_shape, kv_shape, kv_shape, q_shape], w.dtype, self.settings.seed
             )
+            start = time.perf_counter()
             fn = backend.build(w)
+            context["setup_s"] = time.perf_counter() - start
             forward = runtime.measure(fn, inputs[:3], backward=False, **measure)
         except Exception as exc:  # noqa: BLE001
             runtime.cleanup()
@@ -253,15 +294,33 @@ class Runner:
             args=(case, self.settings, str(self.writer.path), registry.plugins()),
         )
         child.start()
-        child.join()
+        child.join(self.settings.isolate_timeout_s)
+        timed_out = child.is_alive()
+        if timed_out:
+            child.kill()
+            child.join()
         written = results.done_keys([self.writer.path])
         lost = [d for d, key in zip(case.directions, case.keys()) if key not in written]
         if lost:
             code = child.exitcode
             how = f"signal {-code}" if code is not None and code < 0 else f"exit code {code}"
+            if timed_out:
+                how = f"killed after {self.settings.isolate_timeout_s:g} s"
             self._rows_for_all(
                 case, Status.ERROR, lost, reason=f"isolated child process died ({how})"
             )
+
+
+def fill_missing(cases: Sequence[Case], writer: results.Writer, settings: Settings,
+                 reason: str) -> int:
+    """ERROR rows for every direction of `cases` the file lacks; returns how many."""
+    runner = Runner(writer, settings)
+    done = results.done_keys([writer.path])
+    count = 0
+    for case in cases:
+        lost = [d for d, key in zip(case.directions, case.keys()) if key not in done]
+        count += len(runner._rows_for_all(case, Status.ERROR, lost, reason=reason)) if lost else 0
+    return count
 
 
 def import_plugins(modules: Iterable[str]) -> None:

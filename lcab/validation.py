@@ -1,9 +1,12 @@
 """The correctness gate: every backend is checked before it is timed.
 
-A probe workload keeps what decides correctness (mask family, dtype,
-head_dim, GQA ratio) at a size the float64 reference handles: the family at
-`backend.probe_seqlen` tokens with structure-revealing parameters
-(lcab.masks.small), at most two K/V heads and a batch of at most two.
+A probe workload keeps what decides correctness (mask family and the code
+path the backend takes for it, dtype, head_dim, GQA ratio) at a size the
+float64 reference handles: the workload's own mask when it is short, else
+the same mask with its sizes scaled to `backend.probe_seqlen` tokens, else
+the family with structure-revealing parameters (lcab.masks.small), whichever
+first takes the same path (Support.how) as the timed case; at most two K/V
+heads and a batch of at most two.
 Queries and keys are drawn with a larger spread than N(0, 1) so attention is
 peaked: a kernel that lets one wrong key in then moves its output by O(1),
 far beyond rounding error, instead of by 1/row_length.
@@ -18,6 +21,7 @@ import numpy as np
 from lcab import reference
 from lcab.backend import Backend
 from lcab.masks import FAMILIES_BY_NAME, small_mask
+from lcab.masks.small import scaled_mask
 from lcab.runtime import Runtime
 from lcab.workloads import Workload
 
@@ -26,6 +30,8 @@ from lcab.workloads import Workload
 TOLERANCE = {"float32": 5e-3, "float16": 1.5e-2, "bfloat16": 4e-2}
 PROBE_SPREAD = 2.0  # std of q and k entries: scores have std PROBE_SPREAD**2
 _MAX_CUSTOM_PROBE = 2048  # a hand-built mask is probed as it is up to this size
+# A workload up to this many probe lengths long is probed with its own mask.
+_OWN_MASK_PROBE_FACTOR = 4
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,25 +42,36 @@ class Verdict:
     bwd_err: float | None
     tolerance: float
     probe: str  # a short description of the probe workload
+    note: str = ""  # set when the probe could not take the timed code path
 
     def ok(self, direction: str) -> bool:
-        err = self.fwd_err if direction == "fwd" else self.bwd_err
+        err = self.error(direction)
         return err is not None and err <= self.tolerance
 
     def error(self, direction: str) -> float | None:
         return self.fwd_err if direction == "fwd" else self.bwd_err
 
 
-def probe_workload(workload: Workload, seqlen: int) -> Workload:
-    """The small workload that stands in for `workload` in the gate."""
+def _probe_masks(workload: Workload, seqlen: int):
+    """Candidate probe masks, most faithful to the timed workload first."""
     mask = workload.mask
-    if mask.name in FAMILIES_BY_NAME:
-        mask = small_mask(mask.name, seqlen)
-    elif max(mask.seqlen_q, mask.seqlen_k) > _MAX_CUSTOM_PROBE:
-        raise ValueError(
-            f"cannot probe custom mask {mask.name!r} of {mask.seqlen_q} x {mask.seqlen_k}: "
-            f"only registered families are probed at small size"
-        )
+    if mask.name not in FAMILIES_BY_NAME:
+        if max(mask.seqlen_q, mask.seqlen_k) > _MAX_CUSTOM_PROBE:
+            raise ValueError(
+                f"cannot probe custom mask {mask.name!r} of {mask.seqlen_q} x "
+                f"{mask.seqlen_k}: only registered families are probed at small size"
+            )
+        yield mask
+        return
+    if mask.seqlen_q <= _OWN_MASK_PROBE_FACTOR * seqlen:
+        yield mask
+    else:
+        yield scaled_mask(mask, seqlen)
+    yield small_mask(mask.name, seqlen)
+
+
+def probe_workload(workload: Workload, mask) -> Workload:
+    """The small workload that stands in for `workload` in the gate."""
     heads_kv = min(workload.heads_kv, 2)
     return dataclasses.replace(
         workload,
@@ -65,6 +82,26 @@ def probe_workload(workload: Workload, seqlen: int) -> Workload:
         seqlen_k=mask.seqlen_k,
         mask=mask,
     )
+
+
+def choose_probe(backend: Backend, workload: Workload) -> tuple[Workload, str]:
+    """The probe that runs the same code path (Support.how) as the timed case.
+
+    Returns the probe and a note that is empty unless only a probe taking
+    another path was possible (the note then says which).
+    """
+    timed_how = backend.supports(workload).how
+    fallback = None
+    for mask in _probe_masks(workload, backend.probe_seqlen):
+        probe = probe_workload(workload, mask)
+        support = backend.supports(probe)
+        if support.ok and support.how == timed_how:
+            return probe, ""
+        if support.ok and fallback is None:
+            fallback = (probe, f"probe took the path {support.how!r}")
+    if fallback is None:
+        raise ValueError(f"no correctness probe of {workload.mask.name} is supported")
+    return fallback
 
 
 def _normalised_error(got: np.ndarray, want: np.ndarray) -> float:
@@ -82,10 +119,15 @@ def check(
     backend: Backend, runtime: Runtime, workload: Workload, *, backward: bool, seed: int = 0
 ) -> Verdict:
     """Run the backend on the probe of `workload` and compare with lcab.reference."""
-    probe = probe_workload(workload, backend.probe_seqlen)
-    support = backend.supports(probe)
-    if not support.ok:
-        raise ValueError(f"the correctness probe is not supported: {support.reason}")
+    probe, note = choose_probe(backend, workload)
+    return check_probe(backend, runtime, probe, note=note, backward=backward, seed=seed)
+
+
+def check_probe(
+    backend: Backend, runtime: Runtime, probe: Workload, *, note: str = "", backward: bool,
+    seed: int = 0,
+) -> Verdict:
+    """Run the backend on a chosen probe workload and compare with lcab.reference."""
     rng = np.random.default_rng(seed)
     b, sq, sk, hq, hkv, d = (
         probe.batch, probe.seqlen_q, probe.seqlen_k, probe.heads_q, probe.heads_kv, probe.head_dim
@@ -128,4 +170,4 @@ def check(
     description = (
         f"{probe.mask.name} at {sq}x{sk}, b{b}, h{hq}:{hkv}, d{d}, {probe.dtype}"
     )
-    return Verdict(fwd_err, bwd_err, TOLERANCE[probe.dtype], description)
+    return Verdict(fwd_err, bwd_err, TOLERANCE[probe.dtype], description, note)

@@ -3,9 +3,30 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 
 from lcab import flops as flops_lib
 from lcab.masks import AttnMask
+
+_SIZE = re.compile(r"^\s*(\d+)\s*([kKmM]?)\s*$")
+_UNITS = {"": 1, "k": 1024, "m": 1024 * 1024}
+
+
+def parse_seqlen(text: str) -> int:
+    """'4096', '4k', '128k', '1m' -> tokens (k = 1024, m = 1024**2)."""
+    match = _SIZE.match(str(text))
+    if not match or int(match[1]) <= 0:
+        raise ValueError(f"seqlen {text!r} is not a positive size like 4096, 4k, 128k or 1m")
+    return int(match[1]) * _UNITS[match[2].lower()]
+
+
+def format_seqlen(tokens: int) -> str:
+    """131072 -> '128k', 1048576 -> '1m', 1000 -> '1000'."""
+    for suffix, unit in (("m", 1024 * 1024), ("k", 1024)):
+        if tokens % unit == 0:
+            return f"{tokens // unit}{suffix}"
+    return str(tokens)
+
 
 # Canonical dtype names, with the short spellings the CLI accepts.
 DTYPES = ("bfloat16", "float16", "float32")

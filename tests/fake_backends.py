@@ -116,3 +116,53 @@ class MissingPackageBackend(ReferenceBackend):
 for _cls in (ReferenceBackend, SlowBackend, OffByOneWindowBackend, OutOfMemoryBackend,
              RaisingBackend, CausalOnlyBackend, CrashingBackend, MissingPackageBackend):
     registry.register_backend(_cls.name, f"{__name__}:{_cls.__name__}")
+
+
+class NanBackend(ReferenceBackend):
+    """Returns NaN everywhere: a broken kernel."""
+
+    name = "numpy.nan"
+    directions = ("fwd",)
+
+    def build(self, workload):
+        return lambda q, k, v: np.full(q.shape, np.nan, dtype=np.float32)
+
+
+class IgnoresMaskBackend(ReferenceBackend):
+    """Claims every mask, always computes full attention."""
+
+    name = "numpy.ignores_mask"
+    directions = ("fwd",)
+
+    def build(self, workload):
+        full = AttnMask(workload.seqlen_q, workload.seqlen_k,
+                        np.array([[0, workload.seqlen_q, 0, workload.seqlen_k, 0]]))
+        return _reference_fn(full, workload.dtype)
+
+
+class RaisesInSupportsBackend(ReferenceBackend):
+    name = "numpy.raises_in_supports"
+
+    def mask_support(self, workload):
+        raise KeyError("no table entry for this mask")
+
+
+class RaisesAtStartBackend(ReferenceBackend):
+    name = "numpy.raises_at_start"
+
+    def __init__(self):
+        raise RuntimeError("driver handle could not be created")
+
+
+class HangsBackend(ReferenceBackend):
+    """Never returns, as a deadlocked kernel would."""
+
+    name = "numpy.hangs"
+
+    def build(self, workload):
+        time.sleep(3600)
+
+
+for _cls in (NanBackend, IgnoresMaskBackend, RaisesInSupportsBackend, RaisesAtStartBackend,
+             HangsBackend):
+    registry.register_backend(_cls.name, f"{__name__}:{_cls.__name__}")

@@ -9,6 +9,7 @@ import time
 import pytest
 
 from lcab import results
+from lcab.masks import make_mask
 from lcab.experiments import presets
 from lcab.experiments.sweep import format_seqlen, parse_heads, parse_seqlen
 
@@ -40,7 +41,7 @@ def test_both_frameworks_in_their_own_processes_merge_into_one_table(tmp_path):
     run = cli(
         "--backends=jax.xla,torch.sdpa_math", "--masks=causal,share_question",
         "--seqlens=256", "--heads=4:2", "--head_dim=32", "--dtype=float32",
-        "--warmup=1", "--iters=2", f"--out={tmp_path}",
+        "--warmup=1", "--iters=2", f"--out={tmp_path}", "--framework", "all",
     )
     assert run.returncode == 0, run.stderr
     frame = results.load(tmp_path)
@@ -132,3 +133,26 @@ def test_isolate_keeps_the_sweep_alive_through_a_crash(tmp_path):
 def test_cp_suite_without_cp_backends_says_so(tmp_path):
     run = cli("--suite=cp", f"--out={tmp_path}", timeout=60)
     assert run.returncode != 0 and "no backends are registered for --suite=cp" in run.stderr
+
+
+def test_child_arguments_drop_the_parent_only_flags():
+    from lcab.experiments.__main__ import _without_flags
+
+    argv = ["--framework", "all", "--masks=causal", "--run_id=7", "--nosummary", "--isolate",
+            "--framework=jax", "--summary=false", "--seqlens", "4k"]
+    kept = _without_flags(argv, valued=("framework", "run_id"), boolean=("summary",))
+    assert kept == ["--masks=causal", "--isolate", "--seqlens", "4k"]
+
+
+def test_a_dead_framework_process_leaves_error_rows(tmp_path):
+    from lcab.runner import Case, Settings, fill_missing
+    from lcab.workloads import Workload
+
+    workload = Workload(1, 64, 64, 2, 1, 8, "float32", make_mask("causal", 64))
+    cases = [Case("jax.xla", workload), Case("jax.cudnn", workload)]
+    writer = results.Writer(tmp_path / "kernel_jax.jsonl")
+    written = fill_missing(cases, writer, Settings(), reason="the jax process exited with -11")
+    rows = results.read_rows([writer.path])
+    assert written == 4 == len(rows)
+    assert {r["status"] for r in rows} == {"ERROR"}
+    assert fill_missing(cases, writer, Settings(), reason="again") == 0  # nothing left to fill

@@ -5,8 +5,8 @@ import json
 import pytest
 
 import tests.fake_backends  # noqa: F401 - registers the numpy.* test backends
-from lcab import registry, results
-from lcab.masks import MASK_NAMES, make_mask, small_mask
+from lcab import registry, results, validation
+from lcab.masks import MASK_NAMES, AttnMask, AttnSlice, make_mask, small_mask
 from lcab.runner import Case, Settings, run_cases
 from lcab.status import Status
 from lcab.validation import TOLERANCE
@@ -84,6 +84,51 @@ def make_causal_only_case():
     return Workload(1, 300, 300, 2, 2, 8, "float32", make_mask("causal", 300))
 
 
+def test_nan_outputs_and_raising_backends_never_end_the_sweep(tmp_path):
+    cases = [
+        Case("numpy.nan", workload("causal"), ("fwd",)),
+        Case("numpy.raises_in_supports", workload("causal")),
+        Case("numpy.raises_at_start", workload("causal")),
+        Case("numpy.reference", workload("causal")),
+    ]
+    rows = run(tmp_path, cases)
+    assert [(r["backend"], r["status"]) for r in rows] == [
+        ("numpy.nan", "MISMATCH"),
+        ("numpy.raises_in_supports", "ERROR"), ("numpy.raises_in_supports", "ERROR"),
+        ("numpy.raises_at_start", "UNAVAILABLE"), ("numpy.raises_at_start", "UNAVAILABLE"),
+        ("numpy.reference", "OK"), ("numpy.reference", "OK"),
+    ]
+    assert rows[0]["max_err"] is None and "inf" in rows[0]["reason"]
+    assert "KeyError" in rows[1]["reason"] and "no table entry" in rows[1]["reason"]
+    assert "driver handle could not be created" in rows[3]["reason"]
+    assert rows[3]["device"] == "cpu"  # the runtime loaded, so the row names the device
+
+
+def test_hand_built_masks_are_probed_each_on_its_own(tmp_path):
+    full = AttnMask(128, 128, [AttnSlice(0, 128, 0, 128, "full")])
+    causal = AttnMask(128, 128, [AttnSlice(0, 128, 0, 128, "causal")])
+    cases = [Case("numpy.ignores_mask", Workload(1, 128, 128, 2, 1, 8, "float32", mask), ("fwd",))
+             for mask in (full, causal)]
+    rows = run(tmp_path, cases)
+    assert [r["status"] for r in rows] == ["OK", "MISMATCH"]
+
+
+def test_the_probe_takes_the_timed_code_path():
+    # One 4096-token document: jax.xla runs it as plain causal (is_causal),
+    # so its probe must be a one-document mask too, not five documents.
+    backend = registry.load_backend("jax.xla")
+    mask = make_mask("causal_document", 4096, doc_lens=[4096])
+    timed = Workload(1, 4096, 4096, 8, 2, 64, "bfloat16", mask)
+    probe, note = validation.choose_probe(backend, timed)
+    assert backend.supports(timed).how == backend.supports(probe).how == "is_causal"
+    assert probe.seqlen_q == backend.probe_seqlen and note == ""
+    assert (probe.heads_q, probe.heads_kv) == (8, 2)
+    packed = timed.with_mask(make_mask("causal_document", 4096, distribution="pile"))
+    probe, note = validation.choose_probe(backend, packed)
+    assert backend.supports(probe).how == "dense boolean mask" and note == ""
+    assert len(probe.mask.doc_lens()) > 1
+
+
 def test_isolation_turns_a_crash_into_one_error_case(tmp_path):
     cases = [Case("numpy.crash", workload("causal")), Case("numpy.reference", workload("causal"))]
     rows = run(tmp_path, cases, isolate=True)
@@ -92,6 +137,16 @@ def test_isolation_turns_a_crash_into_one_error_case(tmp_path):
         ("numpy.reference", "OK"), ("numpy.reference", "OK"),
     ]
     assert "isolated child process died (exit code 3)" in rows[0]["reason"]
+
+
+def test_isolation_kills_a_case_that_hangs(tmp_path):
+    settings = Settings(warmup=0, iters=1, isolate_timeout_s=2.0)
+    path = tmp_path / "rows.jsonl"
+    hang = Case("numpy.hangs", workload("causal"), ("fwd",))
+    run_cases([hang], results.Writer(path), settings, isolate=True)
+    rows = results.read_rows([path])
+    assert [(r["status"], r["reason"]) for r in rows] == [
+        ("ERROR", "isolated child process died (killed after 2 s)")]
 
 
 def test_resume_skips_rows_that_exist(tmp_path):
@@ -130,5 +185,6 @@ def test_cpu_backends_match_the_reference_on_every_family(tmp_path, backend, dty
     assert not bad
     assert len(rows) == 2 * len(masks)
     assert all(r["status"] == "OK" for r in rows if r["direction"] == "fwd")
+    assert sum(r["status"] == "OK" for r in rows if r["direction"] == "bwd") >= len(masks) // 2
     assert max(r["max_err"] for r in rows) < TOLERANCE[dtype] / 4
     assert all(r["tflops"] > 0 for r in rows if r["status"] == "OK")

@@ -4,7 +4,8 @@ The first call (or torch.compile's compilation) is timed separately as
 compile_s, then `warmup` more untimed calls run. The forward is measured without autograd (inputs that do not
 require grad); forward+backward with fresh gradients each repeat. On GPU a
 256 MiB buffer is zeroed between repeats so no repeat finds its inputs in
-L2, and peak memory is torch.cuda.max_memory_allocated over the case.
+L2, and peak memory is torch.cuda.max_memory_allocated over the case (the
+flush buffer excluded).
 """
 
 from __future__ import annotations
@@ -108,6 +109,8 @@ class TorchRuntime(Runtime):
                 fn(q, k, v)
 
         if self.on_gpu:
+            if flush_l2 and self._flush_buffer is None:
+                self._flush_l2()  # allocate it before the peak counter starts
             torch.cuda.reset_peak_memory_stats()
         self._sync()
         start = time.perf_counter()
@@ -120,7 +123,11 @@ class TorchRuntime(Runtime):
         samples = self._timed_gpu(step, iters, flush_l2) if self.on_gpu else self._timed_host(
             step, iters
         )
-        peak = torch.cuda.max_memory_allocated() if self.on_gpu else None
+        peak = None
+        if self.on_gpu:
+            # The flush buffer is the harness's, not the case's.
+            flush_bytes = 0 if self._flush_buffer is None else self._flush_buffer.numel()
+            peak = torch.cuda.max_memory_allocated() - flush_bytes
         return Timing(tuple(samples), compile_s=compile_s, peak_mem_bytes=peak)
 
     def _timed_gpu(self, step, iters, flush_l2):

@@ -3,13 +3,16 @@
     python -m lcab.experiments --flagfile=experiments/seed_kernels.flags --out out/seed
 
 Settings not given fall back to lcab.experiments.presets (a one-minute CPU
-sweep without a GPU, the seed's kernel sweep with one). --framework=all runs
+sweep without a GPU, the seed's kernel sweep with one). Without --backends,
+every registered backend that can run here is used; naming unavailable
+ones gives UNAVAILABLE rows instead. --framework=all runs
 each framework in its own process (JAX and PyTorch fight over GPU memory)
 and merges their rows into one table.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
 import pathlib
@@ -20,11 +23,12 @@ import sys
 from absl import app, flags
 
 from lcab import registry, results
+from lcab.flops import TIMED_DIRECTIONS
 from lcab.experiments import presets
 from lcab.experiments.sweep import Sweep, parse_heads, parse_seqlen
 from lcab.masks import MASK_NAMES, canonical_name
 from lcab.masks.doc_lengths import DISTRIBUTIONS
-from lcab.runner import Settings, import_plugins, run_cases
+from lcab.runner import Settings, fill_missing, import_plugins, run_cases
 from lcab.workloads import DTYPES, canonical_dtype
 
 FRAMEWORKS = ("jax", "torch")
@@ -50,6 +54,9 @@ _OUT = flags.DEFINE_string("out", "out", "Directory for the run's JSONL rows.")
 _RESUME = flags.DEFINE_bool("resume", False, "Skip rows already in the output files.")
 _ISOLATE = flags.DEFINE_bool(
     "isolate", False, "Run each case in a child process (a crash loses one case).")
+_ISOLATE_TIMEOUT = flags.DEFINE_float(
+    "isolate_timeout", 1800.0, "With --isolate, kill a case running longer (seconds).",
+    lower_bound=1.0)
 _WINDOW = flags.DEFINE_integer("window", None, "Window for sliding-window masks.", lower_bound=0)
 _DOC_DISTRIBUTION = flags.DEFINE_enum(
     "doc_distribution", None, list(DISTRIBUTIONS), "Document-length histogram.")
@@ -73,8 +80,8 @@ def _check(values, parse):
 
 
 def _parse_direction(text):
-    if text not in ("fwd", "bwd"):
-        raise ValueError(f"direction {text!r} is not one of fwd, bwd")
+    if text not in TIMED_DIRECTIONS:
+        raise ValueError(f"direction {text!r} is not one of {', '.join(TIMED_DIRECTIONS)}")
     return text
 
 
@@ -129,7 +136,7 @@ def _sweep(framework: str | None) -> Sweep:
         heads=parse_heads(_resolved(_HEADS, "heads")),
         head_dim=_resolved(_HEAD_DIM, "head_dim"),
         dtype=_resolved(_DTYPE, "dtype"),
-        directions=tuple(d for d in ("fwd", "bwd") if d in _DIRECTIONS.value),
+        directions=tuple(d for d in TIMED_DIRECTIONS if d in _DIRECTIONS.value),
         suite=_SUITE.value,
         mask_seed=_MASK_SEED.value,
         window=_resolved(_WINDOW, "window"),
@@ -158,6 +165,7 @@ def _settings(sweep: Sweep, run_id: str) -> Settings:
         flags=json.dumps(record),
         git_commit=_GIT_COMMIT.value or _git_commit(),
         plugin_modules=tuple(_BACKEND_MODULES.value),
+        isolate_timeout_s=_ISOLATE_TIMEOUT.value,
     )
 
 
@@ -168,8 +176,22 @@ def _git_commit() -> str:
 
 
 # ----- running --------------------------------------------------------------
+def _available_only(sweep: Sweep) -> Sweep:
+    """Without --backends, run what can run here and say what was left out."""
+    if _BACKENDS.value:
+        return sweep
+    usable = []
+    for name in sweep.backends:
+        try:
+            registry.load_backend(name)
+            usable.append(name)
+        except registry.Unavailable as exc:
+            print(f"skipping {name}: {exc}", file=sys.stderr)
+    return dataclasses.replace(sweep, backends=tuple(usable))
+
+
 def _run_framework(framework: str, run_id: str) -> pathlib.Path:
-    sweep = _sweep(framework)
+    sweep = _available_only(_sweep(framework))
     path = _output_path(framework)
     cases = sweep.cases()
     skip = results.done_keys([path]) if _RESUME.value else set()
@@ -188,19 +210,46 @@ def _run_framework(framework: str, run_id: str) -> pathlib.Path:
     return path
 
 
-def _run_children(frameworks, run_id: str) -> list[pathlib.Path]:
-    """One process per framework, sharing the command line and the run id."""
-    argv = [a for a in sys.argv[1:] if not a.startswith(("--framework", "--run_id"))]
-    paths = []
+def _without_flags(argv: list[str], valued: tuple[str, ...], boolean: tuple[str, ...]):
+    """argv minus the named flags: --name=value and --name value for valued
+    flags, --name, --noname and --name=... for boolean ones."""
+    kept, skip_next = [], False
+    for arg in argv:
+        if skip_next:
+            skip_next = False
+            continue
+        flag = arg.lstrip("-").split("=", 1)[0] if arg.startswith("-") else None
+        if flag in valued:
+            skip_next = "=" not in arg
+            continue
+        if flag in boolean or (flag and flag.startswith("no") and flag[2:] in boolean):
+            continue
+        kept.append(arg)
+    return kept
+
+
+def _run_children(frameworks, run_id: str) -> tuple[list[pathlib.Path], bool]:
+    """One process per framework, sharing the command line and the run id.
+
+    A process that fails leaves ERROR rows for every case it did not write,
+    so the table shows the loss instead of a missing column.
+    """
+    argv = _without_flags(sys.argv[1:], valued=("framework", "run_id"), boolean=("summary",))
+    paths, all_ok = [], True
     for framework in frameworks:
         command = [sys.executable, "-m", "lcab.experiments", *argv,
                    f"--framework={framework}", f"--run_id={run_id}", "--nosummary"]
         status = subprocess.run(command).returncode
+        path = _output_path(framework)
         if status != 0:
+            all_ok = False
             print(f"lcab.experiments: the {framework} process exited with {status}",
                   file=sys.stderr)
-        paths.append(_output_path(framework))
-    return paths
+            sweep = _sweep(framework)
+            fill_missing(sweep.cases(), results.Writer(path), _settings(sweep, run_id),
+                         reason=f"the {framework} process exited with {status} before this case")
+        paths.append(path)
+    return paths, all_ok
 
 
 def _print_summary(paths, run_id: str, resume: bool) -> None:
@@ -231,13 +280,15 @@ def main(argv):
     if _FRAMEWORK.value == "all":
         wanted = [f for f in FRAMEWORKS if any(registry.framework_of(b) == f for b in backends)]
         others = sorted({registry.framework_of(b) for b in backends} - set(FRAMEWORKS))
-        paths = _run_children(wanted, run_id)
+        paths, all_ok = _run_children(wanted, run_id)
         # Host-only plugin frameworks (e.g. numpy) need no process of their own.
         paths += [_run_framework(f, run_id) for f in others]
     else:
-        paths = [_run_framework(_FRAMEWORK.value, run_id)]
+        paths, all_ok = [_run_framework(_FRAMEWORK.value, run_id)], True
     if _SUMMARY.value:
         _print_summary(paths, run_id, _RESUME.value)
+    if not all_ok:
+        sys.exit(1)
 
 
 if __name__ == "__main__":

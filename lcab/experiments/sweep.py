@@ -8,19 +8,7 @@ import re
 from lcab import registry
 from lcab.masks import FAMILIES_BY_NAME, canonical_name, make_mask
 from lcab.runner import Case
-from lcab.workloads import Workload, canonical_dtype
-
-_SIZE = re.compile(r"^\s*(\d+)\s*([kKmM]?)\s*$")
-_UNITS = {"": 1, "k": 1024, "m": 1024 * 1024}
-
-
-def parse_seqlen(text: str) -> int:
-    """'4096', '4k', '128k', '1m' -> tokens (k = 1024, m = 1024**2)."""
-    match = _SIZE.match(str(text))
-    if not match or int(match[1]) <= 0:
-        raise ValueError(f"seqlen {text!r} is not a positive size like 4096, 4k, 128k or 1m")
-    return int(match[1]) * _UNITS[match[2].lower()]
-
+from lcab.workloads import Workload, canonical_dtype, format_seqlen, parse_seqlen  # noqa: F401
 
 def parse_heads(text: str) -> tuple[int, int]:
     """'64:8' -> (64, 8); '16' -> (16, 16)."""
@@ -31,13 +19,6 @@ def parse_heads(text: str) -> tuple[int, int]:
     if heads_q <= 0 or heads_kv <= 0 or heads_q % heads_kv:
         raise ValueError(f"heads {text!r}: both positive and Q a multiple of KV")
     return heads_q, heads_kv
-
-
-def format_seqlen(tokens: int) -> str:
-    for suffix, unit in (("m", 1024 * 1024), ("k", 1024)):
-        if tokens % unit == 0:
-            return f"{tokens // unit}{suffix}"
-    return str(tokens)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -49,3 +49,39 @@ def small_mask(name: str, seqlen: int = SMALL_SEQLEN, seed: int = 0) -> AttnMask
     if seqlen < 32:
         raise ValueError(f"small masks need seqlen >= 32, got {seqlen=}")
     return make_mask(name, seqlen, seed=seed, **_scaled(SMALL_PARAMS.get(name, {}), seqlen))
+
+
+_SIZE_PARAMS = ("window", "prefix_len", "global_len", "block_size")
+# Sparse blocks keep at least this size, so that a probe stays a few tiles
+# of a blocked pattern rather than a cloud of single cells.
+_MIN_BLOCK = 16
+
+
+def scaled_mask(mask: AttnMask, seqlen: int) -> AttnMask:
+    """The same family with every size parameter scaled to `seqlen` tokens.
+
+    Document boundaries scale with the sequence (documents that shrink to
+    nothing merge into their neighbour); windows, prefix, global and block
+    lengths scale and stay at least 1; the kept fraction and seed stay. The
+    result is how the mask would look if the whole workload were small, so
+    a kernel expresses it the same way as the full-size mask.
+    """
+    ratio = seqlen / mask.seqlen_q
+    params = {k: v for k, v in mask.params.items() if k not in ("distribution", "seed")}
+    for key in _SIZE_PARAMS:
+        if key in params:
+            floor = min(params[key], _MIN_BLOCK) if key == "block_size" else 1
+            params[key] = max(floor, round(params[key] * ratio))
+    if "doc_lens" in params:
+        ends = [round(end * ratio) for end in _cumulative(params["doc_lens"])]
+        bounds = sorted({0, *ends, seqlen})
+        params["doc_lens"] = [b - a for a, b in zip(bounds[:-1], bounds[1:])]
+    return make_mask(mask.name, seqlen, seed=mask.params.get("seed", 0), **params)
+
+
+def _cumulative(lens):
+    total, out = 0, []
+    for length in lens:
+        total += length
+        out.append(total)
+    return out

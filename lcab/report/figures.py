@@ -22,6 +22,7 @@ from matplotlib.patches import Patch
 
 from lcab.report import tables
 from lcab.status import LEGEND, Status
+from lcab.workloads import format_seqlen
 
 DPI = 120
 PANEL_TITLES = {"fwd": "forward", "bwd": "backward"}
@@ -29,15 +30,6 @@ PANEL_TITLES = {"fwd": "forward", "bwd": "backward"}
 # neighbouring labels do not run into each other.
 UPRIGHT_LABELS_ABOVE = 16
 STUB_FRACTION = 0.012  # a failed row's stub bar, as a fraction of the panel's height
-
-
-def seqlen_label(seqlen: int) -> str:
-    """4096 -> "4k", 1048576 -> "1M"; other lengths as they are."""
-    seqlen = int(seqlen)
-    for size, suffix in ((1 << 20, "M"), (1 << 10, "k")):
-        if seqlen % size == 0:
-            return f"{seqlen // size}{suffix}"
-    return str(seqlen)
 
 
 def _colors(names: list[str]) -> dict[str, tuple]:
@@ -91,7 +83,7 @@ def _kernel_panel(ax, rows, backends, seqlens, colors, upright: bool) -> None:
                     fontsize=9 if failed else 7,
                     fontweight="bold" if failed else "normal",
                     color="firebrick" if failed else "black")
-    ax.set_xticks(range(len(seqlens)), [seqlen_label(s) for s in seqlens])
+    ax.set_xticks(range(len(seqlens)), [format_seqlen(s) for s in seqlens])
     ax.set_xlim(-0.5, len(seqlens) - 0.5)
     ax.set_ylim(0, top * (1.22 if upright else 1.12))
     ax.set_xlabel("sequence length")
@@ -138,7 +130,7 @@ def _cp_panel(ax, rows, lines, colors, styles) -> None:
         if mine.empty:
             continue
         ok = mine[mine["status"] == Status.OK.value]
-        name = line if len(styles) == 1 else f"{line} @ {seqlen_label(seqlen)}"
+        name = line if len(styles) == 1 else f"{line} @ {format_seqlen(seqlen)}"
         ax.plot(ok["cp_size"], ok["tflops"], styles[seqlen], marker="o", color=colors[line],
                 label=name)
         for r in mine[mine["status"] != Status.OK.value].itertuples(index=False):
@@ -180,7 +172,7 @@ def cp_figure(frame: pd.DataFrame, mask: str, path: str | pathlib.Path) -> pathl
         legend.update(zip(*reversed(ax.get_legend_handles_labels())))
     fig.legend(list(legend.values()), list(legend), loc="outside right center",
                fontsize=8, frameon=False)
-    seqlen_text = ", ".join(seqlen_label(s) for s in seqlens)
+    seqlen_text = ", ".join(format_seqlen(s) for s in seqlens)
     fig.suptitle(f"{mask} at {seqlen_text}, context parallel: {label}", fontsize=11)
     _footnote(fig, rows)
     return _save(fig, path)

@@ -16,9 +16,10 @@ from collections.abc import Iterable, Iterator, Sequence
 
 import pandas as pd
 
+from lcab.flops import TIMED_DIRECTIONS
 from lcab.status import CODES, LEGEND, Status
 
-DIRECTIONS = ("fwd", "bwd")
+DIRECTIONS = TIMED_DIRECTIONS
 # Column order of every table: these frameworks first, in this order, then any
 # other framework alphabetically; backends alphabetically inside a framework.
 FRAMEWORK_ORDER = ("jax", "torch")

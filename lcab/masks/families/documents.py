@@ -30,23 +30,24 @@ def causal_document(seqlen, rng, doc_lens=None, distribution=None):
 
 @register(
     "block_causal_document",
-    params=(*DOC_PARAMS, "block_size"),
+    params=("doc_lens", "block_size"),
     aliases=("varlen_block_causal",),
 )
-def block_causal_document(seqlen, rng, doc_lens=None, distribution=None, block_size=None):
+def block_causal_document(seqlen, rng, doc_lens=None, block_size=None):
     """Block-causal documents: a query block sees its document up to its block's end.
 
-    Without doc_lens or distribution, each document is 1-8 blocks long.
+    Documents are 1-8 blocks long (uniform), the last clipped, unless doc_lens
+    is given; then each document is cut into blocks, its last block shorter.
     """
     block = check_positive("block_size", block_size or DEFAULT_BLOCK)
-    if doc_lens is None and distribution is None:
+    if doc_lens is None:
         lens, left = [], seqlen
         while left > 0:
             lens.append(min(int(rng.integers(1, MAX_BLOCKS_PER_DOC + 1)) * block, left))
             left -= lens[-1]
         params = {"doc_lens": lens}
     else:
-        lens, params = resolve_doc_lens(seqlen, rng, doc_lens, distribution)
+        lens, params = resolve_doc_lens(seqlen, rng, doc_lens)
     rows = []
     for start, end in doc_bounds(lens):
         for block_start in range(start, end, block):

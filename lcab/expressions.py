@@ -1,0 +1,62 @@
+"""How a mask translates into the vocabularies kernels understand.
+
+Framework-neutral and exact: each function returns None when the mask is
+not expressible that way, so a backend can say UNSUPPORTED instead of
+running something else. Backends in both frameworks share these.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from lcab.masks import AttnMask
+
+# Largest dense boolean mask a backend may build for a family it has no
+# native way to express: 16k x 16k (256 MiB). Past it the dense mask is a
+# different benchmark, and the scores it masks would not fit anyway.
+DENSE_MASK_CELLS = 1 << 28
+
+
+def causal_flag(mask: AttnMask) -> bool | None:
+    """True for causal, False for full (no mask at all), None otherwise."""
+    documents = mask.documents()
+    if documents is None or len(documents.lens) != 1:
+        return None
+    return documents.causal
+
+
+def window(mask: AttnMask) -> tuple[int, int] | None:
+    """FlashAttention-style (left, right), -1 unbounded; None if no band."""
+    return mask.window()
+
+
+def sliding_window(mask: AttnMask) -> tuple[int, int] | None:
+    """The window only when it is a true sliding window (a bounded side).
+
+    Full (-1, -1) and causal (-1, 0) are better expressed by causal_flag.
+    """
+    found = mask.window()
+    if found is None or (found[0] == -1 and found[1] in (-1, 0)):
+        return None
+    return found
+
+
+def cu_seqlens(mask: AttnMask) -> tuple[np.ndarray, bool] | None:
+    """(cu_seqlens int32 of length docs+1, causal inside documents) or None."""
+    documents = mask.documents()
+    if documents is None:
+        return None
+    return documents.cu_seqlens(), documents.causal
+
+
+def segment_ids(mask: AttnMask) -> tuple[np.ndarray, bool] | None:
+    """(document id per token, int32, causal inside documents) or None."""
+    documents = mask.documents()
+    if documents is None:
+        return None
+    ids = np.repeat(np.arange(len(documents.lens), dtype=np.int32), documents.lens)
+    return ids, documents.causal
+
+
+def dense_mask_fits(mask: AttnMask) -> bool:
+    return mask.seqlen_q * mask.seqlen_k <= DENSE_MASK_CELLS
