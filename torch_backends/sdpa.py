@@ -1,64 +1,245 @@
 """torch.sdpa_*: scaled_dot_product_attention pinned to one SDPA backend.
 
-Causal (and full) use the native is_causal flag; every other family needs a
-dense boolean attn_mask, which is the honest way the math backend expresses
-it and is labelled so in the row's notes.
+Full and causal masks use the native is_causal flag (only on square
+documents: torch's is_causal is top-left aligned, which for seqlen_q !=
+seqlen_k is not LCAB's bottom-right causal, so such masks go the dense way).
+Every other family needs a dense boolean attn_mask: the honest way the math,
+efficient and cuDNN backends express it, labelled so in the row's notes.
+FLASH_ATTENTION takes no attn_mask at all, and the fused GPU backends get a
+dense mask only up to 8k x 8k (it is an S x S tensor in memory and traffic).
+
+GQA: enable_gqa where the backend takes it; otherwise K/V heads are repeated
+inside the timed function, and Support.how says so. On a GPU the installed
+torch is asked (torch.backends.cuda.can_use_*_attention on tiny tensors)
+which of the two it accepts, so an unavailable kernel for a dtype/head_dim
+becomes UNSUPPORTED with torch's reason instead of a crash; without a GPU
+the class's static declaration (what torch 2.11 does) is used.
 """
 
 from __future__ import annotations
+
+import dataclasses
+import functools
+import warnings
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from lcab import expressions
 from lcab.backend import Backend, Support
+from lcab.masks import DENSE_LIMIT
 from lcab.workloads import Workload
+from torch_backends._shared import FLASH_HEAD_DIMS, LOW_PRECISION, cuda_problem, repeat_kv_heads
 
-DENSE_MASK_CELLS = 1 << 28  # 16k x 16k
+DENSE_MASK_CELLS = 1 << 28  # math backend: 16k x 16k
+FUSED_DENSE_MASK_CELLS = DENSE_LIMIT  # fused GPU backends: 8k x 8k
+_TORCH_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+_CHECK_SEQLEN = 128  # sequence length of the tiny tensors a GPU capability check uses
+
+
+@dataclasses.dataclass(frozen=True)
+class _MaskPlan:
+    is_causal: bool
+    dense: bool  # a dense boolean attn_mask
+    how: str
 
 
 def _native(workload: Workload) -> str | None:
-    documents = workload.mask.documents()
-    if documents is not None and len(documents.lens) == 1:
-        return "is_causal" if documents.causal else "no mask"
-    return None
+    causal = expressions.causal_flag(workload.mask)
+    if causal is None:
+        return None
+    return "is_causal" if causal else "no mask"
 
 
-class SdpaMathBackend(Backend):
-    name = "torch.sdpa_math"
+class _SdpaBackend(Backend):
+    """scaled_dot_product_attention pinned to `sdpa_backend`."""
+
     framework = "torch"
-    description = "torch SDPA, MATH backend (reference-grade, dense scores)"
     layout = "bhsd"
     requires = ("torch",)
-    sdpa_backend = SDPBackend.MATH
+    sdpa_backend: ClassVar[SDPBackend]
+    takes_attn_mask: ClassVar[bool] = True
+    dense_mask_cells: ClassVar[int] = DENSE_MASK_CELLS
+    # Whether the backend takes enable_gqa, where no GPU can be asked.
+    static_enable_gqa: ClassVar[bool] = True
 
-    def mask_support(self, workload: Workload) -> Support:
+    # ----- capability -----------------------------------------------------
+    def _mask_plan(self, workload: Workload) -> _MaskPlan | str:
+        """How the mask is expressed, or why it cannot be (a reason string)."""
         native = _native(workload)
         if native:
-            return Support.yes(f"{native}; enable_gqa")
-        cells = workload.seqlen_q * workload.seqlen_k
-        if cells > DENSE_MASK_CELLS:
-            return Support.no(
-                f"a dense mask of {workload.seqlen_q} x {workload.seqlen_k} exceeds "
-                f"{DENSE_MASK_CELLS} cells"
+            return _MaskPlan(native == "is_causal", False, native)
+        kernel = self.sdpa_backend.name
+        if not self.takes_attn_mask:
+            return (
+                f"{kernel} takes no attn_mask: it runs full and causal (is_causal) masks only, "
+                f"and the {workload.mask.name} mask "
+                f"({workload.seqlen_q} x {workload.seqlen_k}) is neither"
             )
-        return Support.yes("dense boolean attn_mask; enable_gqa")
+        cells = workload.seqlen_q * workload.seqlen_k
+        if cells > self.dense_mask_cells:
+            return (
+                f"a dense mask of {workload.seqlen_q} x {workload.seqlen_k} exceeds "
+                f"{self.dense_mask_cells} cells, the most {kernel} is given"
+            )
+        return _MaskPlan(False, True, "dense boolean attn_mask")
 
+    def _gqa(self, workload: Workload, plan: _MaskPlan) -> tuple[bool, str] | str:
+        """(enable_gqa?, note) for this workload, or why no kernel runs it."""
+        if workload.heads_q == workload.heads_kv:
+            refusal = self._kernel_refusal(workload, plan, gqa=False)
+            return refusal if refusal else (False, "")
+        if self._kernel_refusal(workload, plan, gqa=True) is None:
+            return True, "enable_gqa"
+        refusal = self._kernel_refusal(workload, plan, gqa=False)
+        if refusal:
+            return refusal
+        return False, f"K/V heads repeated ({self.sdpa_backend.name} takes no enable_gqa)"
+
+    def _kernel_refusal(self, workload: Workload, plan: _MaskPlan, *, gqa: bool) -> str | None:
+        """None when the pinned kernel runs this shape; the math kernel runs all."""
+        return None
+
+    def mask_support(self, workload: Workload) -> Support:
+        plan = self._mask_plan(workload)
+        if isinstance(plan, str):
+            return Support.no(plan)
+        gqa = self._gqa(workload, plan)
+        if isinstance(gqa, str):
+            return Support.no(gqa)
+        return Support.yes("; ".join(part for part in (plan.how, gqa[1]) if part))
+
+    # ----- the function ---------------------------------------------------
     def build(self, workload: Workload):
-        native = _native(workload)
-        causal = native == "is_causal"
+        plan = self._mask_plan(workload)
+        if isinstance(plan, str):
+            raise ValueError(f"{self.name} cannot run this workload exactly: {plan}")
+        gqa = self._gqa(workload, plan)
+        if isinstance(gqa, str):
+            raise ValueError(f"{self.name} cannot run this workload: {gqa}")
+        enable_gqa = gqa[0]
+        repeat = 1 if enable_gqa else workload.gqa_ratio
         mask = None
-        if native is None:
+        if plan.dense:
             device = "cuda" if torch.cuda.is_available() else "cpu"
-            dense = workload.mask.to_dense(max_elements=DENSE_MASK_CELLS)
+            dense = workload.mask.to_dense(max_elements=self.dense_mask_cells)
             mask = torch.from_numpy(dense).to(device)
-        gqa = workload.heads_q != workload.heads_kv
-        backend = self.sdpa_backend
+        backend, is_causal = self.sdpa_backend, plan.is_causal
 
         def attend(q, k, v):
+            # K/V heads repeated where the kernel has no GQA, as its users must.
+            k, v = repeat_kv_heads(k, repeat, head_axis=1), repeat_kv_heads(v, repeat, head_axis=1)
             with sdpa_kernel(backend):
                 return F.scaled_dot_product_attention(
-                    q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=gqa
+                    q, k, v, attn_mask=mask, is_causal=is_causal, enable_gqa=enable_gqa
                 )
 
         return attend
+
+
+class SdpaMathBackend(_SdpaBackend):
+    name = "torch.sdpa_math"
+    description = "torch SDPA, MATH backend (reference-grade, dense scores)"
+    sdpa_backend = SDPBackend.MATH
+
+
+class _FusedSdpaBackend(_SdpaBackend):
+    """A fused GPU SDPA kernel; the installed torch says what it accepts."""
+
+    dense_mask_cells = FUSED_DENSE_MASK_CELLS
+    head_dims = FLASH_HEAD_DIMS
+
+    @classmethod
+    def environment_problem(cls) -> str | None:
+        return cuda_problem()
+
+    def _kernel_refusal(self, workload: Workload, plan: _MaskPlan, *, gqa: bool) -> str | None:
+        if not torch.cuda.is_available():
+            # No device to ask: the static declaration decides.
+            if gqa and not self.static_enable_gqa:
+                return f"{self.sdpa_backend.name} takes no enable_gqa"
+            return None
+        heads_kv = workload.heads_kv if gqa else workload.heads_q
+        return _ask_torch(
+            self.sdpa_backend, workload.dtype, workload.head_dim,
+            workload.heads_q, heads_kv, plan.is_causal, plan.dense,
+        )
+
+
+@functools.lru_cache(maxsize=None)
+def _ask_torch(backend, dtype, head_dim, heads_q, heads_kv, is_causal, dense) -> str | None:
+    """torch.backends.cuda.can_use_*_attention on tiny tensors of this shape.
+
+    The tensors require grad, so the backward's constraints are asked too.
+    None when the kernel accepts it; otherwise torch's own debug reasons
+    (torch 2.11 prints them to stderr rather than as Python warnings) or, when
+    it gives none, the parameters that were refused.
+    """
+    can_use = {
+        SDPBackend.FLASH_ATTENTION: torch.backends.cuda.can_use_flash_attention,
+        SDPBackend.EFFICIENT_ATTENTION: torch.backends.cuda.can_use_efficient_attention,
+        SDPBackend.CUDNN_ATTENTION: torch.backends.cuda.can_use_cudnn_attention,
+    }[backend]
+    torch_dtype = _TORCH_DTYPES[dtype]
+
+    def tensor(heads):
+        shape = (1, heads, _CHECK_SEQLEN, head_dim)
+        return torch.zeros(shape, dtype=torch_dtype, device="cuda", requires_grad=True)
+
+    q, k, v = tensor(heads_q), tensor(heads_kv), tensor(heads_kv)
+    mask = None
+    if dense:  # SDPA turns a boolean mask into an additive bias of q's dtype
+        mask = torch.zeros(1, 1, _CHECK_SEQLEN, _CHECK_SEQLEN, dtype=torch_dtype, device="cuda")
+    params = torch.backends.cuda.SDPAParams(q, k, v, mask, 0.0, is_causal, heads_q != heads_kv)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        if can_use(params, True):
+            return None
+    said = "; ".join(str(w.message).strip() for w in caught)
+    asked = (
+        f"{dtype}, head_dim {head_dim}, heads {heads_q}:{heads_kv}, is_causal={is_causal}, "
+        f"attn_mask={'dense' if dense else 'none'}"
+    )
+    return f"{backend.name} refuses {asked}" + (f": {said}" if said else "")
+
+
+class SdpaFlashBackend(_FusedSdpaBackend):
+    name = "torch.sdpa_flash"
+    description = "torch SDPA, FLASH_ATTENTION backend (built-in FlashAttention-2)"
+    sdpa_backend = SDPBackend.FLASH_ATTENTION
+    dtypes = LOW_PRECISION
+    takes_attn_mask = False
+    static_enable_gqa = True  # torch 2.11 takes enable_gqa here (asked on an H200)
+
+    @classmethod
+    def environment_problem(cls) -> str | None:
+        problem = cuda_problem()
+        if problem is None and not torch.backends.cuda.is_flash_attention_available():
+            problem = f"torch {torch.__version__} was built without FlashAttention"
+        return problem
+
+
+class SdpaEfficientBackend(_FusedSdpaBackend):
+    name = "torch.sdpa_efficient"
+    description = "torch SDPA, EFFICIENT_ATTENTION backend (memory-efficient, xFormers-style)"
+    sdpa_backend = SDPBackend.EFFICIENT_ATTENTION
+    static_enable_gqa = False  # torch 2.11 refuses enable_gqa here (asked on an H200)
+
+
+class SdpaCudnnBackend(_FusedSdpaBackend):
+    name = "torch.sdpa_cudnn"
+    description = "torch SDPA, CUDNN_ATTENTION backend (cuDNN fused attention)"
+    sdpa_backend = SDPBackend.CUDNN_ATTENTION
+    dtypes = LOW_PRECISION
+    # 256 only where torch says so on the GPU (torch 2.11 with cuDNN 9.19 on an H200 does).
+    head_dims = (*range(8, 129, 8), 256)
+    static_enable_gqa = True
+
+    @classmethod
+    def environment_problem(cls) -> str | None:
+        problem = cuda_problem()
+        if problem is None and not torch.backends.cudnn.is_available():
+            problem = f"torch {torch.__version__} was built without cuDNN"
+        return problem

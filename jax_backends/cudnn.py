@@ -1,0 +1,78 @@
+"""jax.cudnn: jax.nn.dot_product_attention(implementation='cudnn').
+
+cuDNN's fused flash attention through JAX's public API. It expresses full
+(no mask), causal (is_causal) and the causal sliding window
+(is_causal with local_window_size=(w, 0), which JAX passes to cuDNN as
+sliding_window_length = w + 1). JAX raises for a right window without
+is_causal and silently drops it with is_causal (jax/_src/nn/functions.py),
+so the two-sided window is not claimed. query_seq_lengths and
+key_value_seq_lengths express padding, not packed documents, and a dense
+mask is never used: other families are UNSUPPORTED. GQA is native.
+"""
+
+from __future__ import annotations
+
+import jax
+
+from jax_backends import _shared
+from lcab import expressions
+from lcab.backend import Backend, Support
+from lcab.workloads import Workload
+
+_API = "jax.nn.dot_product_attention(implementation='cudnn')"
+_EXPRESSES = "full, causal and causal sliding windows (w, 0)"
+
+
+def _call(workload: Workload) -> tuple[Support, dict]:
+    """How the mask is stated to cuDNN, and the keyword arguments that state it."""
+    causal = expressions.causal_flag(workload.mask)
+    if causal is not None:
+        return Support.yes("is_causal" if causal else "no mask"), {"is_causal": causal}
+    window = expressions.sliding_window(workload.mask)
+    if window is not None:
+        left, right = window
+        if right == 0 and left >= 0:
+            how = "is_causal; local_window_size=(w, 0)"
+            return Support.yes(how), {"is_causal": True, "local_window_size": (left, 0)}
+        return Support.no(
+            f"cuDNN through {_API} has only a left window with a causal mask; "
+            f"{workload.mask.name} has window ({left}, {right})"
+        ), {}
+    if workload.mask.documents() is not None:
+        return Support.no(
+            f"{_API} has no packed-document input (query_seq_lengths and "
+            f"key_value_seq_lengths express padding only)"
+        ), {}
+    return _shared.not_expressible(workload, _API, _EXPRESSES), {}
+
+
+class CudnnBackend(Backend):
+    name = "jax.cudnn"
+    framework = "jax"
+    description = "jax.nn.dot_product_attention, implementation='cudnn' (cuDNN flash attention)"
+    dtypes = ("bfloat16", "float16")
+    head_dims = _shared.CUDNN_HEAD_DIMS
+    requires = ("jax",)
+
+    @classmethod
+    def environment_problem(cls) -> str | None:
+        return _shared.gpu_problem()
+
+    def supports(self, workload: Workload) -> Support:
+        support = super().supports(workload)
+        if not support.ok:
+            return support
+        return _shared.cudnn_head_dim_problem(workload) or support
+
+    def mask_support(self, workload: Workload) -> Support:
+        return _call(workload)[0]
+
+    def build(self, workload: Workload):
+        support, kwargs = _call(workload)
+        if not support.ok:
+            raise ValueError(f"{self.name} cannot run this workload: {support.reason}")
+
+        def attend(q, k, v):
+            return jax.nn.dot_product_attention(q, k, v, implementation="cudnn", **kwargs)
+
+        return attend
