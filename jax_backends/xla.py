@@ -16,15 +16,6 @@ from lcab.backend import Backend, Support
 from lcab.workloads import Workload
 
 
-
-def _native(workload: Workload) -> str | None:
-    """How the mask maps to flags without a dense mask, if it does."""
-    causal = expressions.causal_flag(workload.mask)
-    if causal is None:
-        return None
-    return "is_causal" if causal else "no mask"
-
-
 class XlaBackend(Backend):
     name = "jax.xla"
     framework = "jax"
@@ -32,7 +23,7 @@ class XlaBackend(Backend):
     requires = ("jax",)
 
     def mask_support(self, workload: Workload) -> Support:
-        native = _native(workload)
+        native = expressions.flag_path(workload.mask)
         if native:
             return Support.yes(native)
         if not expressions.dense_mask_fits(workload.mask):
@@ -43,7 +34,7 @@ class XlaBackend(Backend):
         return Support.yes("dense boolean mask")
 
     def build(self, workload: Workload):
-        native = _native(workload)
+        native = expressions.flag_path(workload.mask)
         if native:
             causal = native == "is_causal"
 

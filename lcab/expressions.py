@@ -25,6 +25,14 @@ def causal_flag(mask: AttnMask) -> bool | None:
     return documents.causal
 
 
+def flag_path(mask: AttnMask) -> str | None:
+    """"is_causal" or "no mask" where flags alone express the mask, else None."""
+    causal = causal_flag(mask)
+    if causal is None:
+        return None
+    return "is_causal" if causal else "no mask"
+
+
 def window(mask: AttnMask) -> tuple[int, int] | None:
     """FlashAttention-style (left, right), -1 unbounded; None if no band."""
     return mask.window()

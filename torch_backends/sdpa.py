@@ -46,13 +46,6 @@ class _MaskPlan:
     how: str
 
 
-def _native(workload: Workload) -> str | None:
-    causal = expressions.causal_flag(workload.mask)
-    if causal is None:
-        return None
-    return "is_causal" if causal else "no mask"
-
-
 class _SdpaBackend(Backend):
     """scaled_dot_product_attention pinned to `sdpa_backend`."""
 
@@ -68,7 +61,7 @@ class _SdpaBackend(Backend):
     # ----- capability -----------------------------------------------------
     def _mask_plan(self, workload: Workload) -> _MaskPlan | str:
         """How the mask is expressed, or why it cannot be (a reason string)."""
-        native = _native(workload)
+        native = expressions.flag_path(workload.mask)
         if native:
             return _MaskPlan(native == "is_causal", False, native)
         kernel = self.sdpa_backend.name
