@@ -18,8 +18,6 @@ import time
 import traceback
 from collections.abc import Callable, Iterable, Sequence
 
-import numpy as np
-
 from lcab import registry, results, validation
 from lcab.flops import tflops_per_second
 from lcab.runtime import Runtime, Timing
@@ -204,7 +202,7 @@ class Runner:
         # each family once. A workload short enough to be its own probe,
         # or a hand-built mask, is probed as itself (keyed by fingerprint).
         try:
-            probe, note = validation.choose_probe(backend, workload)
+            probe, note = validation.choose_probe(backend, workload, support.how)
         except Exception as exc:  # noqa: BLE001 - any failure is a row status
             return exc
         family = workload.mask.name
@@ -225,12 +223,12 @@ class Runner:
 
     def _time(self, case, backend, runtime: Runtime, directions, verdict, context) -> list[dict]:
         w = case.workload
-        q_shape = (w.batch, w.seqlen_q, w.heads_q, w.head_dim)
-        kv_shape = (w.batch, w.seqlen_k, w.heads_kv, w.head_dim)
         if backend.layout == "bhsd":
-            q_shape, kv_shape = tuple(np.array(q_shape)[[0, 2, 1, 3]]), tuple(
-                np.array(kv_shape)[[0, 2, 1, 3]]
-            )
+            q_shape = (w.batch, w.heads_q, w.seqlen_q, w.head_dim)
+            kv_shape = (w.batch, w.heads_kv, w.seqlen_k, w.head_dim)
+        else:
+            q_shape = (w.batch, w.seqlen_q, w.heads_q, w.head_dim)
+            kv_shape = (w.batch, w.seqlen_k, w.heads_kv, w.head_dim)
         measure = dict(warmup=self.settings.warmup, iters=self.settings.iters,
                        flush_l2=self.settings.flush_l2)
         rows = []

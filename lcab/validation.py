@@ -84,13 +84,16 @@ def probe_workload(workload: Workload, mask) -> Workload:
     )
 
 
-def choose_probe(backend: Backend, workload: Workload) -> tuple[Workload, str]:
+def choose_probe(
+    backend: Backend, workload: Workload, timed_how: str | None = None
+) -> tuple[Workload, str]:
     """The probe that runs the same code path (Support.how) as the timed case.
 
     Returns the probe and a note that is empty unless only a probe taking
     another path was possible (the note then says which).
     """
-    timed_how = backend.supports(workload).how
+    if timed_how is None:
+        timed_how = backend.supports(workload).how
     fallback = None
     for mask in _probe_masks(workload, backend.probe_seqlen):
         probe = probe_workload(workload, mask)
