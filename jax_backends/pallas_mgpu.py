@@ -7,9 +7,8 @@ backward, GQA native. What its source allows, and so what is claimed:
   float16', seen with jax 0.11.2).
 - head_dim a multiple of 64 (64, 128, 256); sequences in whole tiles.
 - It has a causal forward but no causal backward ('Causal attention not
-  supported in the backwards pass yet'). LCAB declares masks per backend,
-  not per direction, and this backend measures both directions, so only
-  the full mask is claimed.
+  supported in the backwards pass yet'): full is claimed in both
+  directions, causal in the forward only (Support.directions).
 - No softmax scale: q is multiplied by 1/sqrt(head_dim) before the call.
 - sm90a only (its tests run on compute capability 9.0 alone).
 """
@@ -33,13 +32,13 @@ _SM90 = (9, 0)
 _API = "attention_mgpu.attention"
 
 
-def _tuning(head_dim: int, attention_mgpu):
+def _tuning(head_dim: int, attention_mgpu, causal: bool):
     small = head_dim <= 128
     block_kv = 128 if small else 64  # head_dim 256 overflows shared memory at 128
     backward = (64, 128, 128, 64) if small else (64, 64, 64, 64)
     block_q_dq, block_kv_dq, block_q_dkv, block_kv_dkv = backward
     return attention_mgpu.TuningConfig(
-        block_q=BLOCK_Q, block_kv=block_kv, max_concurrent_steps=2, causal=False,
+        block_q=BLOCK_Q, block_kv=block_kv, max_concurrent_steps=2, causal=causal,
         compute_wgs_bwd=2 if small else 1,
         block_q_dq=block_q_dq, block_kv_dq=block_kv_dq,
         block_q_dkv=block_q_dkv, block_kv_dkv=block_kv_dkv,
@@ -60,16 +59,16 @@ class PallasMosaicGpuBackend(Backend):
 
     def mask_support(self, workload: Workload) -> Support:
         causal = expressions.causal_flag(workload.mask)
-        if causal:
-            return Support.no(
-                f"{_API} has a causal forward but no causal backward, and this backend "
-                f"claims masks for both directions"
-            )
         if causal is None:
             return _shared.not_expressible(workload, _API, "full and (forward only) causal")
         tiles = _shared.multiple_problem(workload, SEQ_MULTIPLE, "the kernel's tiles")
         if tiles:
             return tiles
+        if causal:
+            # 'Causal attention not supported in the backwards pass yet'.
+            return Support.yes(
+                "causal=True; q scaled by 1/sqrt(head_dim) before the call", directions=("fwd",)
+            )
         return Support.yes("no mask; q scaled by 1/sqrt(head_dim) before the call")
 
     def build(self, workload: Workload):
@@ -78,7 +77,7 @@ class PallasMosaicGpuBackend(Backend):
             raise ValueError(f"{self.name} cannot run this workload: {support.reason}")
         from jax.experimental.pallas.ops.gpu import attention_mgpu
 
-        config = _tuning(workload.head_dim, attention_mgpu)
+        config = _tuning(workload.head_dim, attention_mgpu, expressions.causal_flag(workload.mask))
         scale = 1.0 / math.sqrt(workload.head_dim)
 
         def attend(q, k, v):

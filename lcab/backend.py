@@ -33,10 +33,13 @@ class Support:
     ok: bool
     reason: str = ""
     how: str = ""
+    # The directions this mask runs in, where fewer than the backend's own
+    # (e.g. a kernel with a causal forward but no causal backward).
+    directions: tuple[str, ...] | None = None
 
     @classmethod
-    def yes(cls, how: str) -> "Support":
-        return cls(True, how=how)
+    def yes(cls, how: str, directions: tuple[str, ...] | None = None) -> "Support":
+        return cls(True, how=how, directions=directions)
 
     @classmethod
     def no(cls, reason: str) -> "Support":

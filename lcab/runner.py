@@ -167,6 +167,18 @@ class Runner:
             )
             return
         context["notes"] = support.how
+        if support.directions is not None:
+            blocked = [d for d in directions if d not in support.directions]
+            if blocked:
+                rows += self._rows_for_all(
+                    case, Status.UNSUPPORTED, blocked,
+                    reason=(f"{case.backend} runs {case.workload.mask.name} "
+                            f"{'/'.join(support.directions)} only"),
+                    **context,
+                )
+            directions = [d for d in directions if d in support.directions]
+            if not directions:
+                return
 
         verdict = self._validate(backend, runtime, case.workload, support, "bwd" in directions)
         if isinstance(verdict, Exception):

@@ -163,6 +163,18 @@ class HangsBackend(ReferenceBackend):
         time.sleep(3600)
 
 
+class CausalForwardOnlyBackend(ReferenceBackend):
+    """Both directions for full, the forward alone for causal."""
+
+    name = "numpy.causal_forward_only"
+
+    def mask_support(self, workload):
+        causal = workload.mask.documents()
+        if causal is not None and causal.causal and len(causal.lens) == 1:
+            return Support.yes("is_causal", directions=("fwd",))
+        return super().mask_support(workload)
+
+
 for _cls in (NanBackend, IgnoresMaskBackend, RaisesInSupportsBackend, RaisesAtStartBackend,
-             HangsBackend):
+             HangsBackend, CausalForwardOnlyBackend):
     registry.register_backend(_cls.name, f"{__name__}:{_cls.__name__}")

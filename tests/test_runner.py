@@ -129,6 +129,16 @@ def test_the_probe_takes_the_timed_code_path():
     assert len(probe.mask.doc_lens()) > 1
 
 
+def test_a_mask_can_run_in_fewer_directions_than_the_backend(tmp_path):
+    cases = [Case("numpy.causal_forward_only", workload(m)) for m in ("full", "causal")]
+    rows = run(tmp_path, cases)
+    assert [(r["mask"], r["direction"], r["status"]) for r in rows] == [
+        ("full", "fwd", "OK"), ("full", "bwd", "OK"),
+        ("causal", "bwd", "UNSUPPORTED"), ("causal", "fwd", "OK"),
+    ]
+    assert rows[2]["reason"] == "numpy.causal_forward_only runs causal fwd only"
+
+
 def test_isolation_turns_a_crash_into_one_error_case(tmp_path):
     cases = [Case("numpy.crash", workload("causal")), Case("numpy.reference", workload("causal"))]
     rows = run(tmp_path, cases, isolate=True)
