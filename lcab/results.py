@@ -137,9 +137,20 @@ def read_rows(paths: Iterable[str | pathlib.Path]) -> list[dict]:
     return rows
 
 
-def done_keys(paths: Iterable[str | pathlib.Path]) -> set[tuple]:
+# Statuses that depend on this machine's state rather than on the kernel:
+# a resumed run measures them again (the report keeps the newest row).
+RETRIED_ON_RESUME = ("ERROR", "UNAVAILABLE")
+
+
+def done_keys(paths: Iterable[str | pathlib.Path], *, settled_only: bool = False) -> set[tuple]:
+    """Keys of the rows in the files; with settled_only, not of ERROR or
+    UNAVAILABLE rows, which --resume retries."""
     existing = [p for p in map(pathlib.Path, paths) if p.exists()]
-    return {row_key(row) for row in read_rows(existing)}
+    return {
+        row_key(row)
+        for row in read_rows(existing)
+        if not (settled_only and row.get("status") in RETRIED_ON_RESUME)
+    }
 
 
 def load(paths):

@@ -149,6 +149,18 @@ def test_isolation_turns_a_crash_into_one_error_case(tmp_path):
     assert "isolated child process died (exit code 3)" in rows[0]["reason"]
 
 
+def test_resume_retries_errors_but_not_settled_rows(tmp_path):
+    path = tmp_path / "rows.jsonl"
+    cases = [Case("numpy.raises", workload("causal")), Case("numpy.reference", workload("causal"))]
+    run_cases(cases, results.Writer(path), SETTINGS)
+    settled = results.done_keys([path], settled_only=True)
+    assert settled == set(cases[1].keys())
+    run_cases(cases, results.Writer(path), SETTINGS, skip=settled)
+    rows = results.read_rows([path])
+    assert [r["backend"] for r in rows].count("numpy.raises") == 4  # measured again
+    assert [r["backend"] for r in rows].count("numpy.reference") == 2  # not
+
+
 def test_isolation_kills_a_case_that_hangs(tmp_path):
     settings = Settings(warmup=0, iters=1, isolate_timeout_s=2.0)
     path = tmp_path / "rows.jsonl"

@@ -51,7 +51,9 @@ _DIRECTIONS = flags.DEFINE_list(
 _WARMUP = flags.DEFINE_integer("warmup", None, "Untimed calls before timing.", lower_bound=0)
 _ITERS = flags.DEFINE_integer("iters", None, "Timed repeats.", lower_bound=1)
 _OUT = flags.DEFINE_string("out", "out", "Directory for the run's JSONL rows.")
-_RESUME = flags.DEFINE_bool("resume", False, "Skip rows already in the output files.")
+_RESUME = flags.DEFINE_bool(
+    "resume", False,
+    "Skip rows already in the output files (ERROR and UNAVAILABLE rows are measured again).")
 _ISOLATE = flags.DEFINE_bool(
     "isolate", False, "Run each case in a child process (a crash loses one case).")
 _ISOLATE_TIMEOUT = flags.DEFINE_float(
@@ -194,7 +196,7 @@ def _run_framework(framework: str, run_id: str) -> pathlib.Path:
     sweep = _available_only(_sweep(framework))
     path = _output_path(framework)
     cases = sweep.cases()
-    skip = results.done_keys([path]) if _RESUME.value else set()
+    skip = results.done_keys([path], settled_only=True) if _RESUME.value else set()
     writer = results.Writer(path)
     bar = None
     if _PROGRESS.value and cases:
