@@ -64,13 +64,11 @@ class CudnnBackend(Backend):
             return support
         return _shared.cudnn_head_dim_problem(workload) or support
 
-    def mask_support(self, workload: Workload) -> Support:
-        return _call(workload)[0]
+    def plan(self, workload: Workload) -> tuple[Support, dict]:
+        return _call(workload)
 
     def build(self, workload: Workload):
-        support, kwargs = _call(workload)
-        if not support.ok:
-            raise ValueError(f"{self.name} cannot run this workload: {support.reason}")
+        kwargs = self.planned_kwargs(workload)
 
         def attend(q, k, v):
             return jax.nn.dot_product_attention(q, k, v, implementation="cudnn", **kwargs)

@@ -69,15 +69,13 @@ class Fa3Backend(Backend):
     def environment_problem(cls) -> str | None:
         return _shared.gpu_problem(capability=(9, 0), exact=True)
 
-    def mask_support(self, workload: Workload) -> Support:
-        return _call(workload)[0]
+    def plan(self, workload: Workload) -> tuple[Support, dict]:
+        return _call(workload)
 
     def build(self, workload: Workload):
         import flash_attn3_jax
 
-        support, kwargs = _call(workload)
-        if not support.ok:
-            raise ValueError(f"{self.name} cannot run this workload: {support.reason}")
+        kwargs = self.planned_kwargs(workload)
         scale = 1.0 / math.sqrt(workload.head_dim)  # must be a Python float
         if "cu_seqlens" not in kwargs:
 

@@ -73,13 +73,11 @@ class _TokamaxBackend(Backend):
     def environment_problem(cls) -> str | None:
         return _shared.gpu_problem()
 
-    def mask_support(self, workload: Workload) -> Support:
-        return _mask_call(workload, self.windows)[0]
+    def plan(self, workload: Workload) -> tuple[Support, dict]:
+        return _mask_call(workload, self.windows)
 
     def build(self, workload: Workload):
-        support, kwargs = _mask_call(workload, self.windows)
-        if not support.ok:
-            raise ValueError(f"{self.name} cannot run this workload: {support.reason}")
+        kwargs = self.planned_kwargs(workload)
         attend = _attention(self.implementation, kwargs)
         if self.autotunes:
             _autotune(attend, workload)

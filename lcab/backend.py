@@ -88,9 +88,24 @@ class Backend(abc.ABC):
             return Support.no("needs heads_q == heads_kv (no GQA)")
         return self.mask_support(workload)
 
-    @abc.abstractmethod
     def mask_support(self, workload: Workload) -> Support:
-        """Whether (and how) this backend expresses workload.mask exactly."""
+        """Whether (and how) this backend expresses workload.mask exactly.
+
+        Override this, or `plan` when the same decision also yields the
+        keyword arguments that state the mask to the kernel.
+        """
+        return self.plan(workload)[0]
+
+    def plan(self, workload: Workload) -> tuple[Support, dict[str, Any]]:
+        """(Support, the kernel's keyword arguments that state the mask)."""
+        raise NotImplementedError(f"{type(self).__name__} overrides neither mask_support nor plan")
+
+    def planned_kwargs(self, workload: Workload) -> dict[str, Any]:
+        """plan()'s keyword arguments; ValueError if the mask is not supported."""
+        support, kwargs = self.plan(workload)
+        if not support.ok:
+            raise ValueError(f"{self.name} cannot run this workload: {support.reason}")
+        return kwargs
 
     @abc.abstractmethod
     def build(self, workload: Workload) -> Callable[[Any, Any, Any], Any]:
