@@ -25,6 +25,7 @@ autotune nor miss. It is slow, and recorded as setup_s: on an H200, about
 
 from __future__ import annotations
 
+import dataclasses
 from typing import ClassVar
 
 import jax
@@ -155,3 +156,27 @@ class TokamaxCudnnBackend(_TokamaxBackend):
         if not support.ok:
             return support
         return _shared.cudnn_head_dim_problem(workload) or support
+
+
+class _HeuristicConfig:
+    """tokamax's own behaviour on an autotuning-cache miss: a heuristic
+    kernel config, no autotuning. What a user gets without tuning, and
+    affordable in a short GPU session (autotuning takes minutes a shape)."""
+
+    autotunes = False
+
+    def plan(self, workload: Workload) -> tuple[Support, dict]:
+        support, kwargs = super().plan(workload)
+        if support.ok:
+            support = dataclasses.replace(support, how=f"{support.how}; heuristic config")
+        return support, kwargs
+
+
+class TokamaxMosaicHeuristicBackend(_HeuristicConfig, TokamaxMosaicBackend):
+    name = "jax.tokamax_mosaic_heuristic"
+    description = "tokamax 'mosaic' with its heuristic kernel config (not autotuned)"
+
+
+class TokamaxTritonHeuristicBackend(_HeuristicConfig, TokamaxTritonBackend):
+    name = "jax.tokamax_triton_heuristic"
+    description = "tokamax 'triton' with its heuristic kernel config (not autotuned)"

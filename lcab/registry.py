@@ -35,6 +35,12 @@ _BUILTIN_BACKENDS = {
     "jax.tokamax_mosaic": Entry("jax_backends.tokamax_attention:TokamaxMosaicBackend"),
     "jax.tokamax_triton": Entry("jax_backends.tokamax_attention:TokamaxTritonBackend"),
     "jax.tokamax_cudnn": Entry("jax_backends.tokamax_attention:TokamaxCudnnBackend"),
+    "jax.tokamax_mosaic_heuristic": Entry(
+        "jax_backends.tokamax_attention:TokamaxMosaicHeuristicBackend"
+    ),
+    "jax.tokamax_triton_heuristic": Entry(
+        "jax_backends.tokamax_attention:TokamaxTritonHeuristicBackend"
+    ),
     "jax.fa3": Entry("jax_backends.fa3:Fa3Backend"),
     "torch.sdpa_math": Entry("torch_backends.sdpa:SdpaMathBackend"),
     "torch.sdpa_cudnn": Entry("torch_backends.sdpa:SdpaCudnnBackend"),

@@ -32,6 +32,8 @@ CLAIMS = {
     "jax.tokamax_mosaic": {"full", "causal", "sliding_window", "sliding_window_causal"},
     "jax.tokamax_triton": {"full", "causal"},
     "jax.tokamax_cudnn": {"full", "causal"},
+    "jax.tokamax_mosaic_heuristic": {"full", "causal", "sliding_window", "sliding_window_causal"},
+    "jax.tokamax_triton_heuristic": {"full", "causal"},
     "jax.fa3": {
         "full", "causal", "sliding_window", "sliding_window_causal",
         "full_document", "causal_document",
@@ -41,6 +43,8 @@ OPTIONAL_PACKAGES = {
     "jax.tokamax_mosaic": "tokamax",
     "jax.tokamax_triton": "tokamax",
     "jax.tokamax_cudnn": "tokamax",
+    "jax.tokamax_mosaic_heuristic": "tokamax",
+    "jax.tokamax_triton_heuristic": "tokamax",
     "jax.fa3": "flash_attn3_jax",
 }
 ON_CPU = jax.default_backend() == "cpu"
@@ -147,6 +151,14 @@ def test_pallas_mgpu_claims_causal_forward_only():
     assert "q scaled by 1/sqrt(head_dim)" in full.how
 
 
+def test_tokamax_heuristic_variants_skip_autotuning_and_say_so():
+    for name in ("jax.tokamax_mosaic_heuristic", "jax.tokamax_triton_heuristic"):
+        cls = backend_class(name)
+        assert cls.autotunes is False
+        assert cls().supports(workload("causal")).how == "is_causal; heuristic config"
+    assert backend_class("jax.tokamax_mosaic").autotunes is True
+
+
 def test_tokamax_windows_only_where_they_stay_linear():
     mosaic = tokamax_attention.TokamaxMosaicBackend()
     assert mosaic.supports(workload("sliding_window")).how == "local_window_size=(w, w)"
@@ -189,13 +201,13 @@ sys.meta_path.insert(0, Block())
 from lcab import registry
 for module in %r:
     __import__("jax_backends." + module)
-for name in ("jax.tokamax_mosaic", "jax.tokamax_triton", "jax.tokamax_cudnn", "jax.fa3"):
+for name in %r:
     print(name, registry.all_backends()[name].load().unavailable_reason())
 """
 
 
 def test_modules_import_without_their_optional_packages():
-    command = [sys.executable, "-c", BLOCK_OPTIONAL % (MODULES,)]
+    command = [sys.executable, "-c", BLOCK_OPTIONAL % (MODULES, tuple(OPTIONAL_PACKAGES))]
     result = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
     assert result.returncode == 0, result.stderr
     reasons = dict(line.split(" ", 1) for line in result.stdout.strip().splitlines())
@@ -253,17 +265,10 @@ def test_pallas_triton_rows_for_families_it_cannot_express(tmp_path):
 
 
 # ----- every claim on a GPU ---------------------------------------------------
-class HeuristicTokamaxMosaic(tokamax_attention.TokamaxMosaicBackend):
-    autotunes = False  # minutes per shape; the autotuned path has its own test
-
-
-class HeuristicTokamaxTriton(tokamax_attention.TokamaxTritonBackend):
-    autotunes = False
-
-
+# Autotuning takes minutes per shape; the autotuned path has its own test.
 UNTUNED = {
-    "jax.tokamax_mosaic": HeuristicTokamaxMosaic,
-    "jax.tokamax_triton": HeuristicTokamaxTriton,
+    "jax.tokamax_mosaic": tokamax_attention.TokamaxMosaicHeuristicBackend,
+    "jax.tokamax_triton": tokamax_attention.TokamaxTritonHeuristicBackend,
 }
 # flash_attn3_jax 0.2.3: flash_mha's non-causal, unwindowed backward is wrong.
 KNOWN_MISMATCHES = {("jax.fa3", "full", "bwd")}
