@@ -70,6 +70,11 @@ class _TokamaxBackend(Backend):
     windows: ClassVar[bool] = False  # expresses local_window_size without a dense mask
     autotunes: ClassVar[bool] = True  # has kernel configs to choose from
 
+    @property
+    def in_default_sweep(self) -> bool:
+        # Minutes of autotuning per shape: only when asked for by name.
+        return not self.autotunes
+
     @classmethod
     def environment_problem(cls) -> str | None:
         return _shared.gpu_problem()

@@ -60,6 +60,9 @@ class Backend(abc.ABC):
     gqa: ClassVar[bool] = True  # False: heads_q must equal heads_kv
     requires: ClassVar[tuple[str, ...]] = ()  # modules that must import
     probe_seqlen: ClassVar[int] = 256  # size of the correctness probe
+    # False for backends too slow to set up for every sweep (e.g. autotuning
+    # minutes per shape): they run only when named in --backends.
+    in_default_sweep: ClassVar[bool] = True
     cp_size: ClassVar[int] = 1
     strategy: ClassVar[str | None] = None
 

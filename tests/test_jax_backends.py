@@ -157,6 +157,8 @@ def test_tokamax_heuristic_variants_skip_autotuning_and_say_so():
         assert cls.autotunes is False
         assert cls().supports(workload("causal")).how == "is_causal; heuristic config"
     assert backend_class("jax.tokamax_mosaic").autotunes is True
+    assert not backend_class("jax.tokamax_mosaic")().in_default_sweep  # named runs only
+    assert backend_class("jax.tokamax_mosaic_heuristic")().in_default_sweep
 
 
 def test_tokamax_windows_only_where_they_stay_linear():

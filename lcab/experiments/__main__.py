@@ -4,8 +4,9 @@
 
 Settings not given fall back to lcab.experiments.presets (a one-minute CPU
 sweep without a GPU, the seed's kernel sweep with one). Without --backends,
-every registered backend that can run here is used; naming unavailable
-ones gives UNAVAILABLE rows instead. --framework=all runs
+every registered backend that can run here is used, except those too slow
+to set up for every sweep (in_default_sweep, e.g. tokamax autotuning);
+naming unavailable ones gives UNAVAILABLE rows instead. --framework=all runs
 each framework in its own process (JAX and PyTorch fight over GPU memory)
 and merges their rows into one table.
 """
@@ -185,10 +186,14 @@ def _available_only(sweep: Sweep) -> Sweep:
     usable = []
     for name in sweep.backends:
         try:
-            registry.load_backend(name)
-            usable.append(name)
+            backend = registry.load_backend(name)
         except registry.Unavailable as exc:
             print(f"skipping {name}: {exc}", file=sys.stderr)
+            continue
+        if backend.in_default_sweep:
+            usable.append(name)
+        else:
+            print(f"skipping {name}: runs only when named in --backends", file=sys.stderr)
     return dataclasses.replace(sweep, backends=tuple(usable))
 
 
