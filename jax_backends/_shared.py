@@ -71,6 +71,14 @@ def not_expressible(workload: Workload, api: str, expresses: str) -> Support:
     )
 
 
+def no_packed_documents(api: str) -> Support:
+    """The reason jax.nn-style APIs give for packed documents."""
+    return Support.no(
+        f"{api} has no packed-document input (query_seq_lengths and "
+        f"key_value_seq_lengths express padding only)"
+    )
+
+
 def window_shape(window: tuple[int, int]) -> str:
     """'(w, 0)', '(w, w)' or '(left, right)': the code path, not the sizes.
 

@@ -39,10 +39,7 @@ def _call(workload: Workload) -> tuple[Support, dict]:
             f"{workload.mask.name} has window ({left}, {right})"
         ), {}
     if workload.mask.documents() is not None:
-        return Support.no(
-            f"{_API} has no packed-document input (query_seq_lengths and "
-            f"key_value_seq_lengths express padding only)"
-        ), {}
+        return _shared.no_packed_documents(_API), {}
     return _shared.not_expressible(workload, _API, _EXPRESSES), {}
 
 

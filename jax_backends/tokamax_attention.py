@@ -55,10 +55,7 @@ def _mask_call(workload: Workload, windows: bool) -> tuple[Support, dict]:
             f"{workload.seqlen_q} x {workload.seqlen_k} boolean mask"
         ), {}
     if workload.mask.documents() is not None:
-        return Support.no(
-            f"{_API} has no packed-document input (query_seq_lengths and "
-            f"key_value_seq_lengths express padding only)"
-        ), {}
+        return _shared.no_packed_documents(_API), {}
     expresses = "full, causal and sliding windows" if windows else "full and causal"
     return _shared.not_expressible(workload, _API, expresses), {}
 

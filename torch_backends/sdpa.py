@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import warnings
+from collections.abc import Callable
 from typing import ClassVar
 
 import torch
@@ -144,9 +145,17 @@ class _FusedSdpaBackend(_SdpaBackend):
     dense_mask_cells = FUSED_DENSE_MASK_CELLS
     head_dims = FLASH_HEAD_DIMS
 
+    # (torch's check that this build has the kernel, its name), if any.
+    built_with: ClassVar[tuple[Callable[[], bool], str] | None] = None
+
     @classmethod
     def environment_problem(cls) -> str | None:
-        return cuda_problem()
+        problem = cuda_problem()
+        if problem is None and cls.built_with is not None:
+            available, kernel = cls.built_with
+            if not available():
+                problem = f"torch {torch.__version__} was built without {kernel}"
+        return problem
 
     def _kernel_refusal(self, workload: Workload, plan: _MaskPlan, *, gqa: bool) -> str | None:
         if not torch.cuda.is_available():
@@ -205,13 +214,7 @@ class SdpaFlashBackend(_FusedSdpaBackend):
     dtypes = LOW_PRECISION
     takes_attn_mask = False
     static_enable_gqa = True  # torch 2.11 takes enable_gqa here (asked on an H200)
-
-    @classmethod
-    def environment_problem(cls) -> str | None:
-        problem = cuda_problem()
-        if problem is None and not torch.backends.cuda.is_flash_attention_available():
-            problem = f"torch {torch.__version__} was built without FlashAttention"
-        return problem
+    built_with = (torch.backends.cuda.is_flash_attention_available, "FlashAttention")
 
 
 class SdpaEfficientBackend(_FusedSdpaBackend):
@@ -229,10 +232,4 @@ class SdpaCudnnBackend(_FusedSdpaBackend):
     # 256 only where torch says so on the GPU (torch 2.11 with cuDNN 9.19 on an H200 does).
     head_dims = (*range(8, 129, 8), 256)
     static_enable_gqa = True
-
-    @classmethod
-    def environment_problem(cls) -> str | None:
-        problem = cuda_problem()
-        if problem is None and not torch.backends.cudnn.is_available():
-            problem = f"torch {torch.__version__} was built without cuDNN"
-        return problem
+    built_with = (torch.backends.cudnn.is_available, "cuDNN")
