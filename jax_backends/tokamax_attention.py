@@ -18,9 +18,9 @@ miss, from heuristics (the default of tokamax_autotuning_cache_miss_fallback;
 it logs a warning per shape, it does not autotune). build() autotunes the
 shapes it will run (the forward alone, the forward with residuals and the
 VJP) into tokamax's in-process autotuning cache, so the timed calls neither
-autotune nor miss. It is slow, and recorded as setup_s: on an H200, about
-1 minute per shape for 'mosaic' (16-17 configs per op) and 5 minutes for
-'triton' (up to 256 configs per op).
+autotune nor miss. It is slow (minutes per shape in one unrecorded H200
+test run; 'mosaic' tries 16-17 configs per op, 'triton' up to 256) and is
+recorded as setup_s.
 """
 
 from __future__ import annotations
