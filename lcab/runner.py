@@ -267,6 +267,7 @@ class Runner:
                 tuple(s - forward.median_ms for s in both.samples_ms),
                 compile_s=both.compile_s,
                 peak_mem_bytes=both.peak_mem_bytes,
+                calls_per_sample=both.calls_per_sample,
             )
             rows.append(self._measured(case, "bwd", backward, verdict, context))
         del inputs, fn
@@ -279,6 +280,9 @@ class Runner:
             samples_ms=list(timing.samples_ms), compile_s=timing.compile_s,
             peak_mem_bytes=timing.peak_mem_bytes, max_err=verdict.error(direction), **context,
         )
+        if timing.calls_per_sample > 1:
+            batched = f"each sample the mean of {timing.calls_per_sample} back-to-back calls"
+            fields["notes"] = "; ".join(filter(None, [fields.get("notes"), batched]))
         if timing.median_ms <= 0:
             return self._row(
                 case, direction, Status.ERROR,

@@ -24,6 +24,9 @@ class Timing:
     samples_ms: tuple[float, ...]
     compile_s: float | None = None
     peak_mem_bytes: int | None = None
+    # Each sample is the mean of this many back-to-back calls (runtimes that
+    # cannot time one call on the device without host overhead batch them).
+    calls_per_sample: int = 1
 
     @property
     def median_ms(self) -> float:

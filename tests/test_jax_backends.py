@@ -14,6 +14,7 @@ import subprocess
 import sys
 
 import jax
+import numpy as np
 import pytest
 
 from jax_backends import fa3, pallas_triton, tokamax_attention
@@ -311,3 +312,20 @@ def test_tokamax_autotunes_in_build_so_timed_calls_never_miss(caplog):
     jax.block_until_ready((runtime.forward(attend, q, k, v),
                            runtime.forward_backward(attend, q, k, v, q)))
     assert not [r for r in caplog.records if "cache miss" in r.getMessage()]
+
+
+def test_short_calls_are_batched_so_host_dispatch_is_not_timed():
+    from jax_backends.runtime import MAX_CALLS_PER_SAMPLE, calls_per_sample
+
+    assert calls_per_sample(30.0) == 1  # long calls: one per sample
+    assert calls_per_sample(1.0) == 25  # fills the 25 ms batch
+    assert calls_per_sample(0.01) == calls_per_sample(0.0) == MAX_CALLS_PER_SAMPLE
+
+
+def test_a_batched_sample_is_the_mean_per_call():
+    runtime = registry.load_runtime("jax")
+    x = jax.numpy.ones((256, 256), jax.numpy.float32)
+    compiled = jax.jit(lambda a: a @ a).lower(x).compile()
+    one = np.median([runtime._batch_ms(compiled, (x,), 1, False) for _ in range(5)])
+    per_call = np.median([runtime._batch_ms(compiled, (x,), 20, False) for _ in range(5)])
+    assert 0 < per_call < 3 * one  # a mean over 20 calls, not their sum

@@ -210,3 +210,19 @@ def test_cpu_backends_match_the_reference_on_every_family(tmp_path, backend, dty
     assert sum(r["status"] == "OK" for r in rows if r["direction"] == "bwd") >= len(masks) // 2
     assert max(r["max_err"] for r in rows) < TOLERANCE[dtype] / 4
     assert all(r["tflops"] > 0 for r in rows if r["status"] == "OK")
+
+
+def test_rows_say_when_a_sample_averages_several_calls(tmp_path, monkeypatch):
+    from lcab.numpy_runtime import NumpyRuntime
+    from lcab.runtime import Timing
+
+    measure = NumpyRuntime.measure
+
+    def batched(self, *args, **kwargs):
+        timing = measure(self, *args, **kwargs)
+        return Timing(timing.samples_ms, timing.compile_s, timing.peak_mem_bytes, 8)
+
+    monkeypatch.setattr(NumpyRuntime, "measure", batched)
+    rows = run(tmp_path, [Case("numpy.reference", workload("causal"))])
+    assert [r["notes"] for r in rows] == [
+        "dense float64 reference; each sample the mean of 8 back-to-back calls"] * 2
