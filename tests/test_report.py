@@ -20,6 +20,7 @@ from lcab.report import (
     cross_framework_table,
     kernel_table,
     latest,
+    paired_kernel_table,
     setting_groups,
     short_table,
     to_markdown,
@@ -67,6 +68,19 @@ def test_kernel_table_leaves_unmeasured_cells_empty(frame):
     table = kernel_table(without, "fwd")
     assert table.loc[("causal", 4096), "jax.xla"] == ""
     assert table.loc[("full", 4096), "jax.xla"] == "101"
+
+
+def test_the_paired_table_shows_fwd_and_bwd_and_drops_backends_never_installed(frame):
+    paired = paired_kernel_table(frame)
+    assert paired.loc[("full", 4096), "jax.cudnn"] == "402 / 322"
+    assert paired.loc[("full", 8192), "torch.sdpa_math"].endswith(" / E")
+    assert paired.loc[("causal_document", 4096), "jax.cudnn"] == "X / X"
+    forward_only = paired_kernel_table(frame[frame["direction"] == "fwd"])
+    assert forward_only.loc[("full", 4096), "jax.cudnn"] == "402 /"
+    absent = frame.assign(status=frame["status"].where(
+        frame["backend"] != "jax.cudnn", "UNAVAILABLE"))
+    assert "jax.cudnn" not in paired_kernel_table(absent).columns
+    assert list(paired_kernel_table(absent).columns) == [b for b in BACKENDS if b != "jax.cudnn"]
 
 
 def test_kernel_table_rejects_a_bad_direction(frame):
@@ -170,7 +184,7 @@ def test_cli_writes_every_table_figure_and_the_index(tmp_path):
     assert result.returncode == 0, result.stderr
     expected = {
         "kernel_fwd.md", "kernel_fwd.csv", "kernel_bwd.md", "kernel_bwd.csv",
-        "cross_framework.md", "cross_framework.csv", "cp.md", "cp.csv", "README.md",
+        "kernel.md", "kernel.csv", "cross_framework.md", "cross_framework.csv", "cp.md", "cp.csv", "README.md",
         "figures/kernel_full.png", "figures/kernel_causal.png",
         "figures/kernel_causal_document.png", "figures/cp_causal.png",
     }

@@ -177,6 +177,9 @@ def write_report(paths: list[str], out: pathlib.Path) -> list[pathlib.Path]:
                 f"kernel_{direction}", f"Kernels, {direction}: TFLOP/s",
                 _per_setting(kernel, lambda group, d=direction: tables.kernel_table(group, d)),
             )
+    if not kernel.empty:
+        writer.table("kernel", "Kernels, fwd / bwd: TFLOP/s",
+                     _per_setting(kernel, tables.paired_kernel_table))
     writer.table("cross_framework", "Best JAX vs best PyTorch backend: TFLOP/s",
                  _per_setting(kernel, tables.cross_framework_table))
     writer.table("cp", "Context parallel: per-GPU TFLOP/s",

@@ -238,6 +238,21 @@ def kernel_table(frame: pd.DataFrame, direction: str) -> pd.DataFrame:
     )
 
 
+def paired_kernel_table(frame: pd.DataFrame) -> pd.DataFrame:
+    """kernel_table's cells as "fwd / bwd", without the backends that were
+    unavailable on every row (packages not installed there).
+
+    A side that did not run stays empty ("612 /" when only the forward ran).
+    """
+    fwd, bwd = kernel_table(frame, "fwd"), kernel_table(frame, "bwd")
+    paired = fwd.combine(bwd, lambda f, b: f.str.cat(b, sep=" / ").str.strip().replace("/", ""))
+    unavailable = status_code(Status.UNAVAILABLE.value)
+    absent = [c for c in paired.columns
+              if ((fwd[c] == unavailable) | (fwd[c] == "")).all()
+              and ((bwd[c] == unavailable) | (bwd[c] == "")).all()]
+    return paired.drop(columns=absent)
+
+
 def _best(ok_rows: pd.DataFrame, framework: str) -> tuple[str, float] | None:
     mine = ok_rows[ok_rows["framework"] == framework]
     if mine.empty:
