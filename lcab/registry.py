@@ -42,6 +42,7 @@ _BUILTIN_BACKENDS = {
         "jax_backends.tokamax_attention:TokamaxTritonHeuristicBackend"
     ),
     "jax.fa3": Entry("jax_backends.fa3:Fa3Backend"),
+    "jax.pallas_flex": Entry("jax_backends.pallas_flex:PallasFlexBackend"),
     "torch.sdpa_math": Entry("torch_backends.sdpa:SdpaMathBackend"),
     "torch.sdpa_cudnn": Entry("torch_backends.sdpa:SdpaCudnnBackend"),
     "torch.sdpa_flash": Entry("torch_backends.sdpa:SdpaFlashBackend"),

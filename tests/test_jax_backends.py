@@ -24,9 +24,10 @@ from lcab.runner import Case, Settings, run_cases
 from lcab.validation import TOLERANCE
 from lcab.workloads import Workload
 
-MODULES = ("cudnn", "pallas_triton", "pallas_mgpu", "tokamax_attention", "fa3")
+MODULES = ("cudnn", "pallas_triton", "pallas_mgpu", "tokamax_attention", "fa3", "pallas_flex")
 # Exactly the families each backend claims (at head_dim 128, its first dtype).
 CLAIMS = {
+    "jax.pallas_flex": set(MASK_NAMES),
     "jax.cudnn": {"full", "causal", "sliding_window_causal"},
     "jax.pallas_triton": {"full", "causal", "full_document", "causal_document"},
     "jax.pallas_mgpu": {"full", "causal"},  # causal forward only

@@ -92,7 +92,7 @@ class BlockSchedule:
         }
 
 
-def _ragged_ranges(starts: np.ndarray, stops: np.ndarray):
+def ragged_ranges(starts: np.ndarray, stops: np.ndarray):
     """(owner index, value) for every value in each [start, stop) range."""
     lengths = np.maximum(stops - starts, 0)
     owner = np.repeat(np.arange(len(starts)), lengths)
@@ -110,7 +110,7 @@ def build_block_schedule(
     q0, q1, k0, k1 = (table[:, i] for i in range(4))
 
     # 1. Every (slice, q block) pair the slice's rows touch.
-    slice_of, qb = _ragged_ranges(q0 // block_q, -(-q1 // block_q))
+    slice_of, qb = ragged_ranges(q0 // block_q, -(-q1 // block_q))
     row_lo = np.maximum(qb * block_q, q0[slice_of])
     row_hi = np.minimum((qb + 1) * block_q, q1[slice_of])
 
@@ -122,7 +122,7 @@ def build_block_schedule(
     _, last_hi = slices_lib.row_edges(*columns, row_hi - 1)
     kb_start = np.maximum(first_lo, k0[slice_of]) // block_k
     kb_stop = np.minimum(last_hi, k1[slice_of] - 1) // block_k + 1
-    pair_of, kb = _ragged_ranges(kb_start, kb_stop)
+    pair_of, kb = ragged_ranges(kb_start, kb_stop)
 
     # 3. Exact visible counts per (slice, tile), summed over slices per tile.
     tile_rows_lo = row_lo[pair_of]

@@ -1,0 +1,330 @@
+"""jax.pallas_flex's kernels: flash attention over a FlexPlan, in Pallas.
+
+`flex_attention(q, k, v, plan, ...)` returns (out, lse) and is
+differentiable (jax.custom_vjp). Layout (batch, seq, heads, head_dim); K/V
+may have fewer heads than Q (GQA): a Q head reads its group's K/V head, and
+dK/dV programs loop over the group's Q heads, so nothing is repeated.
+
+- Forward: one program per (q block, q head, batch) walks the kv blocks its
+  plan row lists; partial tiles are masked by their slices; online softmax
+  in float32.
+- dQ: the same walk. dK/dV: one program per (kv block, kv head, batch)
+  walks the q blocks that see it, for every q head of the group.
+
+Masked scores are -inf, and a row that sees nothing gives out 0 and
+lse -inf (lcab.reference's convention); every exp is guarded so such rows
+never make a NaN. Scores are kept in base 2 inside (exp2), lse is returned
+in natural log. On a CPU the same kernels run in Pallas interpret mode.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
+
+from jax_backends.flex_plan import FlexPlan
+from lcab.masks.slices import BI_CAUSAL, CAUSAL, INV_CAUSAL
+
+_LOG2E = math.log2(math.e)
+_LN2 = math.log(2.0)
+
+
+@dataclasses.dataclass(frozen=True)
+class Lowering:
+    """How the kernels are compiled: Triton launch options or interpret mode."""
+
+    interpret: bool = False
+    num_warps: int = 8
+    num_stages: int = 2
+    backward_num_warps: int = 8
+    backward_num_stages: int = 2
+
+    def params(self, backward: bool = False):
+        if self.interpret:
+            return None
+        return plgpu.CompilerParams(
+            num_warps=self.backward_num_warps if backward else self.num_warps,
+            num_stages=self.backward_num_stages if backward else self.num_stages,
+        )
+
+
+def _tile_visible(slices_ref, ids_ref, lo, hi, row0, col0, block_q, block_k):
+    """The element mask of one tile: everything when lo == hi (a full tile),
+    else the union of slices ids[lo:hi] (row/column 0 of the tile at row0/col0)."""
+    rows = row0 + jnp.arange(block_q, dtype=jnp.int32)[:, None]
+    cols = col0 + jnp.arange(block_k, dtype=jnp.int32)[None, :]
+
+    def add(t, visible):
+        base = ids_ref[t] * 5
+        q0, q1 = slices_ref[base], slices_ref[base + 1]
+        k0, k1 = slices_ref[base + 2], slices_ref[base + 3]
+        kind = slices_ref[base + 4]
+        r, c = rows - q0, cols - k0
+        inside = (r >= 0) & (rows < q1) & (c >= 0) & (cols < k1)
+        below_right_edge = c <= r + ((k1 - k0) - (q1 - q0))  # causal, bottom-right
+        right_of_left_edge = c >= r  # inverse causal, top-left
+        needs_right = (kind == CAUSAL) | (kind == BI_CAUSAL)
+        needs_left = (kind == INV_CAUSAL) | (kind == BI_CAUSAL)
+        seen = inside & (below_right_edge | ~needs_right) & (right_of_left_edge | ~needs_left)
+        return jnp.maximum(visible, seen.astype(jnp.int32))
+
+    full = (lo == hi).astype(jnp.int32)
+    start = jnp.zeros((block_q, block_k), jnp.int32) + full
+    return lax.fori_loop(lo, hi, add, start) > 0
+
+
+def _forward_kernel(
+    blocks_ref, lo_ref, hi_ref, count_ref, ids_ref, slices_ref, q_ref, k_ref, v_ref,
+    o_ref, lse_ref, *, scale: float, block_q: int, block_k: int,
+):
+    qi = pl.program_id(0)
+    head_dim = q_ref.shape[-1]
+    q = q_ref[...]
+    qk_scale = scale * _LOG2E
+
+    def body(j, carry):
+        acc, m_prev, l_prev = carry
+        kb = blocks_ref[qi, j]
+        span = pl.ds(pl.multiple_of(kb * block_k, block_k), block_k)
+        k = k_ref[span, :]
+        s = plgpu.dot(q, k.T) * qk_scale
+        visible = _tile_visible(slices_ref, ids_ref, lo_ref[qi, j], hi_ref[qi, j],
+                                qi * block_q, kb * block_k, block_q, block_k)
+        s = jnp.where(visible, s, -jnp.inf)
+        m_next = jnp.maximum(m_prev, jnp.max(s, axis=1))
+        m_safe = jnp.where(m_next == -jnp.inf, 0.0, m_next)  # rows that saw nothing yet
+        correction = jnp.exp2(m_prev - m_safe)
+        p = jnp.exp2(s - m_safe[:, None])
+        v = v_ref[span, :]
+        acc = acc * correction[:, None] + plgpu.dot(p.astype(v.dtype), v)
+        return acc, m_next, l_prev * correction + jnp.sum(p, axis=1)
+
+    acc = jnp.zeros((block_q, head_dim), jnp.float32)
+    m = jnp.full((block_q,), -jnp.inf, jnp.float32)
+    l = jnp.zeros((block_q,), jnp.float32)
+    acc, m, l = lax.fori_loop(0, count_ref[qi], body, (acc, m, l))
+    seen = l > 0
+    o_ref[...] = (acc / jnp.where(seen, l, 1.0)[:, None]).astype(o_ref.dtype)
+    lse_ref[...] = jnp.where(seen, m + jnp.log2(jnp.where(seen, l, 1.0)), -jnp.inf)
+
+
+def _probabilities(q, k, lse2, visible, qk_scale):
+    """exp(s - lse) of a tile, 0 where masked or where the row saw nothing."""
+    s = plgpu.dot(q, k.T) * qk_scale
+    lse_safe = jnp.where(lse2 == -jnp.inf, 0.0, lse2)
+    return jnp.where(visible, jnp.exp2(s - lse_safe[:, None]), 0.0)
+
+
+def _dq_kernel(
+    blocks_ref, lo_ref, hi_ref, count_ref, ids_ref, slices_ref,
+    q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dq_ref,
+    *, scale: float, block_q: int, block_k: int,
+):
+    qi = pl.program_id(0)
+    q, do = q_ref[...], do_ref[...]
+    lse2, delta = lse_ref[...], delta_ref[...]
+    qk_scale = scale * _LOG2E
+
+    def body(j, dq):
+        kb = blocks_ref[qi, j]
+        span = pl.ds(pl.multiple_of(kb * block_k, block_k), block_k)
+        k, v = k_ref[span, :], v_ref[span, :]
+        visible = _tile_visible(slices_ref, ids_ref, lo_ref[qi, j], hi_ref[qi, j],
+                                qi * block_q, kb * block_k, block_q, block_k)
+        p = _probabilities(q, k, lse2, visible, qk_scale)
+        ds = p * (plgpu.dot(do, v.T) - delta[:, None])
+        return dq + plgpu.dot(ds.astype(k.dtype), k)
+
+    dq = jnp.zeros(dq_ref.shape, jnp.float32)
+    dq = lax.fori_loop(0, count_ref[qi], body, dq)
+    dq_ref[...] = (dq * scale).astype(dq_ref.dtype)
+
+
+def _dkv_kernel(
+    blocks_ref, lo_ref, hi_ref, count_ref, ids_ref, slices_ref,
+    q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dk_ref, dv_ref,
+    *, scale: float, block_q: int, block_k: int, group: int,
+):
+    kj = pl.program_id(0)
+    k, v = k_ref[...], v_ref[...]
+    qk_scale = scale * _LOG2E
+
+    def body(step, carry):
+        dk, dv = carry
+        j, head = lax.div(step, group), lax.rem(step, group)  # q block outer, heads inner
+        qb = blocks_ref[kj, j]
+        span = pl.ds(pl.multiple_of(qb * block_q, block_q), block_q)
+        q, do = q_ref[span, head, :], do_ref[span, head, :]
+        lse2, delta = lse_ref[head, span], delta_ref[head, span]
+        visible = _tile_visible(slices_ref, ids_ref, lo_ref[kj, j], hi_ref[kj, j],
+                                qb * block_q, kj * block_k, block_q, block_k)
+        p = _probabilities(q, k, lse2, visible, qk_scale)
+        dv = dv + plgpu.dot(p.astype(do.dtype).T, do)
+        ds = p * (plgpu.dot(do, v.T) - delta[:, None])
+        return dk + plgpu.dot(ds.astype(q.dtype).T, q), dv
+
+    zeros = jnp.zeros(dk_ref.shape, jnp.float32)
+    dk, dv = lax.fori_loop(0, count_ref[kj] * group, body, (zeros, zeros))
+    dk_ref[...] = (dk * scale).astype(dk_ref.dtype)
+    dv_ref[...] = dv.astype(dv_ref.dtype)
+
+
+# ----------------------------------------------------------------- calls
+
+
+def _whole(array):
+    """A BlockSpec giving every program the whole (small, int32) table."""
+    return pl.BlockSpec(array.shape, lambda *_: (0,) * array.ndim)
+
+
+def _tables(walk, plan: FlexPlan):
+    arrays = (walk.block, walk.lo, walk.hi, walk.count, plan.slice_ids, plan.slices)
+    return [jnp.asarray(a) for a in arrays]
+
+
+def _forward(q, k, v, plan: FlexPlan, lowering: Lowering):
+    batch, seq_q, heads, head_dim = q.shape
+    group = heads // k.shape[2]
+    bq, bk = plan.block_q, plan.block_k
+    tables = _tables(plan.by_q, plan)
+    kernel = functools.partial(_forward_kernel, scale=1.0 / math.sqrt(head_dim),
+                               block_q=bq, block_k=bk)
+    out, lse2 = pl.pallas_call(
+        kernel,
+        grid=(plan.num_q_blocks, heads, batch),
+        in_specs=[*map(_whole, tables),
+                  pl.BlockSpec((None, bq, None, head_dim), lambda i, h, b: (b, i, h, 0)),
+                  pl.BlockSpec((None, plan.padded_k, None, head_dim),
+                               lambda i, h, b: (b, 0, h // group, 0)),
+                  pl.BlockSpec((None, plan.padded_k, None, head_dim),
+                               lambda i, h, b: (b, 0, h // group, 0))],
+        out_specs=[pl.BlockSpec((None, bq, None, head_dim), lambda i, h, b: (b, i, h, 0)),
+                   pl.BlockSpec((None, None, bq), lambda i, h, b: (b, h, i))],
+        out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype),
+                   jax.ShapeDtypeStruct((batch, heads, seq_q), jnp.float32)],
+        interpret=lowering.interpret,
+        compiler_params=lowering.params(),
+        name="lcab_flex_forward",
+    )(*tables, q, k, v)
+    return out, lse2
+
+
+def _backward(q, k, v, delta, lse2, dout, plan: FlexPlan, lowering: Lowering):
+    batch, seq_q, heads, head_dim = q.shape
+    kv_heads = k.shape[2]
+    group = heads // kv_heads
+    bq, bk = plan.block_q, plan.block_k
+    scale = 1.0 / math.sqrt(head_dim)
+    rows = lambda i, h, b: (b, i, h, 0)  # noqa: E731
+    q_spec = pl.BlockSpec((None, bq, None, head_dim), rows)
+    kv_whole = pl.BlockSpec((None, plan.padded_k, None, head_dim),
+                            lambda i, h, b: (b, 0, h // group, 0))
+    lse_spec = pl.BlockSpec((None, None, bq), lambda i, h, b: (b, h, i))
+    by_q = _tables(plan.by_q, plan)
+    dq = pl.pallas_call(
+        functools.partial(_dq_kernel, scale=scale, block_q=bq, block_k=bk),
+        grid=(plan.num_q_blocks, heads, batch),
+        in_specs=[*map(_whole, by_q), q_spec, kv_whole, kv_whole, q_spec, lse_spec, lse_spec],
+        out_specs=q_spec,
+        out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
+        interpret=lowering.interpret,
+        compiler_params=lowering.params(backward=True),
+        name="lcab_flex_dq",
+    )(*by_q, q, k, v, dout, lse2, delta)
+
+    by_k = _tables(plan.by_k, plan)
+    kv_block = pl.BlockSpec((None, bk, None, head_dim), lambda j, g, b: (b, j, g, 0))
+    group_rows = pl.BlockSpec((None, plan.padded_q, group, head_dim),
+                              lambda j, g, b: (b, 0, g, 0))
+    group_lse = pl.BlockSpec((None, group, plan.padded_q), lambda j, g, b: (b, g, 0))
+    dk, dv = pl.pallas_call(
+        functools.partial(_dkv_kernel, scale=scale, block_q=bq, block_k=bk, group=group),
+        grid=(plan.num_k_blocks, kv_heads, batch),
+        in_specs=[*map(_whole, by_k), group_rows, kv_block, kv_block, group_rows,
+                  group_lse, group_lse],
+        out_specs=[kv_block, kv_block],
+        out_shape=[jax.ShapeDtypeStruct(k.shape, k.dtype),
+                   jax.ShapeDtypeStruct(v.shape, v.dtype)],
+        interpret=lowering.interpret,
+        compiler_params=lowering.params(backward=True),
+        name="lcab_flex_dkv",
+    )(*by_k, q, k, v, dout, lse2, delta)
+    return dq, dk, dv
+
+
+def _pad(x, length):
+    extra = length - x.shape[1]
+    return x if extra == 0 else jnp.pad(x, ((0, 0), (0, extra), (0, 0), (0, 0)))
+
+
+def flex_attention(q, k, v, forward_plan: FlexPlan, backward_plan: FlexPlan | None = None,
+                   lowering: Lowering = Lowering()):
+    """(out, lse) of attention under the plans' mask; differentiable in q, k, v.
+
+    q: (batch, seqlen_q, heads, head_dim); k, v: (batch, seqlen_k, kv_heads,
+    head_dim) with heads a multiple of kv_heads. lse: (batch, heads, seqlen_q)
+    float32, natural log, -inf on rows that see nothing. The backward walks
+    backward_plan (the same mask, other block sizes), forward_plan if None.
+    """
+    backward_plan = backward_plan or forward_plan
+    _check(q, k, v, forward_plan, backward_plan)
+    return _attention(forward_plan, backward_plan, lowering, q, k, v)
+
+
+def _check(q, k, v, *plans):
+    if q.ndim != 4 or k.shape != v.shape or k.shape[0] != q.shape[0] or k.shape[3] != q.shape[3]:
+        raise ValueError(f"q {q.shape}, k {k.shape}, v {v.shape} are not (b, s, h, d) "
+                         "with matching batch and head_dim")
+    if q.shape[2] % k.shape[2]:
+        raise ValueError(f"{q.shape[2]} query heads are not a multiple of {k.shape[2]} kv heads")
+    for plan in plans:
+        if (plan.seqlen_q, plan.seqlen_k) != (q.shape[1], k.shape[1]):
+            raise ValueError(f"a plan for {plan.seqlen_q} x {plan.seqlen_k} tokens was given "
+                             f"q of {q.shape[1]} and k of {k.shape[1]}")
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
+def _attention(forward_plan, backward_plan, lowering, q, k, v):
+    return _forward_padded(forward_plan, lowering, q, k, v)
+
+
+def _forward_padded(plan, lowering, q, k, v):
+    seq_q = q.shape[1]
+    out, lse2 = _forward(_pad(q, plan.padded_q), _pad(k, plan.padded_k),
+                         _pad(v, plan.padded_k), plan, lowering)
+    return out[:, :seq_q], lse2[:, :, :seq_q] * _LN2
+
+
+def _attention_fwd(forward_plan, backward_plan, lowering, q, k, v):
+    out, lse = _forward_padded(forward_plan, lowering, q, k, v)
+    return (out, lse), (q, k, v, out, lse)
+
+
+def _attention_bwd(forward_plan, backward_plan, lowering, residuals, cotangents):
+    q, k, v, out, lse = residuals
+    dout, dlse = cotangents
+    plan = backward_plan
+    seq_q, seq_k = q.shape[1], k.shape[1]
+    # dS = P * (dP - delta) with delta = rowsum(dO * O) - dlse: lse's own
+    # cotangent (context-parallel merges differentiate through it) enters
+    # here, since d lse / d S = P. One cheap pass, left to XLA.
+    delta = jnp.einsum("bshd,bshd->bhs", dout.astype(jnp.float32), out.astype(jnp.float32))
+    delta = delta - dlse.astype(jnp.float32)
+    tail = ((0, 0), (0, 0), (0, plan.padded_q - seq_q))
+    lse2 = jnp.pad(lse / _LN2, tail, constant_values=-jnp.inf)
+    pad_q = lambda x: _pad(x, plan.padded_q)  # noqa: E731
+    dq, dk, dv = _backward(pad_q(q), _pad(k, plan.padded_k), _pad(v, plan.padded_k),
+                           jnp.pad(delta, tail), lse2, pad_q(dout.astype(q.dtype)), plan,
+                           lowering)
+    return dq[:, :seq_q], dk[:, :seq_k], dv[:, :seq_k]
+
+
+_attention.defvjp(_attention_fwd, _attention_bwd)

@@ -1,0 +1,151 @@
+"""Host-side plan of jax.pallas_flex: which tiles each program visits.
+
+Built once per (mask, block sizes) with numpy from the mask's block
+schedule, so nothing is S x S. A program of the forward (and of dQ) owns one
+q block and walks its kv blocks; a program of dK/dV owns one kv block and
+walks its q blocks. A visited tile is *full* (no element mask) or *partial*:
+its element mask is the union of the slices listed for it, evaluated in the
+kernel from the slices' five integers. Tiles that reach past the sequence
+(lengths that are not a multiple of the block) are always partial, so the
+padding is masked by the slices themselves.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from lcab.masks import AttnMask
+from lcab.masks import schedule as schedule_lib
+from lcab.masks import slices as slices_lib
+
+
+def _power_of_two(n: int) -> int:
+    # Triton tensors need power-of-two shapes; tables are padded to one.
+    return 1 << max(0, int(n) - 1).bit_length()
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Walk:
+    """Visits of every program of one direction, one row per program.
+
+    `block[p, j]` is the j-th inner block program p visits; the tile is
+    partial when `lo[p, j] < hi[p, j]`, and then slice_ids[lo:hi] are the
+    slices that mask it. `count[p]` visits are real, the rest padding.
+    """
+
+    block: np.ndarray
+    lo: np.ndarray
+    hi: np.ndarray
+    count: np.ndarray
+
+    @property
+    def visits(self) -> int:
+        return int(self.count.sum())
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class FlexPlan:
+    seqlen_q: int
+    seqlen_k: int
+    block_q: int
+    block_k: int
+    by_q: Walk  # per q block: its kv blocks (forward, dQ)
+    by_k: Walk  # per kv block: its q blocks (dK, dV)
+    slice_ids: np.ndarray  # int32, the slices of every partial tile, tile after tile
+    slices: np.ndarray  # int32 (n_slices * 5,): q0, q1, k0, k1, kind per slice
+
+    @property
+    def num_q_blocks(self) -> int:
+        return -(-self.seqlen_q // self.block_q)
+
+    @property
+    def num_k_blocks(self) -> int:
+        return -(-self.seqlen_k // self.block_k)
+
+    @property
+    def padded_q(self) -> int:
+        return self.num_q_blocks * self.block_q
+
+    @property
+    def padded_k(self) -> int:
+        return self.num_k_blocks * self.block_k
+
+    def partial_tiles(self) -> int:
+        return int(np.sum(self.by_q.lo < self.by_q.hi))
+
+    def tiles(self) -> int:
+        return self.by_q.visits
+
+
+def make_plan(mask: AttnMask, block_q: int, block_k: int) -> FlexPlan:
+    table = mask.slice_table
+    table = table[slices_lib.table_areas(table) > 0]
+    sched = mask.block_schedule(block_q, block_k)
+    nq, nk = sched.num_q_blocks, sched.num_k_blocks
+    qb, kb = sched.q_block.astype(np.int64), sched.k_block.astype(np.int64)
+    edge = ((qb + 1) * block_q > mask.seqlen_q) | ((kb + 1) * block_k > mask.seqlen_k)
+    partial = (sched.state == schedule_lib.PARTIAL) | edge
+
+    tile_key = qb * nk + kb  # sorted: the schedule is q-block major
+    partial_keys = tile_key[partial]
+    slice_ids, starts, stops = _slices_of_tiles(table, partial_keys, block_q, block_k, nk)
+    lo = np.zeros(len(tile_key), np.int64)
+    hi = np.zeros(len(tile_key), np.int64)
+    lo[partial], hi[partial] = starts, stops
+
+    by_q = _walk(qb, kb, lo, hi, nq)
+    order = np.lexsort((qb, kb))
+    by_k = _walk(kb[order], qb[order], lo[order], hi[order], nk)
+    return FlexPlan(
+        seqlen_q=mask.seqlen_q, seqlen_k=mask.seqlen_k, block_q=block_q, block_k=block_k,
+        by_q=by_q, by_k=by_k,
+        slice_ids=_padded(slice_ids.astype(np.int32)),
+        slices=_padded(table.astype(np.int32).reshape(-1)),
+    )
+
+
+def _padded(values: np.ndarray) -> np.ndarray:
+    out = np.zeros(_power_of_two(max(1, len(values))), np.int32)
+    out[: len(values)] = values
+    return out
+
+
+def _walk(outer, inner, lo, hi, n_outer) -> Walk:
+    """Rows of visits per outer block from tiles sorted by (outer, inner)."""
+    count = np.bincount(outer, minlength=n_outer).astype(np.int32)
+    width = _power_of_two(max(1, int(count.max(initial=0))))
+    position = np.arange(len(outer)) - np.repeat(np.cumsum(count) - count, count)
+    tables = []
+    for values in (inner, lo, hi):
+        table = np.zeros((n_outer, width), np.int32)
+        table[outer, position] = values
+        tables.append(table)
+    return Walk(*tables, count=count)
+
+
+def _slices_of_tiles(table, tile_keys, block_q, block_k, nk):
+    """CSR lists of the slices whose rectangle meets each tile in tile_keys.
+
+    Returns (slice_ids, starts, stops) with slice_ids[starts[i]:stops[i]]
+    the slices of tile_keys[i]. Every (slice, tile) pair a slice's rectangle
+    covers is enumerated, but only those on listed tiles are kept.
+    """
+    if len(tile_keys) == 0 or len(table) == 0:
+        empty = np.zeros(len(tile_keys), np.int64)
+        return np.zeros(0, np.int64), empty, empty
+    q0, q1, k0, k1 = (table[:, i] for i in range(4))
+    owner, qb = schedule_lib.ragged_ranges(q0 // block_q, -(-q1 // block_q))
+    kb_lo, kb_hi = k0[owner] // block_k, -(-k1[owner] // block_k)
+    pair, kb = schedule_lib.ragged_ranges(kb_lo, kb_hi)
+    slice_of, key = owner[pair], qb[pair] * nk + kb
+    where = np.searchsorted(tile_keys, key)
+    keep = (where < len(tile_keys)) & (tile_keys[np.minimum(where, len(tile_keys) - 1)] == key)
+    tile_index, slice_of = where[keep], slice_of[keep]
+    order = np.lexsort((slice_of, tile_index))
+    tile_index, slice_of = tile_index[order], slice_of[order]
+    counts = np.bincount(tile_index, minlength=len(tile_keys))
+    stops = np.cumsum(counts)
+    return slice_of, stops - counts, stops
+

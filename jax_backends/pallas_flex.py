@@ -1,0 +1,75 @@
+"""jax.pallas_flex: LCAB's own flexible-mask flash attention, in Pallas.
+
+Every mask family runs from its slices: the host plans, once per mask and
+block size, which tiles each program visits (jax_backends/flex_plan.py), so
+the work follows the mask's area and empty tiles are never touched; partial
+tiles are masked element-wise by the slices that meet them
+(jax_backends/flex_kernel.py). GQA reads each K/V head once per group, with
+no repeat. This is the Triton-lowered version; on a CPU it runs in Pallas
+interpret mode.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+
+from jax_backends import flex_kernel, flex_plan
+from lcab.backend import Backend, Support
+from lcab.workloads import Workload
+
+
+@dataclasses.dataclass(frozen=True)
+class Tiling:
+    """Block sizes of the forward and of the backward (dQ and dK/dV)."""
+
+    block_q: int = 128
+    block_k: int = 64
+    backward_block_q: int = 64
+    backward_block_k: int = 64
+
+
+def interpret_mode() -> bool:
+    return jax.default_backend() == "cpu"
+
+
+class PallasFlexBackend(Backend):
+    name = "jax.pallas_flex"
+    framework = "jax"
+    description = "LCAB's flexible-mask flash attention (Pallas, Triton lowering), any mask"
+    dtypes = ("bfloat16", "float16", "float32")
+    head_dims = (16, 32, 64, 128)  # Triton tiles are powers of two
+    requires = ("jax", "jax.experimental.pallas", "jax.experimental.pallas.triton")
+
+    def __init__(self, tiling: Tiling = Tiling(), lowering: flex_kernel.Lowering | None = None):
+        self.tiling = tiling
+        self.lowering = lowering or flex_kernel.Lowering(interpret=interpret_mode())
+
+    @classmethod
+    def environment_problem(cls) -> str | None:
+        platform = jax.default_backend()
+        if platform not in ("cpu", "gpu"):
+            return f"runs on a CUDA GPU or, interpreted, on a CPU; jax's default is {platform}"
+        return None
+
+    def mask_support(self, workload: Workload) -> Support:
+        mode = "interpret mode" if self.lowering.interpret else "compiled"
+        return Support.yes(f"block plan from the mask's slices; GQA unrepeated; {mode}")
+
+    def plans(self, workload: Workload) -> tuple[flex_plan.FlexPlan, flex_plan.FlexPlan]:
+        tiling = self.tiling
+        return (
+            flex_plan.make_plan(workload.mask, tiling.block_q, tiling.block_k),
+            flex_plan.make_plan(workload.mask, tiling.backward_block_q, tiling.backward_block_k),
+        )
+
+    def build(self, workload: Workload):
+        forward_plan, backward_plan = self.plans(workload)
+        lowering = self.lowering
+
+        def attend(q, k, v):
+            out, _ = flex_kernel.flex_attention(q, k, v, forward_plan, backward_plan, lowering)
+            return out
+
+        return attend

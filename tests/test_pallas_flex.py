@@ -1,0 +1,213 @@
+"""jax.pallas_flex: its tile plan, its kernels against the float64 reference
+on every family (Pallas interpret mode on a CPU), and its Triton lowering."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from jax_backends.flex_kernel import Lowering, flex_attention
+from jax_backends.flex_plan import make_plan
+from lcab import reference, results
+from lcab.masks import MASK_NAMES, AttnMask, AttnSlice, make_mask, small_mask
+from lcab.masks import slices as slices_lib
+from lcab.runner import Case, Settings, run_cases
+from lcab.workloads import Workload
+
+INTERPRET = Lowering(interpret=True)
+
+
+def tile_mask(plan, walk_row, j, row0, col0, bq, bk):
+    """The element mask the kernel computes for one visit, in numpy."""
+    lo, hi = plan.by_q.lo[walk_row, j], plan.by_q.hi[walk_row, j]
+    rows = row0 + np.arange(bq)[:, None]
+    cols = col0 + np.arange(bk)[None, :]
+    if lo == hi:
+        return np.ones((bq, bk), bool)
+    seen = np.zeros((bq, bk), bool)
+    for sid in plan.slice_ids[lo:hi]:
+        q0, q1, k0, k1, kind = plan.slices[5 * sid: 5 * sid + 5]
+        r, c = rows - q0, cols - k0
+        inside = (r >= 0) & (rows < q1) & (c >= 0) & (cols < k1)
+        right = c <= r + (k1 - k0) - (q1 - q0)
+        left = c >= r
+        if kind in (slices_lib.CAUSAL, slices_lib.BI_CAUSAL):
+            inside &= right
+        if kind in (slices_lib.INV_CAUSAL, slices_lib.BI_CAUSAL):
+            inside &= left
+        seen |= inside
+    return seen
+
+
+def plan_to_dense(plan):
+    bq, bk = plan.block_q, plan.block_k
+    dense = np.zeros((plan.padded_q, plan.padded_k), bool)
+    for i in range(plan.num_q_blocks):
+        for j in range(plan.by_q.count[i]):
+            kb = plan.by_q.block[i, j]
+            tile = tile_mask(plan, i, j, i * bq, kb * bk, bq, bk)
+            assert tile.any(), "a visited tile must hold a visible pair"
+            dense[i * bq:(i + 1) * bq, kb * bk:(kb + 1) * bk] |= tile
+    return dense[: plan.seqlen_q, : plan.seqlen_k]
+
+
+@pytest.mark.parametrize("name", MASK_NAMES)
+@pytest.mark.parametrize("blocks", [(16, 16), (32, 16), (16, 64)])
+def test_the_plan_visits_exactly_the_mask(name, blocks):
+    mask = small_mask(name, 200)  # 200: no block size divides it
+    plan = make_plan(mask, *blocks)
+    assert np.array_equal(plan_to_dense(plan), mask.to_dense())
+    sched = mask.block_schedule(*blocks)
+    assert plan.tiles() == len(sched.state)  # every non-empty tile, nothing else
+    # dK/dV walks the same tiles, kv-block major.
+    by_q = {(i, plan.by_q.block[i, j]) for i in range(plan.num_q_blocks)
+            for j in range(plan.by_q.count[i])}
+    by_k = {(plan.by_k.block[j, i], j) for j in range(plan.num_k_blocks)
+            for i in range(plan.by_k.count[j])}
+    assert by_q == by_k
+
+
+def test_work_follows_the_area():
+    full = make_plan(make_mask("full", 4096), 128, 64)
+    docs = make_plan(make_mask("causal_document", 4096, doc_lens=[1024] * 4), 128, 64)
+    window = make_plan(make_mask("sliding_window_causal", 4096, window=256), 128, 64)
+    assert full.tiles() == 32 * 64 and full.partial_tiles() == 0
+    # Four causal 1024-token documents: q block i of each sees kv blocks 0..2i+1.
+    assert docs.tiles() == 4 * sum(2 * i + 2 for i in range(8))
+    assert window.tiles() < full.tiles() / 8
+    tables = [docs.by_q.block, docs.by_k.block, docs.slices, docs.slice_ids]
+    assert all(t.shape[-1] & (t.shape[-1] - 1) == 0 for t in tables)  # Triton-friendly
+
+
+def inputs(seqlen, heads=(4, 2), head_dim=16, batch=2, seed=0):
+    rng = np.random.default_rng(seed)
+    hq, hk = heads
+    q = rng.normal(size=(batch, seqlen, hq, head_dim)) * 2  # peaked, as the probes
+    k = rng.normal(size=(batch, seqlen, hk, head_dim)) * 2
+    v = rng.normal(size=(batch, seqlen, hk, head_dim))
+    dout = rng.normal(size=(batch, seqlen, hq, head_dim))
+    return q, k, v, dout
+
+
+def run_flex(mask, q, k, v, dout, blocks=(32, 16), backward_blocks=(16, 32), dtype=jnp.float32):
+    forward_plan, backward_plan = make_plan(mask, *blocks), make_plan(mask, *backward_blocks)
+    args = [jnp.asarray(x, dtype) for x in (q, k, v)]
+    (out, lse), pullback = jax.vjp(
+        lambda q, k, v: flex_attention(q, k, v, forward_plan, backward_plan, INTERPRET), *args)
+    grads = pullback((jnp.asarray(dout, dtype), jnp.zeros_like(lse)))
+    return [np.asarray(x, np.float64) for x in (out, lse, *grads)]
+
+
+def assert_matches(mask, got, q, k, v, dout, tol):
+    out, lse, dq, dk, dv = got
+    want_out, want_lse = reference.attention(q, k, v, mask)
+    assert np.array_equal(np.isinf(lse), np.isinf(want_lse))
+    finite = ~np.isinf(want_lse)
+    np.testing.assert_allclose(lse[finite], want_lse[finite], atol=tol, rtol=0)
+    for got_one, want in zip((out, dq, dk, dv), (want_out, *reference.attention_grads(
+            q, k, v, mask, dout))):
+        scale = max(1.0, np.abs(want).max())
+        np.testing.assert_allclose(got_one / scale, want / scale, atol=tol, rtol=0)
+
+
+@pytest.mark.parametrize("name", MASK_NAMES)
+def test_every_family_matches_the_reference_forward_and_backward(name):
+    mask = small_mask(name, 100)  # odd length, GQA 4:2, batch 2
+    q, k, v, dout = inputs(100)
+    assert_matches(mask, run_flex(mask, q, k, v, dout), q, k, v, dout, 1e-4)
+
+
+@settings(max_examples=8, deadline=None)
+@given(name=st.sampled_from(MASK_NAMES), seed=st.integers(0, 10_000),
+       seqlen=st.integers(40, 160), group=st.sampled_from([1, 2, 4]))
+def test_random_masks_lengths_and_groups(name, seed, seqlen, group):
+    mask = make_mask(name, seqlen, seed=seed) if name != "block_causal_document" else \
+        small_mask(name, seqlen)
+    q, k, v, dout = inputs(seqlen, heads=(4, 4 // group), batch=1, seed=seed)
+    got = run_flex(mask, q, k, v, dout, blocks=(16, 32), backward_blocks=(32, 16))
+    assert_matches(mask, got, q, k, v, dout, 1e-4)
+
+
+def test_bfloat16_inputs_accumulate_in_float32():
+    mask = small_mask("causal_document", 128)
+    # The reference sees the same bf16-rounded inputs as the kernel.
+    q, k, v, dout = (np.asarray(jnp.asarray(x, jnp.bfloat16), np.float64) for x in inputs(128))
+    got = run_flex(mask, q, k, v, dout, dtype=jnp.bfloat16)
+    assert_matches(mask, got, q, k, v, dout, 3e-2)
+
+
+def test_rows_that_see_nothing_give_zero_and_minus_infinity():
+    # Rows 32..47 see no key; the rest see a causal block.
+    mask = AttnMask(64, 64, [AttnSlice(0, 32, 0, 32, "causal"), AttnSlice(48, 64, 0, 64)])
+    q, k, v, dout = inputs(64, batch=1)
+    got = run_flex(mask, q, k, v, dout)
+    out, lse, dq, dk, dv = got
+    assert np.all(np.isneginf(lse[:, :, 32:48])) and np.all(out[:, 32:48] == 0)
+    assert all(np.isfinite(x).all() for x in (dq, dk, dv))
+    assert_matches(mask, got, q, k, v, dout, 1e-4)
+
+
+def test_the_lse_gradient_flows_for_context_parallel_merges():
+    mask = small_mask("causal_document", 64)
+    q, k, v, dout = inputs(64, batch=1)
+    plan = make_plan(mask, 16, 16)
+    visible = jnp.asarray(mask.to_dense())
+
+    def dense(q, k, v):  # the same attention written densely; JAX differentiates it
+        kk, vv = (jnp.repeat(x, 2, axis=2) for x in (k, v))
+        s = jnp.einsum("bqhd,bkhd->bhqk", q, kk) / np.sqrt(q.shape[-1])
+        s = jnp.where(visible, s, -jnp.inf)
+        lse = jax.nn.logsumexp(s, axis=-1)
+        return jnp.einsum("bhqk,bkhd->bqhd", jnp.exp(s - lse[..., None]), vv), lse
+
+    def loss(attend):
+        def value(q, k, v):
+            out, lse = attend(q, k, v)
+            return jnp.sum(out * dout) + jnp.sum(jnp.sin(lse))
+        return jax.grad(value, argnums=(0, 1, 2))(*(jnp.asarray(x, jnp.float32)
+                                                    for x in (q, k, v)))
+
+    got = loss(lambda q, k, v: flex_attention(q, k, v, plan, plan, INTERPRET))
+    for a, b in zip(got, loss(dense)):
+        np.testing.assert_allclose(a, b, atol=1e-4)
+
+
+def test_bad_shapes_are_refused_with_the_reason():
+    plan = make_plan(make_mask("causal", 64), 16, 16)
+    q = jnp.zeros((1, 64, 3, 16))
+    with pytest.raises(ValueError, match="not a multiple"):
+        flex_attention(q, jnp.zeros((1, 64, 2, 16)), jnp.zeros((1, 64, 2, 16)), plan)
+    with pytest.raises(ValueError, match="a plan for 64 x 64"):
+        flex_attention(jnp.zeros((1, 32, 2, 16)), *[jnp.zeros((1, 32, 2, 16))] * 2, plan)
+
+
+def test_the_kernels_lower_to_triton_for_a_gpu():
+    """Lowering to Triton IR needs no GPU: this catches what interpret mode
+    would let through (ops the Triton lowering lacks, type clashes)."""
+    mask = make_mask("causal_document", 1000)  # not a multiple of any block
+    forward_plan, backward_plan = make_plan(mask, 128, 64), make_plan(mask, 64, 64)
+    lowering = Lowering()
+
+    def loss(q, k, v):
+        out, lse = flex_attention(q, k, v, forward_plan, backward_plan, lowering)
+        return out.astype(jnp.float32).sum() + lse.sum()
+
+    q = jax.ShapeDtypeStruct((1, 1000, 8, 128), jnp.bfloat16)
+    kv = jax.ShapeDtypeStruct((1, 1000, 2, 128), jnp.bfloat16)
+    text = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).trace(q, kv, kv).lower(
+        lowering_platforms=("cuda",)).as_text()
+    for kernel in ("lcab_flex_forward", "lcab_flex_dq", "lcab_flex_dkv"):
+        assert kernel in text
+
+
+def test_the_backend_runs_through_the_correctness_gate(tmp_path):
+    mask = small_mask("share_question", 256)
+    case = Case("jax.pallas_flex", Workload(1, 256, 256, 4, 2, 32, "float32", mask))
+    path = tmp_path / "rows.jsonl"
+    run_cases([case], results.Writer(path), Settings(warmup=0, iters=1, git_commit="t"))
+    rows = results.read_rows([path])
+    assert [(r["direction"], r["status"]) for r in rows] == [("fwd", "OK"), ("bwd", "OK")]
+    assert all(r["max_err"] < 1e-4 for r in rows)
+    assert rows[0]["notes"].startswith("block plan from the mask's slices")
