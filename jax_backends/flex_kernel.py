@@ -6,8 +6,9 @@ may have fewer heads than Q (GQA): a Q head reads its group's K/V head, and
 dK/dV programs loop over the group's Q heads, so nothing is repeated.
 
 - Forward: one program per (q block, q head, batch) walks the kv blocks its
-  plan row lists; partial tiles are masked by their slices; online softmax
-  in float32.
+  plan row lists: runs of full tiles with no mask and direct addresses
+  (so Triton can prefetch them), then the partial tiles, masked by their
+  slices; online softmax in float32.
 - dQ: the same walk. dK/dV: one program per (kv block, kv head, batch)
   walks the q blocks that see it, for every q head of the group.
 
@@ -57,8 +58,8 @@ class Lowering:
 
 
 def _tile_visible(slices_ref, ids_ref, lo, hi, row0, col0, block_q, block_k):
-    """The element mask of one tile: everything when lo == hi (a full tile),
-    else the union of slices ids[lo:hi] (row/column 0 of the tile at row0/col0)."""
+    """The element mask of a partial tile: the union of slices ids[lo:hi]
+    (row and column 0 of the tile at row0, col0)."""
     rows = row0 + jnp.arange(block_q, dtype=jnp.int32)[:, None]
     cols = col0 + jnp.arange(block_k, dtype=jnp.int32)[None, :]
 
@@ -76,29 +77,42 @@ def _tile_visible(slices_ref, ids_ref, lo, hi, row0, col0, block_q, block_k):
         seen = inside & (below_right_edge | ~needs_right) & (right_of_left_edge | ~needs_left)
         return jnp.maximum(visible, seen.astype(jnp.int32))
 
-    full = (lo == hi).astype(jnp.int32)
-    start = jnp.zeros((block_q, block_k), jnp.int32) + full
-    return lax.fori_loop(lo, hi, add, start) > 0
+    return lax.fori_loop(lo, hi, add, jnp.zeros((block_q, block_k), jnp.int32)) > 0
 
 
-def _forward_kernel(
-    blocks_ref, lo_ref, hi_ref, count_ref, ids_ref, slices_ref, q_ref, k_ref, v_ref,
-    o_ref, lse_ref, *, scale: float, block_q: int, block_k: int,
-):
+def _walk(tables, program, step, carry, row0, col0, block_q, block_k, by_k=False):
+    """Fold `step(block, visible, carry)` over one program's tiles: its full
+    runs first (visible None: no mask), then its partial tiles."""
+    run_start, run_stop, runs, blocks, lo, hi, partials, ids, slices = tables
+
+    def full_run(r, carry):
+        return lax.fori_loop(run_start[program, r], run_stop[program, r],
+                             lambda b, c: step(b, None, c), carry)
+
+    def partial(j, carry):
+        block = blocks[program, j]
+        rows0, cols0 = (block * block_q, col0) if by_k else (row0, block * block_k)
+        visible = _tile_visible(slices, ids, lo[program, j], hi[program, j],
+                                rows0, cols0, block_q, block_k)
+        return step(block, visible, carry)
+
+    carry = lax.fori_loop(0, runs[program], full_run, carry)
+    return lax.fori_loop(0, partials[program], partial, carry)
+
+
+def _forward_kernel(*refs, scale: float, block_q: int, block_k: int):
+    *tables, q_ref, k_ref, v_ref, o_ref, lse_ref = refs
     qi = pl.program_id(0)
     head_dim = q_ref.shape[-1]
     q = q_ref[...]
     qk_scale = scale * _LOG2E
 
-    def body(j, carry):
+    def step(kb, visible, carry):
         acc, m_prev, l_prev = carry
-        kb = blocks_ref[qi, j]
         span = pl.ds(pl.multiple_of(kb * block_k, block_k), block_k)
-        k = k_ref[span, :]
-        s = plgpu.dot(q, k.T) * qk_scale
-        visible = _tile_visible(slices_ref, ids_ref, lo_ref[qi, j], hi_ref[qi, j],
-                                qi * block_q, kb * block_k, block_q, block_k)
-        s = jnp.where(visible, s, -jnp.inf)
+        s = plgpu.dot(q, k_ref[span, :].T) * qk_scale
+        if visible is not None:
+            s = jnp.where(visible, s, -jnp.inf)
         m_next = jnp.maximum(m_prev, jnp.max(s, axis=1))
         m_safe = jnp.where(m_next == -jnp.inf, 0.0, m_next)  # rows that saw nothing yet
         correction = jnp.exp2(m_prev - m_safe)
@@ -110,7 +124,7 @@ def _forward_kernel(
     acc = jnp.zeros((block_q, head_dim), jnp.float32)
     m = jnp.full((block_q,), -jnp.inf, jnp.float32)
     l = jnp.zeros((block_q,), jnp.float32)
-    acc, m, l = lax.fori_loop(0, count_ref[qi], body, (acc, m, l))
+    acc, m, l = _walk(tables, qi, step, (acc, m, l), qi * block_q, 0, block_q, block_k)
     seen = l > 0
     o_ref[...] = (acc / jnp.where(seen, l, 1.0)[:, None]).astype(o_ref.dtype)
     lse_ref[...] = jnp.where(seen, m + jnp.log2(jnp.where(seen, l, 1.0)), -jnp.inf)
@@ -120,59 +134,51 @@ def _probabilities(q, k, lse2, visible, qk_scale):
     """exp(s - lse) of a tile, 0 where masked or where the row saw nothing."""
     s = plgpu.dot(q, k.T) * qk_scale
     lse_safe = jnp.where(lse2 == -jnp.inf, 0.0, lse2)
-    return jnp.where(visible, jnp.exp2(s - lse_safe[:, None]), 0.0)
+    p = jnp.exp2(s - lse_safe[:, None])
+    # Rows that see nothing (lse -inf) only meet partial tiles, where they
+    # are masked out.
+    return p if visible is None else jnp.where(visible, p, 0.0)
 
 
-def _dq_kernel(
-    blocks_ref, lo_ref, hi_ref, count_ref, ids_ref, slices_ref,
-    q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dq_ref,
-    *, scale: float, block_q: int, block_k: int,
-):
+def _dq_kernel(*refs, scale: float, block_q: int, block_k: int):
+    *tables, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dq_ref = refs
     qi = pl.program_id(0)
     q, do = q_ref[...], do_ref[...]
     lse2, delta = lse_ref[...], delta_ref[...]
     qk_scale = scale * _LOG2E
 
-    def body(j, dq):
-        kb = blocks_ref[qi, j]
+    def step(kb, visible, dq):
         span = pl.ds(pl.multiple_of(kb * block_k, block_k), block_k)
         k, v = k_ref[span, :], v_ref[span, :]
-        visible = _tile_visible(slices_ref, ids_ref, lo_ref[qi, j], hi_ref[qi, j],
-                                qi * block_q, kb * block_k, block_q, block_k)
         p = _probabilities(q, k, lse2, visible, qk_scale)
         ds = p * (plgpu.dot(do, v.T) - delta[:, None])
         return dq + plgpu.dot(ds.astype(k.dtype), k)
 
     dq = jnp.zeros(dq_ref.shape, jnp.float32)
-    dq = lax.fori_loop(0, count_ref[qi], body, dq)
+    dq = _walk(tables, qi, step, dq, qi * block_q, 0, block_q, block_k)
     dq_ref[...] = (dq * scale).astype(dq_ref.dtype)
 
 
-def _dkv_kernel(
-    blocks_ref, lo_ref, hi_ref, count_ref, ids_ref, slices_ref,
-    q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dk_ref, dv_ref,
-    *, scale: float, block_q: int, block_k: int, group: int,
-):
+def _dkv_kernel(*refs, scale: float, block_q: int, block_k: int, group: int):
+    *tables, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dk_ref, dv_ref = refs
     kj = pl.program_id(0)
     k, v = k_ref[...], v_ref[...]
     qk_scale = scale * _LOG2E
 
-    def body(step, carry):
-        dk, dv = carry
-        j, head = lax.div(step, group), lax.rem(step, group)  # q block outer, heads inner
-        qb = blocks_ref[kj, j]
-        span = pl.ds(pl.multiple_of(qb * block_q, block_q), block_q)
-        q, do = q_ref[span, head, :], do_ref[span, head, :]
-        lse2, delta = lse_ref[head, span], delta_ref[head, span]
-        visible = _tile_visible(slices_ref, ids_ref, lo_ref[kj, j], hi_ref[kj, j],
-                                qb * block_q, kj * block_k, block_q, block_k)
-        p = _probabilities(q, k, lse2, visible, qk_scale)
-        dv = dv + plgpu.dot(p.astype(do.dtype).T, do)
-        ds = p * (plgpu.dot(do, v.T) - delta[:, None])
-        return dk + plgpu.dot(ds.astype(q.dtype).T, q), dv
+    def one_head(head, carry):
+        def step(qb, visible, carry):
+            dk, dv = carry
+            span = pl.ds(pl.multiple_of(qb * block_q, block_q), block_q)
+            q, do = q_ref[span, head, :], do_ref[span, head, :]
+            p = _probabilities(q, k, lse_ref[head, span], visible, qk_scale)
+            dv = dv + plgpu.dot(p.astype(do.dtype).T, do)
+            ds = p * (plgpu.dot(do, v.T) - delta_ref[head, span][:, None])
+            return dk + plgpu.dot(ds.astype(q.dtype).T, q), dv
+
+        return _walk(tables, kj, step, carry, 0, kj * block_k, block_q, block_k, by_k=True)
 
     zeros = jnp.zeros(dk_ref.shape, jnp.float32)
-    dk, dv = lax.fori_loop(0, count_ref[kj] * group, body, (zeros, zeros))
+    dk, dv = lax.fori_loop(0, group, one_head, (zeros, zeros))
     dk_ref[...] = (dk * scale).astype(dk_ref.dtype)
     dv_ref[...] = dv.astype(dv_ref.dtype)
 
@@ -186,8 +192,7 @@ def _whole(array):
 
 
 def _tables(walk, plan: FlexPlan):
-    arrays = (walk.block, walk.lo, walk.hi, walk.count, plan.slice_ids, plan.slices)
-    return [jnp.asarray(a) for a in arrays]
+    return [jnp.asarray(a) for a in (*walk.arrays(), plan.slice_ids, plan.slices)]
 
 
 def _forward(q, k, v, plan: FlexPlan, lowering: Lowering):

@@ -30,19 +30,32 @@ def _power_of_two(n: int) -> int:
 class Walk:
     """Visits of every program of one direction, one row per program.
 
-    `block[p, j]` is the j-th inner block program p visits; the tile is
-    partial when `lo[p, j] < hi[p, j]`, and then slice_ids[lo:hi] are the
-    slices that mask it. `count[p]` visits are real, the rest padding.
+    Full tiles come as runs of consecutive inner blocks: program p visits
+    blocks run_start[p, r] .. run_stop[p, r] - 1 for r < runs[p], with no
+    element mask and with addresses the compiler can prefetch. Partial tiles
+    come one by one: block[p, j] for j < partials[p], masked by the slices
+    slice_ids[lo[p, j]:hi[p, j]]. Entries past the counts are padding.
     """
 
+    run_start: np.ndarray
+    run_stop: np.ndarray
+    runs: np.ndarray
     block: np.ndarray
     lo: np.ndarray
     hi: np.ndarray
-    count: np.ndarray
+    partials: np.ndarray
 
     @property
-    def visits(self) -> int:
-        return int(self.count.sum())
+    def full_visits(self) -> int:
+        return int((self.run_stop - self.run_start).sum())
+
+    @property
+    def partial_visits(self) -> int:
+        return int(self.partials.sum())
+
+    def arrays(self) -> tuple[np.ndarray, ...]:
+        return (self.run_start, self.run_stop, self.runs, self.block, self.lo, self.hi,
+                self.partials)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -73,10 +86,10 @@ class FlexPlan:
         return self.num_k_blocks * self.block_k
 
     def partial_tiles(self) -> int:
-        return int(np.sum(self.by_q.lo < self.by_q.hi))
+        return self.by_q.partial_visits
 
     def tiles(self) -> int:
-        return self.by_q.visits
+        return self.by_q.full_visits + self.by_q.partial_visits
 
 
 def make_plan(mask: AttnMask, block_q: int, block_k: int) -> FlexPlan:
@@ -95,9 +108,9 @@ def make_plan(mask: AttnMask, block_q: int, block_k: int) -> FlexPlan:
     hi = np.zeros(len(tile_key), np.int64)
     lo[partial], hi[partial] = starts, stops
 
-    by_q = _walk(qb, kb, lo, hi, nq)
+    by_q = _walk(qb, kb, partial, lo, hi, nq)
     order = np.lexsort((qb, kb))
-    by_k = _walk(kb[order], qb[order], lo[order], hi[order], nk)
+    by_k = _walk(kb[order], qb[order], partial[order], lo[order], hi[order], nk)
     return FlexPlan(
         seqlen_q=mask.seqlen_q, seqlen_k=mask.seqlen_k, block_q=block_q, block_k=block_k,
         by_q=by_q, by_k=by_k,
@@ -112,17 +125,32 @@ def _padded(values: np.ndarray) -> np.ndarray:
     return out
 
 
-def _walk(outer, inner, lo, hi, n_outer) -> Walk:
-    """Rows of visits per outer block from tiles sorted by (outer, inner)."""
-    count = np.bincount(outer, minlength=n_outer).astype(np.int32)
+def _walk(outer, inner, partial, lo, hi, n_outer) -> Walk:
+    """A Walk from tiles sorted by (outer, inner)."""
+    full = ~partial
+    f_outer, f_inner = outer[full], inner[full]
+    starts_run = np.ones(len(f_outer), bool)  # a run starts at a gap or a new row
+    starts_run[1:] = (f_outer[1:] != f_outer[:-1]) | (f_inner[1:] != f_inner[:-1] + 1)
+    first = np.flatnonzero(starts_run)
+    last = np.append(first[1:], len(f_outer))[: len(first)] - 1  # no full tiles: none
+    run_start, run_stop, runs = _rows(f_outer[first], n_outer, f_inner[first], f_inner[last] + 1)
+    block, p_lo, p_hi, partials = _rows(outer[partial], n_outer, inner[partial], lo[partial],
+                                        hi[partial])
+    return Walk(run_start, run_stop, runs, block, p_lo, p_hi, partials)
+
+
+def _rows(owner, n_outer, *values):
+    """Each of `values` laid out as (n_outer, width) rows by owner (sorted),
+    width a power of two; then the count per row."""
+    count = np.bincount(owner, minlength=n_outer).astype(np.int32)
     width = _power_of_two(max(1, int(count.max(initial=0))))
-    position = np.arange(len(outer)) - np.repeat(np.cumsum(count) - count, count)
+    position = np.arange(len(owner)) - np.repeat(np.cumsum(count) - count, count)
     tables = []
-    for values in (inner, lo, hi):
+    for value in values:
         table = np.zeros((n_outer, width), np.int32)
-        table[outer, position] = values
+        table[owner, position] = value
         tables.append(table)
-    return Walk(*tables, count=count)
+    return (*tables, count)
 
 
 def _slices_of_tiles(table, tile_keys, block_q, block_k, nk):

@@ -41,10 +41,20 @@ class PallasFlexBackend(Backend):
     dtypes = ("bfloat16", "float16", "float32")
     head_dims = (16, 32, 64, 128)  # Triton tiles are powers of two
     requires = ("jax", "jax.experimental.pallas", "jax.experimental.pallas.triton")
+    options = {
+        **{field.name: int for field in dataclasses.fields(Tiling)},
+        **{field.name: int for field in dataclasses.fields(flex_kernel.Lowering)
+           if field.name != "interpret"},
+        "interpret": bool,
+    }
 
-    def __init__(self, tiling: Tiling = Tiling(), lowering: flex_kernel.Lowering | None = None):
-        self.tiling = tiling
-        self.lowering = lowering or flex_kernel.Lowering(interpret=interpret_mode())
+    def __init__(self, **options):
+        tiling_keys = {field.name for field in dataclasses.fields(Tiling)}
+        self.tiling = Tiling(**{k: v for k, v in options.items() if k in tiling_keys})
+        lowering = {k: v for k, v in options.items() if k not in tiling_keys}
+        lowering.setdefault("interpret", interpret_mode())
+        self.lowering = flex_kernel.Lowering(**lowering)
+        self.set_options = dict(sorted(options.items()))
 
     @classmethod
     def environment_problem(cls) -> str | None:
@@ -55,7 +65,8 @@ class PallasFlexBackend(Backend):
 
     def mask_support(self, workload: Workload) -> Support:
         mode = "interpret mode" if self.lowering.interpret else "compiled"
-        return Support.yes(f"block plan from the mask's slices; GQA unrepeated; {mode}")
+        chosen = "".join(f"; {key}={value}" for key, value in self.set_options.items())
+        return Support.yes(f"block plan from the mask's slices; GQA unrepeated; {mode}{chosen}")
 
     def plans(self, workload: Workload) -> tuple[flex_plan.FlexPlan, flex_plan.FlexPlan]:
         tiling = self.tiling

@@ -13,7 +13,7 @@ from __future__ import annotations
 import abc
 import dataclasses
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
 from lcab.workloads import DTYPES, Workload
@@ -65,6 +65,25 @@ class Backend(abc.ABC):
     in_default_sweep: ClassVar[bool] = True
     cp_size: ClassVar[int] = 1
     strategy: ClassVar[str | None] = None
+    # Constructor options a run may set (--backend_options NAME:KEY=VALUE),
+    # name -> type (int, float, bool or str). Rows say which were set.
+    options: ClassVar[dict[str, type]] = {}
+
+    @classmethod
+    def parse_options(cls, raw: Mapping[str, str]) -> dict[str, Any]:
+        """Option texts -> constructor keyword arguments; ValueError names the valid ones."""
+        parsed = {}
+        for key, text in raw.items():
+            if key not in cls.options:
+                valid = ", ".join(sorted(cls.options)) or "none"
+                raise ValueError(f"{cls.name} has no option {key!r}; its options: {valid}")
+            kind = cls.options[key]
+            try:
+                parsed[key] = _parse_bool(text) if kind is bool else kind(text)
+            except ValueError:
+                raise ValueError(
+                    f"{cls.name} option {key}={text!r} is not a {kind.__name__}") from None
+        return parsed
 
     @classmethod
     def unavailable_reason(cls) -> str | None:
@@ -117,3 +136,12 @@ class Backend(abc.ABC):
         Host-side mask processing (cu_seqlens, dense masks, schedules)
         happens here, once, outside anything that is timed.
         """
+
+
+def _parse_bool(text: str) -> bool:
+    lowered = str(text).lower()
+    if lowered in ("1", "true", "yes"):
+        return True
+    if lowered in ("0", "false", "no"):
+        return False
+    raise ValueError(text)

@@ -108,8 +108,9 @@ def plugins() -> dict[str, Entry]:
     return dict(_plugins)
 
 
-def load_backend(name: str) -> Backend:
-    """An instance of the named backend; Unavailable says why it cannot run."""
+def load_backend(name: str, options: dict[str, str] | None = None) -> Backend:
+    """An instance of the named backend, built with its --backend_options;
+    Unavailable says why it cannot run."""
     entry = all_backends()[check_backend_name(name)]
     try:
         cls = entry.load()
@@ -119,7 +120,7 @@ def load_backend(name: str) -> Backend:
         reason = cls.unavailable_reason()
         if reason:
             raise Unavailable(reason)
-        return cls()
+        return cls(**cls.parse_options(options or {}))
     except Unavailable:
         raise
     except Exception as exc:  # noqa: BLE001 - a backend that cannot start is unavailable

@@ -54,6 +54,10 @@ class Settings:
     git_commit: str = "unknown"
     plugin_modules: tuple[str, ...] = ()
     isolate_timeout_s: float | None = None  # an isolated case running longer is killed
+    backend_options: tuple[tuple[str, str, str], ...] = ()  # (backend, key, value)
+
+    def options_for(self, backend: str) -> dict[str, str]:
+        return {key: value for name, key, value in self.backend_options if name == backend}
 
 
 def _now() -> str:
@@ -146,7 +150,7 @@ class Runner:
             return
         context.update(device_info=runtime.device(), versions=runtime.versions())
         try:
-            backend = registry.load_backend(case.backend)
+            backend = registry.load_backend(case.backend, self.settings.options_for(case.backend))
         except registry.Unavailable as exc:
             rows += self._rows_for_all(case, Status.UNAVAILABLE, reason=str(exc), **context)
             return

@@ -88,6 +88,8 @@ def test_no_flags_on_a_cpu_machine_means_the_cpu_preset(tmp_path):
         ("--directions=fwd,sideways", "direction 'sideways' is not one of fwd, bwd"),
         ("--framework=mxnet", "jax|torch|all"),
         ("--doc_distribution=wiki", "chatqa2_long_sft"),
+        ("--backend_options=jax.pallas_flex:tile=64", "its options: backward_block_k"),
+        ("--backend_options=jax.pallas_flex", "is not BACKEND:KEY=VALUE"),
     ],
 )
 def test_bad_flags_fail_at_once_naming_the_choices(tmp_path, flag, message):

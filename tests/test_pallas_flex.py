@@ -19,37 +19,40 @@ from lcab.workloads import Workload
 INTERPRET = Lowering(interpret=True)
 
 
-def tile_mask(plan, walk_row, j, row0, col0, bq, bk):
-    """The element mask the kernel computes for one visit, in numpy."""
-    lo, hi = plan.by_q.lo[walk_row, j], plan.by_q.hi[walk_row, j]
-    rows = row0 + np.arange(bq)[:, None]
-    cols = col0 + np.arange(bk)[None, :]
-    if lo == hi:
-        return np.ones((bq, bk), bool)
-    seen = np.zeros((bq, bk), bool)
+def tile_mask(plan, program, j, row0, col0):
+    """The element mask the kernel computes for partial visit j, in numpy."""
+    lo, hi = plan.by_q.lo[program, j], plan.by_q.hi[program, j]
+    rows = row0 + np.arange(plan.block_q)[:, None]
+    cols = col0 + np.arange(plan.block_k)[None, :]
+    seen = np.zeros((plan.block_q, plan.block_k), bool)
     for sid in plan.slice_ids[lo:hi]:
         q0, q1, k0, k1, kind = plan.slices[5 * sid: 5 * sid + 5]
         r, c = rows - q0, cols - k0
         inside = (r >= 0) & (rows < q1) & (c >= 0) & (cols < k1)
-        right = c <= r + (k1 - k0) - (q1 - q0)
-        left = c >= r
         if kind in (slices_lib.CAUSAL, slices_lib.BI_CAUSAL):
-            inside &= right
+            inside &= c <= r + (k1 - k0) - (q1 - q0)
         if kind in (slices_lib.INV_CAUSAL, slices_lib.BI_CAUSAL):
-            inside &= left
+            inside &= c >= r
         seen |= inside
     return seen
+
+
+def visits(walk, program):
+    """[(inner block, partial visit index or None)] of one program."""
+    full = [(b, None) for r in range(walk.runs[program])
+            for b in range(walk.run_start[program, r], walk.run_stop[program, r])]
+    return full + [(walk.block[program, j], j) for j in range(walk.partials[program])]
 
 
 def plan_to_dense(plan):
     bq, bk = plan.block_q, plan.block_k
     dense = np.zeros((plan.padded_q, plan.padded_k), bool)
     for i in range(plan.num_q_blocks):
-        for j in range(plan.by_q.count[i]):
-            kb = plan.by_q.block[i, j]
-            tile = tile_mask(plan, i, j, i * bq, kb * bk, bq, bk)
+        for kb, j in visits(plan.by_q, i):
+            tile = np.ones((bq, bk), bool) if j is None else tile_mask(plan, i, j, i * bq, kb * bk)
             assert tile.any(), "a visited tile must hold a visible pair"
-            dense[i * bq:(i + 1) * bq, kb * bk:(kb + 1) * bk] |= tile
+            assert not dense[i * bq:(i + 1) * bq, kb * bk:(kb + 1) * bk].any(), "visited twice"
+            dense[i * bq:(i + 1) * bq, kb * bk:(kb + 1) * bk] = tile
     return dense[: plan.seqlen_q, : plan.seqlen_k]
 
 
@@ -62,11 +65,16 @@ def test_the_plan_visits_exactly_the_mask(name, blocks):
     sched = mask.block_schedule(*blocks)
     assert plan.tiles() == len(sched.state)  # every non-empty tile, nothing else
     # dK/dV walks the same tiles, kv-block major.
-    by_q = {(i, plan.by_q.block[i, j]) for i in range(plan.num_q_blocks)
-            for j in range(plan.by_q.count[i])}
-    by_k = {(plan.by_k.block[j, i], j) for j in range(plan.num_k_blocks)
-            for i in range(plan.by_k.count[j])}
+    by_q = {(i, kb, j is None) for i in range(plan.num_q_blocks) for kb, j in visits(plan.by_q, i)}
+    by_k = {(qb, kb, j is None) for kb in range(plan.num_k_blocks)
+            for qb, j in visits(plan.by_k, kb)}
     assert by_q == by_k
+
+
+def test_full_tiles_come_as_runs():
+    plan = make_plan(make_mask("causal", 4096), 128, 64)
+    assert plan.by_q.runs.tolist() == [0] + [1] * 31  # blocks 0..2i-1 in one run
+    assert plan.by_q.run_stop[5, 0] == 10 and plan.by_q.partials[5] == 2
 
 
 def test_work_follows_the_area():
@@ -77,7 +85,8 @@ def test_work_follows_the_area():
     # Four causal 1024-token documents: q block i of each sees kv blocks 0..2i+1.
     assert docs.tiles() == 4 * sum(2 * i + 2 for i in range(8))
     assert window.tiles() < full.tiles() / 8
-    tables = [docs.by_q.block, docs.by_k.block, docs.slices, docs.slice_ids]
+    tables = [*docs.by_q.arrays(), *docs.by_k.arrays(), docs.slices, docs.slice_ids]
+    tables = [t for t in tables if t.ndim == 2] + [docs.slices, docs.slice_ids]
     assert all(t.shape[-1] & (t.shape[-1] - 1) == 0 for t in tables)  # Triton-friendly
 
 
@@ -211,3 +220,22 @@ def test_the_backend_runs_through_the_correctness_gate(tmp_path):
     assert [(r["direction"], r["status"]) for r in rows] == [("fwd", "OK"), ("bwd", "OK")]
     assert all(r["max_err"] < 1e-4 for r in rows)
     assert rows[0]["notes"].startswith("block plan from the mask's slices")
+
+
+def test_options_choose_blocks_and_lowering_and_rows_say_so(tmp_path):
+    mask = small_mask("causal_document", 200)
+    settings = Settings(warmup=0, iters=1, git_commit="t", backend_options=(
+        ("jax.pallas_flex", "block_k", "32"), ("jax.pallas_flex", "backward_block_q", "32")))
+    case = Case("jax.pallas_flex", Workload(1, 200, 200, 2, 1, 16, "float32", mask))
+    path = tmp_path / "rows.jsonl"
+    run_cases([case], results.Writer(path), settings)
+    rows = results.read_rows([path])
+    assert [r["status"] for r in rows] == ["OK", "OK"]
+    assert all("backward_block_q=32; block_k=32" in r["notes"] for r in rows)
+    from lcab import registry
+    backend = registry.load_backend("jax.pallas_flex", {"block_k": "32", "num_stages": "3"})
+    assert backend.tiling.block_k == 32 and backend.lowering.num_stages == 3
+    with pytest.raises(ValueError, match="its options: backward_block_k, backward_block_q"):
+        type(backend).parse_options({"block_size": "64"})
+    with pytest.raises(ValueError, match="block_k='big' is not a int"):
+        type(backend).parse_options({"block_k": "big"})

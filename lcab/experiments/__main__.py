@@ -70,6 +70,10 @@ _BACKEND_MODULES = flags.DEFINE_list(
     "backend_modules", [], "Extra modules to import that register backends (plugins).")
 _GIT_COMMIT = flags.DEFINE_string(
     "git_commit", None, "Commit to record when the tree is not a git checkout.")
+_BACKEND_OPTIONS = flags.DEFINE_list(
+    "backend_options", [],
+    "Constructor options of a backend, BACKEND:KEY=VALUE (repeat or comma-separate), e.g. "
+    "jax.pallas_flex:block_k=128. Each backend lists its options in the error of a bad one.")
 _PROGRESS = flags.DEFINE_bool("progress", True, "Show a progress bar.")
 _SUMMARY = flags.DEFINE_bool("summary", True, "Print the comparison table at the end.")
 _RUN_ID = flags.DEFINE_string("run_id", None, "Identifier written into every row.")
@@ -116,6 +120,33 @@ def _check_backends(values):
             registry.check_backend_name(name)
         except ValueError as exc:
             raise flags.ValidationError(str(exc)) from exc
+    return True
+
+
+def parse_backend_option(text: str) -> tuple[str, str, str]:
+    """"BACKEND:KEY=VALUE" -> (backend, key, value), checked against the
+    backend's declared options where its class imports here."""
+    name, _, assignment = text.partition(":")
+    key, equals, value = assignment.partition("=")
+    if not (name and key and equals):
+        raise ValueError(f"--backend_options {text!r} is not BACKEND:KEY=VALUE")
+    registry.check_backend_name(name)
+    try:
+        cls = registry.all_backends()[name].load()
+    except Exception:  # noqa: BLE001 - its rows will say UNAVAILABLE; nothing to check here
+        return name, key, value
+    cls.parse_options({key: value})
+    return name, key, value
+
+
+@flags.multi_flags_validator(["backend_options", "backend_modules"])
+def _check_backend_options(values):
+    try:
+        import_plugins(values["backend_modules"] or [])
+        for text in values["backend_options"] or []:
+            parse_backend_option(text)
+    except (ImportError, ValueError) as exc:
+        raise flags.ValidationError(str(exc)) from exc
     return True
 
 
@@ -169,6 +200,7 @@ def _settings(sweep: Sweep, run_id: str) -> Settings:
         git_commit=_GIT_COMMIT.value or _git_commit(),
         plugin_modules=tuple(_BACKEND_MODULES.value),
         isolate_timeout_s=_ISOLATE_TIMEOUT.value,
+        backend_options=tuple(parse_backend_option(t) for t in _BACKEND_OPTIONS.value),
     )
 
 
