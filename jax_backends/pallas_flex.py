@@ -25,7 +25,7 @@ class Tiling:
     """Block sizes of the forward and of the backward (dQ and dK/dV)."""
 
     block_q: int = 128
-    block_k: int = 64
+    block_k: int = 128  # 64 read 344 forward at full 32k on an H100, 128 read 403
     backward_block_q: int = 64
     backward_block_k: int = 64
 
