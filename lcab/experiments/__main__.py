@@ -2,7 +2,7 @@
 
     python -m lcab.experiments --flagfile=experiments/seed_kernels.flags --out out/seed
 
-Settings not given fall back to lcab.experiments.presets (a one-minute CPU
+Settings not given fall back to lcab.experiments.presets (a two-minute CPU
 sweep without a GPU, the seed's kernel sweep with one). Without --backends,
 every registered backend that can run here is used, except those too slow
 to set up for every sweep (in_default_sweep, e.g. tokamax autotuning);

@@ -1,6 +1,6 @@
 """What `python -m lcab.experiments` runs when a setting is not given.
 
-Without a GPU: a small CPU sweep that finishes in about a minute. With one:
+Without a GPU: a small CPU sweep that finishes in about two minutes (2 cores). With one:
 the seed blog's kernel sweep (six masks, 4k..128k, 64:8 heads, d=128, bf16,
 chatqa2 document lengths). A flag given on the command line or in a
 flagfile always wins over the preset.
