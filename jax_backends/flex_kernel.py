@@ -31,7 +31,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from jax_backends.flex_plan import FlexPlan
+from jax_backends.flex_plan import FlexPlan, Geometry
 from lcab.masks.slices import BI_CAUSAL, CAUSAL, INV_CAUSAL
 
 _LOG2E = math.log2(math.e)
@@ -191,15 +191,16 @@ def _whole(array):
     return pl.BlockSpec(array.shape, lambda *_: (0,) * array.ndim)
 
 
-def _tables(walk, plan: FlexPlan):
-    return [jnp.asarray(a) for a in (*walk.arrays(), plan.slice_ids, plan.slices)]
+def _walk_tables(tables, walk: str):
+    """The arrays one kernel reads, in its reference order."""
+    return [*tables[walk], tables["slice_ids"], tables["slices"]]
 
 
-def _forward(q, k, v, plan: FlexPlan, lowering: Lowering):
+def _forward(q, k, v, plan: Geometry, tables, lowering: Lowering):
     batch, seq_q, heads, head_dim = q.shape
     group = heads // k.shape[2]
     bq, bk = plan.block_q, plan.block_k
-    tables = _tables(plan.by_q, plan)
+    tables = _walk_tables(tables, "by_q")
     kernel = functools.partial(_forward_kernel, scale=1.0 / math.sqrt(head_dim),
                                block_q=bq, block_k=bk)
     out, lse2 = pl.pallas_call(
@@ -222,7 +223,7 @@ def _forward(q, k, v, plan: FlexPlan, lowering: Lowering):
     return out, lse2
 
 
-def _backward(q, k, v, delta, lse2, dout, plan: FlexPlan, lowering: Lowering):
+def _backward(q, k, v, delta, lse2, dout, plan: Geometry, tables, lowering: Lowering):
     batch, seq_q, heads, head_dim = q.shape
     kv_heads = k.shape[2]
     group = heads // kv_heads
@@ -233,7 +234,7 @@ def _backward(q, k, v, delta, lse2, dout, plan: FlexPlan, lowering: Lowering):
     kv_whole = pl.BlockSpec((None, plan.padded_k, None, head_dim),
                             lambda i, h, b: (b, 0, h // group, 0))
     lse_spec = pl.BlockSpec((None, None, bq), lambda i, h, b: (b, h, i))
-    by_q = _tables(plan.by_q, plan)
+    by_q = _walk_tables(tables, "by_q")
     dq = pl.pallas_call(
         functools.partial(_dq_kernel, scale=scale, block_q=bq, block_k=bk),
         grid=(plan.num_q_blocks, heads, batch),
@@ -245,7 +246,7 @@ def _backward(q, k, v, delta, lse2, dout, plan: FlexPlan, lowering: Lowering):
         name="lcab_flex_dq",
     )(*by_q, q, k, v, dout, lse2, delta)
 
-    by_k = _tables(plan.by_k, plan)
+    by_k = _walk_tables(tables, "by_k")
     kv_block = pl.BlockSpec((None, bk, None, head_dim), lambda j, g, b: (b, j, g, 0))
     group_rows = pl.BlockSpec((None, plan.padded_q, group, head_dim),
                               lambda j, g, b: (b, 0, g, 0))
@@ -280,43 +281,58 @@ def flex_attention(q, k, v, forward_plan: FlexPlan, backward_plan: FlexPlan | No
     backward_plan (the same mask, other block sizes), forward_plan if None.
     """
     backward_plan = backward_plan or forward_plan
-    _check(q, k, v, forward_plan, backward_plan)
-    return _attention(forward_plan, backward_plan, lowering, q, k, v)
+    as_arrays = lambda plan: jax.tree.map(jnp.asarray, plan.tables())  # noqa: E731
+    return flex_attention_with_tables(
+        q, k, v, forward_plan.geometry, as_arrays(forward_plan),
+        backward_plan.geometry, as_arrays(backward_plan), lowering)
 
 
-def _check(q, k, v, *plans):
+def flex_attention_with_tables(q, k, v, forward_geometry: Geometry, forward_tables,
+                               backward_geometry: Geometry, backward_tables,
+                               lowering: Lowering = Lowering()):
+    """flex_attention with the plans' tables as (possibly traced) arrays:
+    inside shard_map each context-parallel rank passes its own tables
+    (flex_plan.stack_tables), compiled once for their shared geometry."""
+    _check(q, k, v, forward_geometry, backward_geometry)
+    return _attention(forward_geometry, backward_geometry, lowering, q, k, v,
+                      forward_tables, backward_tables)
+
+
+def _check(q, k, v, *geometries):
     if q.ndim != 4 or k.shape != v.shape or k.shape[0] != q.shape[0] or k.shape[3] != q.shape[3]:
         raise ValueError(f"q {q.shape}, k {k.shape}, v {v.shape} are not (b, s, h, d) "
                          "with matching batch and head_dim")
     if q.shape[2] % k.shape[2]:
         raise ValueError(f"{q.shape[2]} query heads are not a multiple of {k.shape[2]} kv heads")
-    for plan in plans:
-        if (plan.seqlen_q, plan.seqlen_k) != (q.shape[1], k.shape[1]):
-            raise ValueError(f"a plan for {plan.seqlen_q} x {plan.seqlen_k} tokens was given "
-                             f"q of {q.shape[1]} and k of {k.shape[1]}")
+    for geometry in geometries:
+        if (geometry.seqlen_q, geometry.seqlen_k) != (q.shape[1], k.shape[1]):
+            raise ValueError(f"a plan for {geometry.seqlen_q} x {geometry.seqlen_k} tokens was "
+                             f"given q of {q.shape[1]} and k of {k.shape[1]}")
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
-def _attention(forward_plan, backward_plan, lowering, q, k, v):
-    return _forward_padded(forward_plan, lowering, q, k, v)
+def _attention(forward_geometry, backward_geometry, lowering, q, k, v, forward_tables,
+               backward_tables):
+    return _forward_padded(forward_geometry, forward_tables, lowering, q, k, v)
 
 
-def _forward_padded(plan, lowering, q, k, v):
+def _forward_padded(plan, tables, lowering, q, k, v):
     seq_q = q.shape[1]
     out, lse2 = _forward(_pad(q, plan.padded_q), _pad(k, plan.padded_k),
-                         _pad(v, plan.padded_k), plan, lowering)
+                         _pad(v, plan.padded_k), plan, tables, lowering)
     return out[:, :seq_q], lse2[:, :, :seq_q] * _LN2
 
 
-def _attention_fwd(forward_plan, backward_plan, lowering, q, k, v):
-    out, lse = _forward_padded(forward_plan, lowering, q, k, v)
-    return (out, lse), (q, k, v, out, lse)
+def _attention_fwd(forward_geometry, backward_geometry, lowering, q, k, v, forward_tables,
+                   backward_tables):
+    out, lse = _forward_padded(forward_geometry, forward_tables, lowering, q, k, v)
+    return (out, lse), (q, k, v, out, lse, forward_tables, backward_tables)
 
 
-def _attention_bwd(forward_plan, backward_plan, lowering, residuals, cotangents):
-    q, k, v, out, lse = residuals
+def _attention_bwd(forward_geometry, backward_geometry, lowering, residuals, cotangents):
+    q, k, v, out, lse, forward_tables, backward_tables = residuals
     dout, dlse = cotangents
-    plan = backward_plan
+    plan = backward_geometry
     seq_q, seq_k = q.shape[1], k.shape[1]
     # dS = P * (dP - delta) with delta = rowsum(dO * O) - dlse: lse's own
     # cotangent (context-parallel merges differentiate through it) enters
@@ -328,8 +344,10 @@ def _attention_bwd(forward_plan, backward_plan, lowering, residuals, cotangents)
     pad_q = lambda x: _pad(x, plan.padded_q)  # noqa: E731
     dq, dk, dv = _backward(pad_q(q), _pad(k, plan.padded_k), _pad(v, plan.padded_k),
                            jnp.pad(delta, tail), lse2, pad_q(dout.astype(q.dtype)), plan,
-                           lowering)
-    return dq[:, :seq_q], dk[:, :seq_k], dv[:, :seq_k]
+                           backward_tables, lowering)
+    no_gradient = lambda t: np.zeros(t.shape, jax.dtypes.float0)  # noqa: E731 - int tables
+    return (dq[:, :seq_q], dk[:, :seq_k], dv[:, :seq_k],
+            jax.tree.map(no_gradient, forward_tables), jax.tree.map(no_gradient, backward_tables))
 
 
 _attention.defvjp(_attention_fwd, _attention_bwd)

@@ -58,16 +58,14 @@ class Walk:
                 self.partials)
 
 
-@dataclasses.dataclass(frozen=True, eq=False)
-class FlexPlan:
+@dataclasses.dataclass(frozen=True)
+class Geometry:
+    """The static shape of a plan: what the kernels are compiled for."""
+
     seqlen_q: int
     seqlen_k: int
     block_q: int
     block_k: int
-    by_q: Walk  # per q block: its kv blocks (forward, dQ)
-    by_k: Walk  # per kv block: its q blocks (dK, dV)
-    slice_ids: np.ndarray  # int32, the slices of every partial tile, tile after tile
-    slices: np.ndarray  # int32 (n_slices * 5,): q0, q1, k0, k1, kind per slice
 
     @property
     def num_q_blocks(self) -> int:
@@ -85,11 +83,51 @@ class FlexPlan:
     def padded_k(self) -> int:
         return self.num_k_blocks * self.block_k
 
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class FlexPlan:
+    geometry: Geometry
+    by_q: Walk  # per q block: its kv blocks (forward, dQ)
+    by_k: Walk  # per kv block: its q blocks (dK, dV)
+    slice_ids: np.ndarray  # int32, the slices of every partial tile, tile after tile
+    slices: np.ndarray  # int32 (n_slices * 5,): q0, q1, k0, k1, kind per slice
+
+    def __getattr__(self, name):  # seqlen_q, block_q, padded_k, ... of the geometry
+        geometry = self.__dict__.get("geometry")
+        if geometry is None:
+            raise AttributeError(name)
+        return getattr(geometry, name)
+
     def partial_tiles(self) -> int:
         return self.by_q.partial_visits
 
     def tiles(self) -> int:
         return self.by_q.full_visits + self.by_q.partial_visits
+
+    def tables(self) -> dict[str, tuple[np.ndarray, ...] | np.ndarray]:
+        """The integer arrays the kernels read (a pytree)."""
+        return {"by_q": self.by_q.arrays(), "by_k": self.by_k.arrays(),
+                "slice_ids": self.slice_ids, "slices": self.slices}
+
+
+def stack_tables(plans) -> dict:
+    """The tables of several plans of one geometry (one per CP rank or
+    step), zero-padded to common widths and stacked on a new first axis."""
+    if len({plan.geometry for plan in plans}) != 1:
+        raise ValueError("plans of different geometries cannot be stacked")
+    trees = [plan.tables() for plan in plans]
+
+    def stack(*arrays):
+        width = max(a.shape[-1] for a in arrays)
+        pad = lambda a: np.pad(a, [(0, 0)] * (a.ndim - 1) + [(0, width - a.shape[-1])])  # noqa: E731
+        return np.stack([pad(a) for a in arrays])
+
+    return {
+        "by_q": tuple(map(stack, *(t["by_q"] for t in trees))),
+        "by_k": tuple(map(stack, *(t["by_k"] for t in trees))),
+        "slice_ids": stack(*(t["slice_ids"] for t in trees)),
+        "slices": stack(*(t["slices"] for t in trees)),
+    }
 
 
 def make_plan(mask: AttnMask, block_q: int, block_k: int) -> FlexPlan:
@@ -112,7 +150,7 @@ def make_plan(mask: AttnMask, block_q: int, block_k: int) -> FlexPlan:
     order = np.lexsort((qb, kb))
     by_k = _walk(kb[order], qb[order], partial[order], lo[order], hi[order], nk)
     return FlexPlan(
-        seqlen_q=mask.seqlen_q, seqlen_k=mask.seqlen_k, block_q=block_q, block_k=block_k,
+        geometry=Geometry(mask.seqlen_q, mask.seqlen_k, block_q, block_k),
         by_q=by_q, by_k=by_k,
         slice_ids=_padded(slice_ids.astype(np.int32)),
         slices=_padded(table.astype(np.int32).reshape(-1)),
