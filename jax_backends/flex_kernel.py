@@ -332,22 +332,32 @@ def _attention_fwd(forward_geometry, backward_geometry, lowering, q, k, v, forwa
 def _attention_bwd(forward_geometry, backward_geometry, lowering, residuals, cotangents):
     q, k, v, out, lse, forward_tables, backward_tables = residuals
     dout, dlse = cotangents
-    plan = backward_geometry
+    dq, dk, dv = block_gradients(q, k, v, out, lse, dout, backward_geometry, backward_tables,
+                                 lowering, dlse)
+    no_gradient = lambda t: np.zeros(t.shape, jax.dtypes.float0)  # noqa: E731 - int tables
+    return (dq, dk, dv,
+            jax.tree.map(no_gradient, forward_tables), jax.tree.map(no_gradient, backward_tables))
+
+
+def block_gradients(q, k, v, out, lse, dout, geometry: Geometry, tables, lowering: Lowering,
+                    dlse=None):
+    """dq, dk, dv of attention of q against this k, v block, where out and lse
+    are the rows' final values over *all* their keys (so a ring backward can
+    take each block's share in turn), and dlse the lse's own cotangent."""
     seq_q, seq_k = q.shape[1], k.shape[1]
     # dS = P * (dP - delta) with delta = rowsum(dO * O) - dlse: lse's own
     # cotangent (context-parallel merges differentiate through it) enters
     # here, since d lse / d S = P. One cheap pass, left to XLA.
     delta = jnp.einsum("bshd,bshd->bhs", dout.astype(jnp.float32), out.astype(jnp.float32))
-    delta = delta - dlse.astype(jnp.float32)
-    tail = ((0, 0), (0, 0), (0, plan.padded_q - seq_q))
+    if dlse is not None:
+        delta = delta - dlse.astype(jnp.float32)
+    tail = ((0, 0), (0, 0), (0, geometry.padded_q - seq_q))
     lse2 = jnp.pad(lse / _LN2, tail, constant_values=-jnp.inf)
-    pad_q = lambda x: _pad(x, plan.padded_q)  # noqa: E731
-    dq, dk, dv = _backward(pad_q(q), _pad(k, plan.padded_k), _pad(v, plan.padded_k),
-                           jnp.pad(delta, tail), lse2, pad_q(dout.astype(q.dtype)), plan,
-                           backward_tables, lowering)
-    no_gradient = lambda t: np.zeros(t.shape, jax.dtypes.float0)  # noqa: E731 - int tables
-    return (dq[:, :seq_q], dk[:, :seq_k], dv[:, :seq_k],
-            jax.tree.map(no_gradient, forward_tables), jax.tree.map(no_gradient, backward_tables))
+    pad_q = lambda x: _pad(x, geometry.padded_q)  # noqa: E731
+    dq, dk, dv = _backward(pad_q(q), _pad(k, geometry.padded_k), _pad(v, geometry.padded_k),
+                           jnp.pad(delta, tail), lse2, pad_q(dout.astype(q.dtype)), geometry,
+                           tables, lowering)
+    return dq[:, :seq_q], dk[:, :seq_k], dv[:, :seq_k]
 
 
 _attention.defvjp(_attention_fwd, _attention_bwd)

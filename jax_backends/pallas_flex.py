@@ -4,8 +4,9 @@ Every mask family runs from its slices: the host plans, once per mask and
 block size, which tiles each program visits (jax_backends/flex_plan.py), so
 the work follows the mask's area and empty tiles are never touched; partial
 tiles are masked element-wise by the slices that meet them
-(jax_backends/flex_kernel.py). GQA reads each K/V head once per group, with
-no repeat. This is the Triton-lowered version; on a CPU it runs in Pallas
+(jax_backends/flex_kernel.py). GQA indexes each query head's K/V head:
+nothing is repeated in memory (dK/dV programs read K/V once per group,
+forward and dQ programs once per query head). This is the Triton-lowered version; on a CPU it runs in Pallas
 interpret mode.
 """
 
@@ -51,6 +52,10 @@ class PallasFlexBackend(Backend):
     def __init__(self, **options):
         tiling_keys = {field.name for field in dataclasses.fields(Tiling)}
         self.tiling = Tiling(**{k: v for k, v in options.items() if k in tiling_keys})
+        for key in tiling_keys:
+            size = getattr(self.tiling, key)
+            if size < 16 or size & (size - 1):
+                raise ValueError(f"{key}={size}: blocks are powers of two from 16 (Triton tiles)")
         lowering = {k: v for k, v in options.items() if k not in tiling_keys}
         lowering.setdefault("interpret", interpret_mode())
         self.lowering = flex_kernel.Lowering(**lowering)
@@ -65,6 +70,8 @@ class PallasFlexBackend(Backend):
 
     def mask_support(self, workload: Workload) -> Support:
         mode = "interpret mode" if self.lowering.interpret else "compiled"
+        if workload.dtype == "float32" and not self.lowering.interpret:
+            mode += ", float32 in TF32 matmuls"
         chosen = "".join(f"; {key}={value}" for key, value in self.set_options.items())
         return Support.yes(f"block plan from the mask's slices; GQA unrepeated; {mode}{chosen}")
 

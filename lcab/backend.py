@@ -122,6 +122,15 @@ class Backend(abc.ABC):
         """(Support, the kernel's keyword arguments that state the mask)."""
         raise NotImplementedError(f"{type(self).__name__} overrides neither mask_support nor plan")
 
+    def case_notes(self, workload: Workload) -> str:
+        """Facts of this case for the row's notes that are not a code path
+        (Support.how is, and the correctness probe must share it)."""
+        return ""
+
+    def probe_heads_kv(self, workload: Workload) -> int:
+        """K/V heads of the correctness probe (few, to keep it small)."""
+        return min(workload.heads_kv, 2)
+
     def planned_kwargs(self, workload: Workload) -> dict[str, Any]:
         """plan()'s keyword arguments; ValueError if the mask is not supported."""
         support, kwargs = self.plan(workload)

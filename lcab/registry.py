@@ -43,6 +43,11 @@ _BUILTIN_BACKENDS = {
     ),
     "jax.fa3": Entry("jax_backends.fa3:Fa3Backend"),
     "jax.pallas_flex": Entry("jax_backends.pallas_flex:PallasFlexBackend"),
+    "jax.cp_allgather": Entry("jax_backends.context_parallel:AllGatherBackend", "cp"),
+    "jax.cp_ring": Entry("jax_backends.context_parallel:RingBackend", "cp"),
+    "jax.cp_ulysses": Entry("jax_backends.context_parallel:UlyssesBackend", "cp"),
+    "jax.cp_usp": Entry("jax_backends.context_parallel:UspBackend", "cp"),
+    "jax.cp_double_ring": Entry("jax_backends.context_parallel:DoubleRingBackend", "cp"),
     "torch.sdpa_math": Entry("torch_backends.sdpa:SdpaMathBackend"),
     "torch.sdpa_cudnn": Entry("torch_backends.sdpa:SdpaCudnnBackend"),
     "torch.sdpa_flash": Entry("torch_backends.sdpa:SdpaFlashBackend"),
@@ -70,6 +75,10 @@ class Unavailable(Exception):
 
 def framework_of(name: str) -> str:
     return name.split(".", 1)[0]
+
+
+def suite_of(name: str) -> str:
+    return all_backends()[check_backend_name(name)].suite
 
 
 def all_backends() -> dict[str, Entry]:

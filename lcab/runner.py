@@ -170,7 +170,7 @@ class Runner:
                 case, Status.UNSUPPORTED, directions, reason=support.reason, **context
             )
             return
-        context["notes"] = support.how
+        context["notes"] = "; ".join(filter(None, [support.how, backend.case_notes(case.workload)]))
         if support.directions is not None:
             blocked = [d for d in directions if d not in support.directions]
             if blocked:
@@ -193,7 +193,7 @@ class Runner:
             )
             return
         if verdict.note:
-            context["notes"] = f"{support.how}; {verdict.note}"
+            context["notes"] = f"{context['notes']}; {verdict.note}"
         timed = []
         for direction in directions:
             if verdict.ok(direction):

@@ -70,9 +70,9 @@ def _probe_masks(workload: Workload, seqlen: int):
     yield small_mask(mask.name, seqlen)
 
 
-def probe_workload(workload: Workload, mask) -> Workload:
+def probe_workload(workload: Workload, mask, heads_kv: int | None = None) -> Workload:
     """The small workload that stands in for `workload` in the gate."""
-    heads_kv = min(workload.heads_kv, 2)
+    heads_kv = min(workload.heads_kv, 2) if heads_kv is None else heads_kv
     return dataclasses.replace(
         workload,
         batch=min(workload.batch, 2),
@@ -96,7 +96,7 @@ def choose_probe(
         timed_how = backend.supports(workload).how
     fallback = None
     for mask in _probe_masks(workload, backend.probe_seqlen):
-        probe = probe_workload(workload, mask)
+        probe = probe_workload(workload, mask, backend.probe_heads_kv(workload))
         support = backend.supports(probe)
         if support.ok and support.how == timed_how:
             return probe, ""

@@ -1,9 +1,17 @@
-"""Shared test setup: GPU tests run only where a GPU is visible."""
+"""Shared test setup: GPU tests run only where a GPU is visible; on a CPU,
+JAX gets 8 host devices so context parallelism runs in the tests."""
+
+import os
 
 import pytest
 from hypothesis import settings
 
 from lcab.experiments import presets
+
+_HOST_DEVICES = "--xla_force_host_platform_device_count=8"
+if not presets.has_gpu() and _HOST_DEVICES not in os.environ.get("XLA_FLAGS", ""):
+    # Before any test imports jax: the flag is read when jax starts.
+    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_HOST_DEVICES}".strip()
 
 # Derandomised: CI sees the same examples on every run.
 settings.register_profile("lcab", deadline=None, max_examples=60, derandomize=True)

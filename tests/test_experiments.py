@@ -1,5 +1,6 @@
 """python -m lcab.experiments end to end: flags, presets, frameworks, resume."""
 
+import json
 import pathlib
 import signal
 import subprocess
@@ -132,9 +133,17 @@ def test_isolate_keeps_the_sweep_alive_through_a_crash(tmp_path):
     assert "ERR" in run.stdout
 
 
-def test_cp_suite_without_cp_backends_says_so(tmp_path):
-    run = cli("--suite=cp", f"--out={tmp_path}", timeout=60)
-    assert run.returncode != 0 and "no backends are registered for --suite=cp" in run.stderr
+def test_the_cp_suite_runs_on_host_devices_without_a_gpu(tmp_path):
+    run = cli("--suite=cp", "--framework=jax", "--cp_size=2", "--dispatch=balanced",
+              "--backends=jax.cp_ring,jax.cp_ulysses", "--masks=causal_document",
+              "--seqlens=128", "--heads=2:2", "--head_dim=16", "--iters=2",
+              f"--out={tmp_path}", timeout=300)
+    assert run.returncode == 0, run.stderr
+    rows = results.read_rows([tmp_path / "cp_jax.jsonl"])
+    assert {(r["strategy"], r["direction"], r["status"]) for r in rows} == {
+        (s, d, "OK") for s in ("ring", "ulysses") for d in ("fwd", "bwd")}
+    assert all(r["cp_size"] == 2 and "dispatch=balanced" in r["notes"] for r in rows)
+    assert json.loads(rows[0]["flags"])["backend_options"][0] == ["jax.cp_ring", "cp_size", "2"]
 
 
 def test_child_arguments_drop_the_parent_only_flags():
@@ -158,3 +167,9 @@ def test_a_dead_framework_process_leaves_error_rows(tmp_path):
     assert written == 4 == len(rows)
     assert {r["status"] for r in rows} == {"ERROR"}
     assert fill_missing(cases, writer, Settings(), reason="again") == 0  # nothing left to fill
+
+
+def test_backend_options_repeat_and_comma_separate():
+    from lcab.experiments.__main__ import _option_texts
+
+    assert _option_texts(["a:x=1,a:y=2", " b:z=3 "]) == ["a:x=1", "a:y=2", "b:z=3"]

@@ -239,3 +239,10 @@ def test_options_choose_blocks_and_lowering_and_rows_say_so(tmp_path):
         type(backend).parse_options({"block_size": "64"})
     with pytest.raises(ValueError, match="block_k='big' is not a int"):
         type(backend).parse_options({"block_k": "big"})
+
+
+def test_block_sizes_must_be_triton_tiles():
+    from lcab import registry
+
+    with pytest.raises(registry.Unavailable, match="block_k=48: blocks are powers of two"):
+        registry.load_backend("jax.pallas_flex", {"block_k": "48"})

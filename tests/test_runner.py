@@ -142,11 +142,13 @@ def test_a_mask_can_run_in_fewer_directions_than_the_backend(tmp_path):
 def test_isolation_turns_a_crash_into_one_error_case(tmp_path):
     cases = [Case("numpy.crash", workload("causal")), Case("numpy.reference", workload("causal"))]
     rows = run(tmp_path, cases, isolate=True)
-    assert [(r["backend"], r["status"]) for r in rows] == [
-        ("numpy.crash", "ERROR"), ("numpy.crash", "ERROR"),
-        ("numpy.reference", "OK"), ("numpy.reference", "OK"),
+    assert [(r["backend"], r["status"]) for r in rows[:3]] == [
+        ("numpy.crash", "ERROR"), ("numpy.crash", "ERROR"), ("numpy.reference", "OK"),
     ]
     assert "isolated child process died (exit code 3)" in rows[0]["reason"]
+    # The next case ran in its own child; its bwd (fwd+bwd minus fwd, two
+    # timed calls on a tiny shape) can drown in a loaded CPU's noise.
+    assert rows[3]["status"] == "OK" or rows[3]["reason"].startswith("not measurable")
 
 
 def test_resume_retries_errors_but_not_settled_rows(tmp_path):

@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import json
+import os
 import pathlib
 import secrets
 import subprocess
@@ -24,6 +25,7 @@ import sys
 from absl import app, flags
 
 from lcab import registry, results
+from lcab.cp import DISPATCH_NAMES
 from lcab.flops import TIMED_DIRECTIONS
 from lcab.experiments import presets
 from lcab.experiments.sweep import Sweep, parse_heads, parse_seqlen
@@ -70,10 +72,16 @@ _BACKEND_MODULES = flags.DEFINE_list(
     "backend_modules", [], "Extra modules to import that register backends (plugins).")
 _GIT_COMMIT = flags.DEFINE_string(
     "git_commit", None, "Commit to record when the tree is not a git checkout.")
-_BACKEND_OPTIONS = flags.DEFINE_list(
+_BACKEND_OPTIONS = flags.DEFINE_multi_string(
     "backend_options", [],
     "Constructor options of a backend, BACKEND:KEY=VALUE (repeat or comma-separate), e.g. "
     "jax.pallas_flex:block_k=128. Each backend lists its options in the error of a bad one.")
+_CP_SIZE = flags.DEFINE_integer(
+    "cp_size", None, "Context-parallel size of every --suite=cp backend (default 2).",
+    lower_bound=1)
+_DISPATCH = flags.DEFINE_enum(
+    "dispatch", None, list(DISPATCH_NAMES),
+    "How --suite=cp backends assign tokens to ranks (default zigzag).")
 _PROGRESS = flags.DEFINE_bool("progress", True, "Show a progress bar.")
 _SUMMARY = flags.DEFINE_bool("summary", True, "Print the comparison table at the end.")
 _RUN_ID = flags.DEFINE_string("run_id", None, "Identifier written into every row.")
@@ -123,6 +131,11 @@ def _check_backends(values):
     return True
 
 
+def _option_texts(values) -> list[str]:
+    """Every BACKEND:KEY=VALUE of repeated and comma-separated flags."""
+    return [t.strip() for value in values or [] for t in value.split(",") if t.strip()]
+
+
 def parse_backend_option(text: str) -> tuple[str, str, str]:
     """"BACKEND:KEY=VALUE" -> (backend, key, value), checked against the
     backend's declared options where its class imports here."""
@@ -143,7 +156,7 @@ def parse_backend_option(text: str) -> tuple[str, str, str]:
 def _check_backend_options(values):
     try:
         import_plugins(values["backend_modules"] or [])
-        for text in values["backend_options"] or []:
+        for text in _option_texts(values["backend_options"]):
             parse_backend_option(text)
     except (ImportError, ValueError) as exc:
         raise flags.ValidationError(str(exc)) from exc
@@ -189,6 +202,8 @@ def _settings(sweep: Sweep, run_id: str) -> Settings:
         "seqlens": list(sweep.seqlens), "heads": list(sweep.heads),
         "head_dim": sweep.head_dim, "dtype": sweep.dtype, "window": sweep.window,
         "doc_distribution": sweep.doc_distribution, "mask_seed": sweep.mask_seed,
+        "backend_options": [list(o) for o in _cp_options(sweep)]
+        + [list(parse_backend_option(t)) for t in _option_texts(_BACKEND_OPTIONS.value)],
     }
     return Settings(
         warmup=_resolved(_WARMUP, "warmup"),
@@ -200,8 +215,29 @@ def _settings(sweep: Sweep, run_id: str) -> Settings:
         git_commit=_GIT_COMMIT.value or _git_commit(),
         plugin_modules=tuple(_BACKEND_MODULES.value),
         isolate_timeout_s=_ISOLATE_TIMEOUT.value,
-        backend_options=tuple(parse_backend_option(t) for t in _BACKEND_OPTIONS.value),
+        backend_options=_cp_options(sweep) + tuple(
+            parse_backend_option(t) for t in _option_texts(_BACKEND_OPTIONS.value)),  # these win
     )
+
+
+def _cp_options(sweep: Sweep) -> tuple[tuple[str, str, str], ...]:
+    """--cp_size and --dispatch, as options of every CP backend of the sweep."""
+    chosen = {"cp_size": _CP_SIZE.value, "dispatch": _DISPATCH.value}
+    return tuple(
+        (name, key, str(value))
+        for name in sweep.backends if registry.suite_of(name) == "cp"
+        for key, value in chosen.items() if value is not None
+    )
+
+
+def _host_devices_for_cp() -> None:
+    """Without a GPU, JAX's CP backends run on host devices, made from
+    XLA_FLAGS before JAX starts (the flag is read once, when it does)."""
+    if _SUITE.value != "cp" or presets.has_gpu() or "device_count" in os.environ.get(
+            "XLA_FLAGS", ""):
+        return
+    count = f"--xla_force_host_platform_device_count={max(8, _CP_SIZE.value or 2)}"
+    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {count}".strip()
 
 
 def _git_commit() -> str:
@@ -309,6 +345,7 @@ def _print_summary(paths, run_id: str, resume: bool) -> None:
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    _host_devices_for_cp()
     run_id = _RUN_ID.value or (
         datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
         + "-" + secrets.token_hex(3)

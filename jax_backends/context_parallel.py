@@ -1,0 +1,429 @@
+"""JAX context parallelism on a `cp` mesh axis with jax.shard_map.
+
+Strategies: `jax.cp_allgather` (gather K/V, attend the local queries),
+`jax.cp_ring` (K/V rotate with ppermute; partial results merged by
+log-sum-exp; a custom_vjp backward that rotates dK/dV with them) and
+`jax.cp_ulysses` (all_to_all from sequence- to head-sharded, attention over
+the whole sequence, and back).
+
+Tokens go to ranks by a dispatch (lcab.cp: contiguous, zigzag or the
+mask-aware balanced one). Each rank's share of the mask against each K/V
+shard it meets is cut from the slices exactly (lcab.cp.sub_mask) and
+planned on the host; the plans' tables travel as a cp-sharded input, so one
+compiled program serves every rank. The inner kernel is jax.pallas_flex,
+which runs any sub-mask exactly; empty ring steps cost only their (empty)
+walk. Inputs arrive in natural token order: the function permutes them into
+the dispatch order and the output back, inside the timed call (a training
+step would dispatch once per sequence, not per layer: a few percent of the
+attention time, counted against every strategy alike).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import ClassVar
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, PartitionSpec
+
+from jax_backends import flex_kernel, flex_plan
+from jax_backends.pallas_flex import PallasFlexBackend
+from lcab.backend import Support
+from lcab.cp import DISPATCH_NAMES, imbalance, make_dispatch, sub_mask
+from lcab.workloads import Workload
+
+AXIS = "cp"
+_SHARDED = PartitionSpec(AXIS)
+_SEQUENCE = PartitionSpec(None, AXIS)  # (batch, seq, heads, dim) split on seq
+
+
+def _shard_map(per_rank, mesh, in_specs, out_specs):
+    # pallas_call outputs carry no varying-axes annotation, so shard_map's
+    # check of them is off.
+    return jax.shard_map(per_rank, mesh=mesh, in_specs=in_specs, out_specs=out_specs,
+                         check_vma=False)
+
+
+class ContextParallelBackend(PallasFlexBackend):
+    """Shared by the strategies: options, dispatch, plans, the mesh."""
+
+    strategy: ClassVar[str] = ""
+    options = {**PallasFlexBackend.options, "cp_size": int, "dispatch": str}
+
+    def __init__(self, cp_size: int = 2, dispatch: str = "zigzag", **kernel_options):
+        super().__init__(**kernel_options)
+        if dispatch not in DISPATCH_NAMES:
+            raise ValueError(f"dispatch={dispatch!r} is not one of {', '.join(DISPATCH_NAMES)}")
+        self.cp_size, self.dispatch_name = cp_size, dispatch
+
+    def mask_support(self, workload: Workload) -> Support:
+        devices = jax.device_count()
+        if devices < self.cp_size:
+            return Support.no(f"cp_size {self.cp_size} needs {self.cp_size} devices; "
+                              f"jax sees {devices}")
+        if workload.seqlen_q != workload.seqlen_k:
+            return Support.no("context parallelism here shards one sequence: seqlen_q == seqlen_k")
+        problem = self.strategy_problem(workload)
+        if problem:
+            return Support.no(problem)
+        try:
+            make_dispatch(self.dispatch_name, workload.mask, self.dispatch_ranks)
+        except ValueError as exc:
+            return Support.no(str(exc))
+        kernel = super().mask_support(workload).how
+        return Support.yes(f"{self.strategy}; dispatch={self.dispatch_name}; inner {kernel}")
+
+    @property
+    def dispatch_ranks(self) -> int:
+        """How many ranks the dispatch splits tokens over."""
+        return self.cp_size
+
+    def case_notes(self, workload: Workload) -> str:
+        dispatch = make_dispatch(self.dispatch_name, workload.mask, self.dispatch_ranks)
+        return f"imbalance={self.imbalance(workload, dispatch):.3f}"
+
+    def strategy_problem(self, workload: Workload) -> str | None:
+        return None
+
+    def imbalance(self, workload: Workload, dispatch) -> float:
+        """Max over mean of the ranks' exact attention areas."""
+        return imbalance(workload.mask, dispatch)
+
+    def mesh(self) -> Mesh:
+        return Mesh(np.array(jax.devices()[: self.cp_size]), (AXIS,))
+
+    def stacked_plans(self, masks):
+        """Forward and backward tables of every mask, stacked (first axis)."""
+        tiling = self.tiling
+        forward = [flex_plan.make_plan(m, tiling.block_q, tiling.block_k) for m in masks]
+        backward = [flex_plan.make_plan(m, tiling.backward_block_q, tiling.backward_block_k)
+                    for m in masks]
+        as_arrays = lambda tree: jax.tree.map(jnp.asarray, tree)  # noqa: E731
+        return (forward[0].geometry, as_arrays(flex_plan.stack_tables(forward)),
+                backward[0].geometry, as_arrays(flex_plan.stack_tables(backward)))
+
+    def build(self, workload: Workload):
+        dispatch = make_dispatch(self.dispatch_name, workload.mask, self.dispatch_ranks)
+        local = self.local_attention(workload, dispatch)
+        order = jnp.asarray(dispatch.order())
+        inverse = jnp.asarray(np.argsort(dispatch.order()))
+
+        def attend(q, k, v):
+            q, k, v = (jnp.take(x, order, axis=1) for x in (q, k, v))
+            return jnp.take(local(q, k, v), inverse, axis=1)
+
+        return attend
+
+    def local_attention(self, workload: Workload, dispatch):
+        """f(q, k, v) on dispatch-ordered global arrays."""
+        raise NotImplementedError
+
+
+def _rank_specs(tables, spec=_SHARDED):
+    return jax.tree.map(lambda _: spec, tables)
+
+
+def _own(tables):
+    """This rank's tables: the sharded first axis has length 1 here."""
+    return jax.tree.map(lambda t: t[0], tables)
+
+
+class AllGatherBackend(ContextParallelBackend):
+    name = "jax.cp_allgather"
+    strategy = "allgather"
+    description = "all-gather K/V over cp, then attend the local queries (jax.pallas_flex inside)"
+
+    def local_attention(self, workload, dispatch):
+        cp = self.cp_size
+        every_key = [r for rank in dispatch.ranges for r in rank]
+        masks = [sub_mask(workload.mask, dispatch.ranges[r], every_key) for r in range(cp)]
+        forward_geometry, forward_tables, backward_geometry, backward_tables = \
+            self.stacked_plans(masks)
+        lowering = self.lowering
+
+        def per_rank(q, k, v, forward_tables, backward_tables):
+            k, v = (jax.lax.all_gather(x, AXIS, axis=1, tiled=True) for x in (k, v))
+            out, _ = flex_kernel.flex_attention_with_tables(
+                q, k, v, forward_geometry, _own(forward_tables), backward_geometry,
+                _own(backward_tables), lowering)
+            return out
+
+        sharded = _shard_map(
+            per_rank, self.mesh(),
+            in_specs=(_SEQUENCE, _SEQUENCE, _SEQUENCE, _rank_specs(forward_tables),
+                      _rank_specs(backward_tables)),
+            out_specs=_SEQUENCE)
+        return lambda q, k, v: sharded(q, k, v, forward_tables, backward_tables)
+
+
+class RingBackend(ContextParallelBackend):
+    name = "jax.cp_ring"
+    strategy = "ring"
+    description = ("ring attention: K/V rotate over cp with ppermute, log-sum-exp merge, "
+                   "dK/dV rotate in the backward (jax.pallas_flex inside)")
+
+    def schedule(self, ranks: int) -> "Schedule":
+        return ring_schedule(ranks)
+
+    def ring_plans(self, mask, dispatch, schedule: "Schedule"):
+        """Geometries and (rank, step, ...) tables: at step s rank r holds the
+        K/V shard of rank schedule.sources[s][r]."""
+        cp = dispatch.cp
+        masks = [sub_mask(mask, dispatch.ranges[r], dispatch.ranges[schedule.sources[s][r]])
+                 for r in range(cp) for s in range(cp)]
+        forward_geometry, forward_tables, backward_geometry, backward_tables = \
+            self.stacked_plans(masks)
+        by_rank = lambda t: t.reshape(cp, cp, *t.shape[1:])  # noqa: E731
+        return (forward_geometry, jax.tree.map(by_rank, forward_tables),
+                backward_geometry, jax.tree.map(by_rank, backward_tables))
+
+    def local_attention(self, workload, dispatch):
+        schedule = self.schedule(dispatch.cp)
+        forward_geometry, forward_tables, backward_geometry, backward_tables = \
+            self.ring_plans(workload.mask, dispatch, schedule)
+        ring = functools.partial(_ring, AXIS, schedule, forward_geometry, backward_geometry,
+                                 self.lowering)
+
+        def per_rank(q, k, v, forward_tables, backward_tables):
+            return ring(q, k, v, _own(forward_tables), _own(backward_tables))
+
+        sharded = _shard_map(
+            per_rank, self.mesh(),
+            in_specs=(_SEQUENCE, _SEQUENCE, _SEQUENCE, _rank_specs(forward_tables),
+                      _rank_specs(backward_tables)),
+            out_specs=_SEQUENCE)
+        return lambda q, k, v: sharded(q, k, v, forward_tables, backward_tables)
+
+
+@dataclasses.dataclass(frozen=True)
+class Schedule:
+    """Which K/V shard every rank holds at each step, and how shards move.
+
+    moves[s] are the (from, to) ppermute pairs after step s; home the pairs
+    that take every shard from its last holder back to its owner (dK/dV
+    travel with their shard and end there); sources[s][r] the owner of the
+    shard rank r holds at step s.
+    """
+
+    moves: tuple[tuple[tuple[int, int], ...], ...]
+    home: tuple[tuple[int, int], ...]
+    sources: tuple[tuple[int, ...], ...]
+
+
+def _schedule(ranks: int, moves) -> Schedule:
+    holder = list(range(ranks))  # holder[r]: owner of the shard at rank r
+    sources = [tuple(holder)]
+    for pairs in moves:
+        moved = list(holder)
+        for source, target in pairs:
+            moved[target] = holder[source]
+        holder = moved
+        sources.append(tuple(holder))
+    for rank in range(ranks):
+        if sorted(step[rank] for step in sources) != list(range(ranks)):
+            raise ValueError(f"rank {rank} does not meet every shard exactly once")
+    home = tuple((rank, holder[rank]) for rank in range(ranks))
+    return Schedule(tuple(tuple(p) for p in moves), home, tuple(sources))
+
+
+def ring_schedule(ranks: int) -> Schedule:
+    shift = tuple((r, (r + 1) % ranks) for r in range(ranks))
+    return _schedule(ranks, [shift] * (ranks - 1))
+
+
+def double_ring_schedule(ranks: int, window: int) -> Schedule:
+    """LoongTrain's double ring: shards circle inside windows of `window`
+    consecutive ranks (the fast links), then step to the next window."""
+    if window < 1 or ranks % window:
+        raise ValueError(f"window {window} does not divide {ranks} ranks")
+    windows = ranks // window
+
+    def rank(a, b):
+        return (a % windows) * window + b % window
+
+    inner = tuple((rank(a, b), rank(a, b + 1)) for a in range(windows) for b in range(window))
+    outer = tuple((rank(a, b), rank(a + 1, b + 1)) for a in range(windows)
+                  for b in range(window))
+    moves = [outer if (step + 1) % window == 0 else inner for step in range(ranks - 1)]
+    return _schedule(ranks, moves)
+
+
+def _step(tables, s):
+    return jax.tree.map(lambda t: t[s], tables)
+
+
+def _merge(out, lse, step_out, step_lse):
+    """Combine two partial attentions of the same rows by their log-sum-exp."""
+    if out is None:
+        return step_out.astype(jnp.float32), step_lse
+    both = jnp.logaddexp(lse, step_lse)
+    safe = jnp.where(jnp.isneginf(both), 0.0, both)  # rows that saw nothing yet
+    weight = lambda l: jnp.swapaxes(jnp.exp(l - safe), 1, 2)[..., None]  # noqa: E731 (b,s,h,1)
+    return out * weight(lse) + step_out.astype(jnp.float32) * weight(step_lse), both
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2, 3, 4))
+def _ring(axis, schedule, forward_geometry, backward_geometry, lowering, q, k, v, forward_tables,
+          backward_tables):
+    return _ring_forward(axis, schedule, forward_geometry, backward_geometry, lowering, q, k, v,
+                         forward_tables, backward_tables)[0]
+
+
+def _ring_forward(axis, schedule, forward_geometry, backward_geometry, lowering, q, k, v,
+                  forward_tables, backward_tables):
+    out = lse = None
+    kv = (k, v)
+    for s in range(len(schedule.sources)):
+        step_out, step_lse = flex_kernel.flex_attention_with_tables(
+            q, *kv, forward_geometry, _step(forward_tables, s), backward_geometry,
+            _step(backward_tables, s), lowering)
+        out, lse = _merge(out, lse, step_out, step_lse)
+        if s < len(schedule.moves):  # the next shard's transfer can overlap this step
+            kv = jax.lax.ppermute(kv, axis, schedule.moves[s])
+    return out.astype(q.dtype), lse
+
+
+def _ring_fwd(axis, schedule, forward_geometry, backward_geometry, lowering, q, k, v,
+              forward_tables, backward_tables):
+    out, lse = _ring_forward(axis, schedule, forward_geometry, backward_geometry, lowering, q, k, v,
+                             forward_tables, backward_tables)
+    return out, (q, k, v, out, lse, forward_tables, backward_tables)
+
+
+def _ring_bwd(axis, schedule, forward_geometry, backward_geometry, lowering, residuals, dout):
+    """Each step's share of the gradients from the final out and lse; dK/dV
+    accumulate on the shard they belong to and travel with it, then go home."""
+    q, k, v, out, lse, forward_tables, backward_tables = residuals
+    dq = jnp.zeros(q.shape, jnp.float32)
+    kv = (k, v)
+    dkv = (jnp.zeros(k.shape, jnp.float32), jnp.zeros(v.shape, jnp.float32))
+    for s in range(len(schedule.sources)):
+        step_dq, step_dk, step_dv = flex_kernel.block_gradients(
+            q, *kv, out, lse, dout, backward_geometry, _step(backward_tables, s), lowering)
+        dq = dq + step_dq
+        dkv = (dkv[0] + step_dk, dkv[1] + step_dv)
+        moves = schedule.moves[s] if s < len(schedule.moves) else schedule.home
+        if s < len(schedule.moves):
+            kv = jax.lax.ppermute(kv, axis, moves)
+        dkv = jax.lax.ppermute(dkv, axis, moves)
+    no_gradient = lambda t: np.zeros(t.shape, jax.dtypes.float0)  # noqa: E731 - int tables
+    return (dq.astype(q.dtype), dkv[0].astype(k.dtype), dkv[1].astype(v.dtype),
+            jax.tree.map(no_gradient, forward_tables), jax.tree.map(no_gradient, backward_tables))
+
+
+_ring.defvjp(_ring_fwd, _ring_bwd)
+
+
+class UlyssesBackend(ContextParallelBackend):
+    name = "jax.cp_ulysses"
+    strategy = "ulysses"
+    description = ("Ulysses: all_to_all from sequence- to head-sharded, attention over the "
+                   "whole sequence, all_to_all back (jax.pallas_flex inside)")
+
+    def probe_heads_kv(self, workload):
+        return min(workload.heads_kv, self.cp_size)  # a smaller count would not split
+
+    def strategy_problem(self, workload):
+        for what, heads in (("query", workload.heads_q), ("kv", workload.heads_kv)):
+            if heads % self.cp_size:
+                return (f"Ulysses splits heads over cp: {heads} {what} heads do not divide "
+                        f"by cp_size {self.cp_size}")
+        return None
+
+    def imbalance(self, workload, dispatch) -> float:
+        return 1.0  # every rank attends the whole sequence for its share of the heads
+
+    def local_attention(self, workload, dispatch):
+        every_token = [r for rank in dispatch.ranges for r in rank]
+        mask = sub_mask(workload.mask, every_token, every_token)  # the dispatch-ordered mask
+        tiling, lowering = self.tiling, self.lowering
+        forward = flex_plan.make_plan(mask, tiling.block_q, tiling.block_k)
+        backward = flex_plan.make_plan(mask, tiling.backward_block_q, tiling.backward_block_k)
+
+        def per_rank(q, k, v):
+            # (b, S/cp, h, d) -> (b, S, h/cp, d): a contiguous block of heads
+            # keeps every query head with its K/V head.
+            q, k, v = (jax.lax.all_to_all(x, AXIS, 2, 1, tiled=True) for x in (q, k, v))
+            out, _ = flex_kernel.flex_attention(q, k, v, forward, backward, lowering)
+            return jax.lax.all_to_all(out, AXIS, 1, 2, tiled=True)
+
+        return _shard_map(per_rank, self.mesh(), in_specs=(_SEQUENCE,) * 3,
+                          out_specs=_SEQUENCE)
+
+
+class UspBackend(RingBackend):
+    name = "jax.cp_usp"
+    strategy = "usp"
+    description = ("USP: Ulysses all_to_all inside groups of ulysses_size ranks, ring attention "
+                   "across the groups, on a (ring, ulysses) mesh (jax.pallas_flex inside)")
+    options = {**RingBackend.options, "ulysses_size": int}
+
+    def __init__(self, ulysses_size: int = 2, **options):
+        super().__init__(**options)
+        self.ulysses_size = ulysses_size
+
+    @property
+    def dispatch_ranks(self) -> int:
+        return self.cp_size // self.ulysses_size  # the ring's ranks
+
+    def strategy_problem(self, workload):
+        u = self.ulysses_size
+        if u < 1 or self.cp_size % u:
+            return f"ulysses_size {u} does not divide cp_size {self.cp_size}"
+        for what, heads in (("query", workload.heads_q), ("kv", workload.heads_kv)):
+            if heads % u:
+                return f"USP splits heads over ulysses_size {u}: {heads} {what} heads do not"
+        return None
+
+    def probe_heads_kv(self, workload):
+        return min(workload.heads_kv, self.ulysses_size)
+
+    def mesh(self) -> Mesh:
+        devices = np.array(jax.devices()[: self.cp_size])
+        return Mesh(devices.reshape(self.dispatch_ranks, self.ulysses_size), ("ring", "ulysses"))
+
+    def local_attention(self, workload, dispatch):
+        schedule = self.schedule(dispatch.cp)
+        forward_geometry, forward_tables, backward_geometry, backward_tables = \
+            self.ring_plans(workload.mask, dispatch, schedule)
+        ring = functools.partial(_ring, "ring", schedule, forward_geometry,
+                                 backward_geometry, self.lowering)
+
+        def per_rank(q, k, v, forward_tables, backward_tables):
+            # Within a group: (b, S/cp, h, d) -> (b, S/ring, h/u, d), the
+            # group's tokens in the ring rank's order.
+            q, k, v = (jax.lax.all_to_all(x, "ulysses", 2, 1, tiled=True) for x in (q, k, v))
+            out = ring(q, k, v, _own(forward_tables), _own(backward_tables))
+            return jax.lax.all_to_all(out, "ulysses", 1, 2, tiled=True)
+
+        sequence = PartitionSpec(None, ("ring", "ulysses"))
+        ring_rank = PartitionSpec("ring")
+        sharded = _shard_map(
+            per_rank, self.mesh(),
+            in_specs=(sequence, sequence, sequence, _rank_specs(forward_tables, ring_rank),
+                      _rank_specs(backward_tables, ring_rank)),
+            out_specs=sequence)
+        return lambda q, k, v: sharded(q, k, v, forward_tables, backward_tables)
+
+
+class DoubleRingBackend(RingBackend):
+    name = "jax.cp_double_ring"
+    strategy = "double_ring"
+    description = ("LoongTrain's double ring: K/V circle inside windows of consecutive ranks, "
+                   "then step to the next window (jax.pallas_flex inside)")
+    options = {**RingBackend.options, "window": int}
+
+    def __init__(self, window: int = 2, **options):
+        super().__init__(**options)
+        self.window = window
+
+    def strategy_problem(self, workload):
+        if self.window < 1 or self.cp_size % self.window:
+            return f"window {self.window} does not divide cp_size {self.cp_size}"
+        return None
+
+    def schedule(self, ranks: int) -> Schedule:
+        return double_ring_schedule(ranks, self.window)

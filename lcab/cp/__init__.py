@@ -1,0 +1,35 @@
+"""Framework-free context parallelism: who holds which tokens, and the work.
+
+    from lcab.cp import make_dispatch, pair_areas, sub_mask
+    dispatch = make_dispatch("zigzag", mask, cp=8)
+    pair_areas(mask, dispatch)   # (cp, cp) visible pairs per ring step
+    sub_mask(mask, dispatch.ranges[i], dispatch.ranges[j])   # rank i vs j's keys
+"""
+
+from lcab.cp.dispatch import (
+    DISPATCH_NAMES,
+    Dispatch,
+    balanced,
+    contiguous,
+    default_chunk,
+    imbalance,
+    make_dispatch,
+    pair_areas,
+    rank_areas,
+    zigzag,
+)
+from lcab.cp.submask import sub_mask
+
+__all__ = [
+    "DISPATCH_NAMES",
+    "Dispatch",
+    "balanced",
+    "contiguous",
+    "default_chunk",
+    "imbalance",
+    "make_dispatch",
+    "pair_areas",
+    "rank_areas",
+    "sub_mask",
+    "zigzag",
+]

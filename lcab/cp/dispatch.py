@@ -1,0 +1,259 @@
+"""Dispatch: which tokens each context-parallel rank holds.
+
+Every rank holds the same number of tokens (its queries, and its keys and
+values for the ring). What differs between dispatches is the work: the
+visible pairs of a rank's query rows. `contiguous` splits the sequence in
+cp pieces, `zigzag` gives rank r chunks r and 2cp-1-r (the head-tail
+balance for causal masks), and `balanced` reads the mask and deals equal
+chunks greedily by their exact area.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from lcab.cp import intervals
+from lcab.masks.mask import AttnMask
+
+DISPATCH_NAMES = ("contiguous", "zigzag", "balanced")
+# balanced's default chunking: at least this many chunks per rank, so the
+# greedy has room to even out the areas.
+MIN_CHUNKS_PER_RANK = 4
+
+Ranges = tuple[tuple[int, int], ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class Dispatch:
+    """Per rank, its global token ranges in order (local token i = i-th listed)."""
+
+    name: str
+    cp: int
+    seqlen: int
+    ranges: tuple[Ranges, ...]
+
+    def __post_init__(self):
+        _check_cp(self.cp)
+        if len(self.ranges) != self.cp:
+            raise ValueError(f"{self.name}: {len(self.ranges)} rank range lists for cp={self.cp}")
+        sizes = {sum(stop - start for start, stop in rank) for rank in self.ranges}
+        if len(sizes) != 1:
+            raise ValueError(f"{self.name}: ranks hold unequal token counts {sorted(sizes)}")
+        # Together the ranges must cover every token exactly once.
+        everything = sorted(r for rank in self.ranges for r in rank if r[1] > r[0])
+        expected_start = 0
+        for start, stop in everything:
+            if start != expected_start:
+                raise ValueError(
+                    f"{self.name}: ranges do not tile [0, {self.seqlen}) at token {expected_start}"
+                )
+            expected_start = stop
+        if expected_start != self.seqlen:
+            raise ValueError(f"{self.name}: ranges end at {expected_start}, not {self.seqlen}")
+
+    @property
+    def tokens_per_rank(self) -> int:
+        return self.seqlen // self.cp
+
+    def rank_rows(self, rank: int) -> np.ndarray:
+        """Global token indices of `rank`, in its local order."""
+        return _expand(self.ranges[rank])
+
+    def order(self) -> np.ndarray:
+        """The permutation: all ranks' tokens, rank 0 first."""
+        return _expand([r for rank in self.ranges for r in rank])
+
+    def owners(self) -> np.ndarray:
+        """Rank of every range in `flat_ranges()` order."""
+        return np.repeat(np.arange(self.cp), [len(rank) for rank in self.ranges])
+
+    def flat_ranges(self) -> tuple[np.ndarray, np.ndarray]:
+        """(starts, stops) of all ranges, rank 0 first."""
+        flat = np.array([r for rank in self.ranges for r in rank], dtype=np.int64)
+        flat = flat.reshape(-1, 2)
+        return flat[:, 0], flat[:, 1]
+
+
+def _expand(ranges) -> np.ndarray:
+    parts = [np.arange(start, stop, dtype=np.int64) for start, stop in ranges]
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+
+
+def _check_cp(cp) -> None:
+    if int(cp) != cp or cp < 1:
+        raise ValueError(f"cp={cp!r} must be a positive integer")
+
+
+def _need_divisible(name: str, seqlen: int, divisor: int, rule: str) -> None:
+    if seqlen % divisor:
+        raise ValueError(
+            f"{name} dispatch needs {rule}, got seqlen={seqlen} (not a multiple of {divisor})"
+        )
+
+
+# ----- the dispatches ----------------------------------------------------
+def contiguous(seqlen: int, cp: int) -> Dispatch:
+    """Rank r holds tokens [r*S/cp, (r+1)*S/cp)."""
+    _check_cp(cp)
+    _need_divisible("contiguous", seqlen, cp, f"seqlen % cp == 0 (cp={cp})")
+    per_rank = seqlen // cp
+    ranges = tuple(((r * per_rank, (r + 1) * per_rank),) for r in range(cp))
+    return Dispatch("contiguous", cp, seqlen, ranges)
+
+
+def zigzag(seqlen: int, cp: int) -> Dispatch:
+    """2cp equal chunks; rank r holds chunk r and chunk 2cp-1-r."""
+    _check_cp(cp)
+    _need_divisible("zigzag", seqlen, 2 * cp, f"seqlen % (2*cp) == 0 (cp={cp})")
+    chunk = seqlen // (2 * cp)
+
+    def span(i):
+        return (i * chunk, (i + 1) * chunk)
+
+    ranges = tuple(_merge([span(r), span(2 * cp - 1 - r)]) for r in range(cp))
+    return Dispatch("zigzag", cp, seqlen, ranges)
+
+
+def default_chunk(seqlen: int, cp: int) -> int:
+    """Largest power of two <= seqlen / (4 cp) that divides seqlen / cp; >= 1."""
+    _check_cp(cp)
+    _need_divisible("balanced", seqlen, cp, f"seqlen % cp == 0 (cp={cp})")
+    per_rank = seqlen // cp
+    chunk = 1
+    while chunk * 2 * MIN_CHUNKS_PER_RANK <= per_rank and per_rank % (chunk * 2) == 0:
+        chunk *= 2
+    return chunk
+
+
+def balanced(mask: AttnMask, cp: int, chunk: int | None = None) -> Dispatch:
+    """Equal chunks dealt to ranks greedily by exact area (deterministic).
+
+    Chunks go largest area first (ties: earlier chunk first) to the rank
+    with the least area among those still short of S/(cp*chunk) chunks
+    (ties: lower rank), so every rank gets the same number of chunks.
+    The greedy is a heuristic and can lose to a fixed layout on a mask
+    that layout happens to fit (block-causal documents cut at rank
+    boundaries), so the contiguous and zigzag chunkings compete too and
+    the smallest largest-rank area wins (ties: greedy first).
+    """
+    seqlen = _square_seqlen(mask, "balanced")
+    _check_cp(cp)
+    if chunk is None:
+        chunk = default_chunk(seqlen, cp)
+    if int(chunk) != chunk or chunk < 1:
+        raise ValueError(f"chunk={chunk!r} must be a positive integer")
+    _need_divisible(
+        "balanced", seqlen, cp * chunk, f"seqlen % (cp*chunk) == 0 (cp={cp}, chunk={chunk})"
+    )
+    n_chunks = seqlen // chunk
+    starts = np.arange(n_chunks, dtype=np.int64) * chunk
+    areas = intervals.rectangle_areas(
+        mask.slice_table, starts, starts + chunk, np.array([0]), np.array([seqlen])
+    )[:, 0]
+
+    quota = n_chunks // cp
+    candidates = [_greedy_owners(areas, cp, quota), np.arange(n_chunks) // quota]
+    if quota % 2 == 0:
+        group = np.arange(n_chunks) // (quota // 2)  # zigzag's 2cp chunks
+        candidates.append(np.where(group < cp, group, 2 * cp - 1 - group))
+    heaviest = [_loads(owner, areas, cp).max() for owner in candidates]
+    owner = candidates[int(np.argmin(heaviest))]
+    ranges = tuple(
+        _merge([(int(s), int(s) + chunk) for s in starts[owner == r]]) for r in range(cp)
+    )
+    return Dispatch("balanced", cp, seqlen, ranges)
+
+
+def _greedy_owners(areas: np.ndarray, cp: int, quota: int) -> np.ndarray:
+    """Rank of every chunk: largest first, to the lightest rank with room."""
+    load = np.zeros(cp, dtype=np.int64)
+    taken = np.zeros(cp, dtype=np.int64)
+    owner = np.empty(len(areas), dtype=np.int64)
+    for index in np.argsort(-areas, kind="stable"):
+        # Full ranks are out of the running; argmin picks the lowest rank on ties.
+        rank = int(np.argmin(np.where(taken < quota, load, np.iinfo(np.int64).max)))
+        owner[index] = rank
+        load[rank] += areas[index]
+        taken[rank] += 1
+    return owner
+
+
+def _loads(owner: np.ndarray, areas: np.ndarray, cp: int) -> np.ndarray:
+    load = np.zeros(cp, dtype=np.int64)
+    np.add.at(load, owner, areas)
+    return load
+
+
+def _merge(ranges) -> Ranges:
+    """Adjacent ranges (in the given order) joined into one."""
+    out: list[tuple[int, int]] = []
+    for start, stop in ranges:
+        if out and out[-1][1] == start:
+            out[-1] = (out[-1][0], stop)
+        else:
+            out.append((start, stop))
+    return tuple(out)
+
+
+def _square_seqlen(mask: AttnMask, what: str) -> int:
+    # Context parallelism splits one token sequence into queries and keys alike.
+    if mask.seqlen_q != mask.seqlen_k:
+        raise ValueError(
+            f"{what} needs a square mask (queries and keys are the same tokens), "
+            f"got {mask.seqlen_q} x {mask.seqlen_k}"
+        )
+    return mask.seqlen_q
+
+
+def make_dispatch(name: str, mask: AttnMask, cp: int, *, chunk: int | None = None) -> Dispatch:
+    """The dispatch called `name` for `mask` over cp ranks (`chunk`: balanced only)."""
+    if name not in DISPATCH_NAMES:
+        raise ValueError(f"unknown dispatch {name!r}; choose from {', '.join(DISPATCH_NAMES)}")
+    if name == "balanced":
+        return balanced(mask, cp, chunk)
+    if chunk is not None:
+        raise ValueError(f"chunk={chunk} applies to the balanced dispatch only, not {name!r}")
+    seqlen = _square_seqlen(mask, name)
+    return contiguous(seqlen, cp) if name == "contiguous" else zigzag(seqlen, cp)
+
+
+# ----- work per rank -----------------------------------------------------
+def _check_fits(mask: AttnMask, dispatch: Dispatch) -> None:
+    if dispatch.seqlen != mask.seqlen_q:
+        raise ValueError(
+            f"dispatch over {dispatch.seqlen} tokens does not fit a mask with "
+            f"{mask.seqlen_q} query rows"
+        )
+
+
+def rank_areas(mask: AttnMask, dispatch: Dispatch) -> np.ndarray:
+    """(cp,) exact visible pairs of each rank's query rows against all keys."""
+    _check_fits(mask, dispatch)
+    starts, stops = dispatch.flat_ranges()
+    per_range = intervals.rectangle_areas(
+        mask.slice_table, starts, stops, np.array([0]), np.array([mask.seqlen_k])
+    )[:, 0]
+    out = np.zeros(dispatch.cp, dtype=np.int64)
+    np.add.at(out, dispatch.owners(), per_range)  # integer sums: exact at any size
+    return out
+
+
+def imbalance(mask: AttnMask, dispatch: Dispatch) -> float:
+    """Largest rank area over the mean: 1.0 is perfect (and an empty mask)."""
+    areas = rank_areas(mask, dispatch)
+    total = int(areas.sum())
+    return 1.0 if total == 0 else float(areas.max() * dispatch.cp / total)
+
+
+def pair_areas(mask: AttnMask, dispatch: Dispatch) -> np.ndarray:
+    """(cp, cp): rank i's query rows against rank j's keys (one ring step's work)."""
+    _check_fits(mask, dispatch)
+    _square_seqlen(mask, "pair_areas")
+    starts, stops = dispatch.flat_ranges()
+    per_pair = intervals.rectangle_areas(mask.slice_table, starts, stops, starts, stops)
+    owners = dispatch.owners()
+    out = np.zeros((dispatch.cp, dispatch.cp), dtype=np.int64)
+    np.add.at(out, (owners[:, None], owners[None, :]), per_pair)
+    return out

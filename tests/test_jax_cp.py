@@ -1,0 +1,112 @@
+"""JAX context parallelism on 8 host devices (tests/conftest.py): every
+strategy and dispatch against the float64 reference, forward and backward."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from lcab import reference, registry, results
+from lcab.masks import MASK_NAMES, small_mask
+from lcab.runner import Case, Settings, run_cases
+from lcab.workloads import Workload
+
+STRATEGIES = ("jax.cp_allgather", "jax.cp_ring", "jax.cp_ulysses", "jax.cp_usp",
+              "jax.cp_double_ring")
+DISPATCHES = ("contiguous", "zigzag", "balanced")
+
+pytestmark = pytest.mark.skipif(jax.device_count() < 4, reason="needs 4 JAX devices")
+
+
+def check(name, mask_name, cp, dispatch, seqlen=64, heads=(4, 4), **options):
+    mask = small_mask(mask_name, seqlen)
+    workload = Workload(1, seqlen, seqlen, *heads, 16, "float32", mask)
+    options = {"cp_size": str(cp), "dispatch": dispatch, **options}
+    backend = registry.load_backend(name, options)
+    support = backend.supports(workload)
+    assert support.ok, support.reason
+    rng = np.random.default_rng(cp)
+    q = rng.normal(size=(1, seqlen, heads[0], 16)) * 2
+    k = rng.normal(size=(1, seqlen, heads[1], 16)) * 2
+    v = rng.normal(size=(1, seqlen, heads[1], 16))
+    dout = rng.normal(size=(1, seqlen, heads[0], 16))
+    out, pullback = jax.vjp(jax.jit(backend.build(workload)),
+                            *(jnp.asarray(x, jnp.float32) for x in (q, k, v)))
+    grads = pullback(jnp.asarray(dout, jnp.float32))
+    want_out, _ = reference.attention(q, k, v, mask)
+    for got, want in zip((out, *grads), (want_out, *reference.attention_grads(q, k, v, mask, dout))):
+        np.testing.assert_allclose(np.asarray(got), want, atol=1e-4, rtol=0)
+    return support.how
+
+
+@pytest.mark.parametrize("dispatch", DISPATCHES)
+@pytest.mark.parametrize("name", STRATEGIES)
+def test_every_strategy_and_dispatch_matches_the_reference(name, dispatch):
+    for cp, mask_name in ((2, "causal_document"), (4, "sliding_window")):
+        how = check(name, mask_name, cp, dispatch)
+        assert f"dispatch={dispatch}" in how
+
+
+@pytest.mark.parametrize("mask_name", MASK_NAMES)
+def test_the_ring_runs_every_family_with_the_balanced_dispatch(mask_name):
+    # GQA 4:2 and skipped (empty) ring steps included.
+    check("jax.cp_ring", mask_name, 4, "balanced", heads=(4, 2))
+
+
+def test_usp_splits_ranks_into_ulysses_groups_and_a_ring():
+    # 8 ranks: 4 groups of 2 (ring of 4), then 2 groups of 4 (ring of 2).
+    check("jax.cp_usp", "causal_document", 8, "balanced", seqlen=128, ulysses_size="2")
+    check("jax.cp_usp", "share_question", 8, "zigzag", seqlen=128, ulysses_size="4")
+
+
+def test_the_double_ring_meets_every_shard_once_and_matches_the_reference():
+    from jax_backends.context_parallel import double_ring_schedule, ring_schedule
+
+    schedule = double_ring_schedule(8, 4)
+    for rank in range(8):
+        assert sorted(step[rank] for step in schedule.sources) == list(range(8))
+    # Inside a window the first moves stay among ranks 0-3 (the fast links).
+    assert {(a // 4, b // 4) for a, b in schedule.moves[0]} == {(0, 0), (1, 1)}
+    assert ring_schedule(4).sources[1] == (3, 0, 1, 2)
+    check("jax.cp_double_ring", "causal_document", 8, "balanced", seqlen=128, window="4")
+    with pytest.raises(ValueError, match="window 3 does not divide 8 ranks"):
+        double_ring_schedule(8, 3)
+
+
+def test_eight_ranks():
+    check("jax.cp_ring", "causal", 8, "zigzag", seqlen=128)
+    check("jax.cp_allgather", "causal_document", 8, "balanced", seqlen=128)
+
+
+def test_what_cannot_run_says_why():
+    mask = small_mask("causal", 100)
+    workload = Workload(1, 100, 100, 4, 2, 16, "float32", mask)
+    cases = {
+        ("jax.cp_ring", "16", "zigzag"): "needs 16 devices",
+        ("jax.cp_ulysses", "4", "contiguous"): "2 kv heads do not divide by cp_size 4",
+        ("jax.cp_allgather", "4", "zigzag"): "100",  # not a multiple of 2 * cp
+    }
+    for (name, cp, dispatch), reason in cases.items():
+        support = registry.load_backend(name, {"cp_size": cp, "dispatch": dispatch}).supports(
+            workload)
+        assert not support.ok and reason in support.reason, support.reason
+    with pytest.raises(registry.Unavailable, match="dispatch='spiral' is not one of"):
+        registry.load_backend("jax.cp_ring", {"dispatch": "spiral"})
+
+
+def test_rows_carry_cp_size_strategy_and_imbalance(tmp_path):
+    mask = small_mask("causal_document", 128)
+    case = Case("jax.cp_ring", Workload(1, 128, 128, 4, 2, 16, "float32", mask))
+    settings = Settings(warmup=1, iters=3, git_commit="t", backend_options=(
+        ("jax.cp_ring", "cp_size", "4"), ("jax.cp_ring", "dispatch", "balanced")))
+    path = tmp_path / "rows.jsonl"
+    run_cases([case], results.Writer(path), settings)
+    rows = results.read_rows([path])
+    assert [r["status"] for r in rows] == ["OK", "OK"], [r["reason"] for r in rows]
+    for row in rows:
+        assert row["cp_size"] == 4 and row["strategy"] == "ring"
+        assert "dispatch=balanced; inner" in row["notes"]
+        assert row["notes"].endswith("imbalance=1.000") or "imbalance=1.0" in row["notes"]
+        assert "probe took" not in row["notes"]  # the probe ran the timed code path
+        assert row["tflops"] == pytest.approx(
+            row["flops"] / (row["median_ms"] / 1e3) / 1e12 / 4)  # per GPU
