@@ -2,9 +2,12 @@
 
 Strategies: `jax.cp_allgather` (gather K/V, attend the local queries),
 `jax.cp_ring` (K/V rotate with ppermute; partial results merged by
-log-sum-exp; a custom_vjp backward that rotates dK/dV with them) and
+log-sum-exp; a custom_vjp backward that rotates dK/dV with them),
 `jax.cp_ulysses` (all_to_all from sequence- to head-sharded, attention over
-the whole sequence, and back).
+the whole sequence, and back), `jax.cp_usp` (Ulysses inside groups of
+`ulysses_size` ranks, a ring across the groups, on a 2-D mesh) and
+`jax.cp_double_ring` (LoongTrain's: the ring's moves stay inside windows of
+consecutive ranks, then step to the next window).
 
 Tokens go to ranks by a dispatch (lcab.cp: contiguous, zigzag or the
 mask-aware balanced one). Each rank's share of the mask against each K/V
@@ -14,8 +17,8 @@ compiled program serves every rank. The inner kernel is jax.pallas_flex,
 which runs any sub-mask exactly; empty ring steps cost only their (empty)
 walk. Inputs arrive in natural token order: the function permutes them into
 the dispatch order and the output back, inside the timed call (a training
-step would dispatch once per sequence, not per layer: a few percent of the
-attention time, counted against every strategy alike).
+step would dispatch once per sequence, not per layer; the gathers count
+against every strategy alike and their share is not measured yet).
 """
 
 from __future__ import annotations
