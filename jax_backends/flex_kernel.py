@@ -1,9 +1,13 @@
 """jax.pallas_flex's kernels: flash attention over a FlexPlan, in Pallas.
 
 `flex_attention(q, k, v, plan, ...)` returns (out, lse) and is
-differentiable (jax.custom_vjp). Layout (batch, seq, heads, head_dim); K/V
-may have fewer heads than Q (GQA): a Q head reads its group's K/V head, and
-dK/dV programs loop over the group's Q heads, so nothing is repeated.
+differentiable (jax.custom_vjp); `flex_attention_with_tables` takes the
+plan's tables as arrays (context-parallel ranks pass their own), and
+`block_gradients` gives one K/V block's share of the gradients from the
+rows' final out and lse (a ring's backward). Layout (batch, seq, heads,
+head_dim); K/V may have fewer heads than Q (GQA): a Q head reads its
+group's K/V head, and dK/dV programs loop over the group's Q heads, so
+nothing is repeated in memory.
 
 - Forward: one program per (q block, q head, batch) walks the kv blocks its
   plan row lists: runs of full tiles with no mask and direct addresses
