@@ -136,6 +136,16 @@ class JaxRuntime(Runtime):
         self._batch_ms(None, (), calls, True)  # warm
         return float(np.median([self._batch_ms(None, (), calls, True) for _ in range(5)]))
 
+    def golden_error(self, fn, inputs, directory, key, with_gradients):
+        from jax_backends import golden  # orbax only where golden data is asked for
+
+        if with_gradients:
+            out, dq, dk, dv = jax.jit(_with_gradients(fn))(*inputs)
+            arrays = {"out": out, "dq": dq, "dk": dk, "dv": dv}
+        else:
+            arrays = {"out": jax.jit(fn)(*inputs[:3])}
+        return golden.golden_error(directory, golden.golden_key(key, with_gradients), arrays)
+
     def is_oom(self, exc):
         text = str(exc)
         return super().is_oom(exc) or "RESOURCE_EXHAUSTED" in text or "Out of memory" in text

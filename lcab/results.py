@@ -42,6 +42,8 @@ COLUMNS: dict[str, str] = {
     "tflops": "flops / median seconds / 1e12, per GPU for CP rows",
     "peak_mem_bytes": "peak device memory of the case (None where unknown)",
     "max_err": "normalised max error of the correctness probe (max over out, dq, dk, dv)",
+    "golden_err": "normalised max difference from --golden_dir's data of this workload "
+                  "(None: not compared, or this run saved it)",
     "compile_s": "JAX: lower+compile seconds; torch: first-call seconds",
     "setup_s": "seconds of the backend's host-side build (masks, BlockMasks, cu_seqlens), untimed",
     "device": "device name, e.g. NVIDIA H200, or cpu",
@@ -171,6 +173,7 @@ def load(paths):
             lambda value: value if isinstance(value, str) or value is None
             else json.dumps(value, sort_keys=True)
         )
-    for column in ("median_ms", "p20_ms", "p80_ms", "tflops", "max_err", "compile_s"):
+    for column in ("median_ms", "p20_ms", "p80_ms", "tflops", "max_err", "golden_err",
+                   "compile_s"):
         frame[column] = pd.to_numeric(frame[column], errors="coerce")
     return frame

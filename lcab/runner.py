@@ -55,6 +55,7 @@ class Settings:
     plugin_modules: tuple[str, ...] = ()
     isolate_timeout_s: float | None = None  # an isolated case running longer is killed
     backend_options: tuple[tuple[str, str, str], ...] = ()  # (backend, key, value)
+    golden_dir: str | None = None  # save or compare outputs and gradients (orbax)
 
     def options_for(self, backend: str) -> dict[str, str]:
         return {key: value for name, key, value in self.backend_options if name == backend}
@@ -259,26 +260,54 @@ class Runner:
         except Exception as exc:  # noqa: BLE001
             runtime.cleanup()
             return self._failed(case, directions, exc, runtime, context, "forward")
-        if "fwd" in directions:
-            rows.append(self._measured(case, "fwd", forward, verdict, context))
+        both = failure = None
         if "bwd" in directions:
             try:
                 both = runtime.measure(fn, inputs, backward=True, **measure)
             except Exception as exc:  # noqa: BLE001
                 runtime.cleanup()
-                return rows + self._failed(case, ["bwd"], exc, runtime, context, "backward")
+                failure = exc
+        golden = {}
+        if self.settings.golden_dir:
+            golden = self._golden(case, runtime, fn, inputs, both is not None)
+            context["golden_err"] = golden.get("error")
+        if "fwd" in directions:
+            rows.append(self._measured(case, "fwd", forward, verdict, context, golden))
+        if failure is not None:
+            return rows + self._failed(case, ["bwd"], failure, runtime, context, "backward")
+        if both is not None:
             backward = Timing(
                 tuple(s - forward.median_ms for s in both.samples_ms),
                 compile_s=both.compile_s,
                 peak_mem_bytes=both.peak_mem_bytes,
                 calls_per_sample=both.calls_per_sample,
             )
-            rows.append(self._measured(case, "bwd", backward, verdict, context))
+            rows.append(self._measured(case, "bwd", backward, verdict, context, golden))
         del inputs, fn
         runtime.cleanup()
         return rows
 
-    def _measured(self, case, direction, timing: Timing, verdict, context) -> dict:
+    def _golden(self, case, runtime: Runtime, fn, inputs, with_gradients: bool) -> dict:
+        """Compare the case's outputs (and gradients) with the golden data of
+        this workload and input seed, or save them when there is none:
+        {error, note, mismatch} for the rows."""
+        directory = self.settings.golden_dir
+        key = f"{case.workload.key()}/seed{self.settings.seed}"
+        try:
+            error = runtime.golden_error(fn, inputs, directory, key, with_gradients)
+        except Exception as exc:  # noqa: BLE001 - the timing stands; say why nothing was compared
+            return {"note": f"golden data not compared: {_describe(exc)}"}
+        if error is None:
+            return {"note": "saved as golden data"}
+        tolerance = validation.TOLERANCE[case.workload.dtype]
+        if error > tolerance:
+            return {"error": error, "mismatch": f"differs from the golden data in {directory} "
+                                                f"by {error:.3g} (tolerance {tolerance})"}
+        return {"error": error}
+
+    def _measured(self, case, direction, timing: Timing, verdict, context,
+                  golden: dict | None = None) -> dict:
+        golden = golden or {}
         fields = dict(
             median_ms=timing.median_ms, p20_ms=timing.p20_ms, p80_ms=timing.p80_ms,
             samples_ms=list(timing.samples_ms), compile_s=timing.compile_s,
@@ -287,6 +316,13 @@ class Runner:
         if timing.calls_per_sample > 1:
             batched = f"each sample the mean of {timing.calls_per_sample} back-to-back calls"
             fields["notes"] = "; ".join(filter(None, [fields.get("notes"), batched]))
+        if golden.get("note"):
+            fields["notes"] = "; ".join(filter(None, [fields.get("notes"), golden["note"]]))
+        if golden.get("mismatch"):  # a wrong answer gets no time, as at the probe
+            for timed in ("median_ms", "p20_ms", "p80_ms", "samples_ms"):
+                fields.pop(timed)
+            return self._row(case, direction, Status.MISMATCH, reason=golden["mismatch"],
+                             **fields)
         if timing.median_ms <= 0:
             return self._row(
                 case, direction, Status.ERROR,

@@ -86,6 +86,13 @@ class Runtime(abc.ABC):
         """(out, dq, dk, dv) of fn at (q, k, v) with cotangent dout."""
 
     @abc.abstractmethod
+    def golden_error(self, fn: Callable, inputs, directory: str, key: str,
+                     with_gradients: bool) -> float | None:
+        """Save (first run) or compare (later runs) fn's outputs and gradients
+        on `inputs` as golden data; None when saved. Runtimes without a
+        store raise NotImplementedError."""
+        raise NotImplementedError(f"{self.framework} runs cannot keep golden data yet")
+
     def measure(
         self, fn: Callable, inputs: Sequence, *, backward: bool, warmup: int, iters: int,
         flush_l2: bool,

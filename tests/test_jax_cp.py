@@ -110,3 +110,47 @@ def test_rows_carry_cp_size_strategy_and_imbalance(tmp_path):
         assert "probe took" not in row["notes"]  # the probe ran the timed code path
         assert row["tflops"] == pytest.approx(
             row["flops"] / (row["median_ms"] / 1e3) / 1e12 / 4)  # per GPU
+
+
+def test_cp_runs_are_checked_against_a_single_device_run(tmp_path):
+    mask = small_mask("causal_document", 128)
+    workload = Workload(1, 128, 128, 4, 2, 16, "float32", mask)
+    golden = str(tmp_path / "golden")
+
+    def run(name, **options):
+        settings = Settings(warmup=1, iters=3, git_commit="t", golden_dir=golden,
+                            backend_options=tuple((name, k, v) for k, v in options.items()))
+        path = tmp_path / f"{name}.jsonl"
+        run_cases([Case(name, workload)], results.Writer(path), settings)
+        return [r for r in results.read_rows([path]) if r["direction"] == "fwd"][0]
+
+    first = run("jax.pallas_flex")  # one device: saves
+    assert first["golden_err"] is None and first["notes"].endswith("saved as golden data")
+    for name, cp in (("jax.cp_ring", "4"), ("jax.cp_ulysses", "2")):  # 2 kv heads
+        row = run(name, cp_size=cp, dispatch="balanced")
+        assert row["status"] == "OK" and row["golden_err"] < 1e-5, row
+
+
+def test_a_run_that_differs_from_the_golden_data_is_a_mismatch_without_a_time(
+        tmp_path, monkeypatch):
+    runtime = registry.load_runtime("jax")
+    monkeypatch.setattr(type(runtime), "golden_error", lambda *args: 0.5)
+    mask = small_mask("causal", 64)
+    path = tmp_path / "rows.jsonl"
+    run_cases([Case("jax.pallas_flex", Workload(1, 64, 64, 2, 2, 16, "float32", mask))],
+              results.Writer(path), Settings(warmup=0, iters=1, golden_dir=str(tmp_path)))
+    for row in results.read_rows([path]):
+        assert row["status"] == "MISMATCH" and row["golden_err"] == 0.5
+        assert row["median_ms"] is None and "differs from the golden data" in row["reason"]
+
+
+def test_golden_errors_are_normalised_and_nan_is_infinite(tmp_path):
+    from jax_backends import golden
+
+    arrays = {"out": jnp.ones((2, 8)), "dq": jnp.arange(16.0).reshape(2, 8)}
+    assert golden.golden_error(tmp_path, "case", arrays) is None  # saved
+    assert golden.golden_error(tmp_path, "case", arrays) == 0.0
+    arrays["dq"] = arrays["dq"].at[0, 0].add(1.5)  # 1.5 / max |dq| = 0.1
+    assert golden.golden_error(tmp_path, "case", arrays) == pytest.approx(0.1)
+    arrays["out"] = arrays["out"].at[0, 0].set(jnp.nan)
+    assert golden.golden_error(tmp_path, "case", arrays) == float("inf")

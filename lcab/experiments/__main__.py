@@ -82,6 +82,10 @@ _CP_SIZE = flags.DEFINE_integer(
 _DISPATCH = flags.DEFINE_enum(
     "dispatch", None, list(DISPATCH_NAMES),
     "How --suite=cp backends assign tokens to ranks (default zigzag).")
+_GOLDEN_DIR = flags.DEFINE_string(
+    "golden_dir", None,
+    "Keep golden data here: the first run of a workload saves its outputs and gradients "
+    "(orbax, every host its shards), later runs are compared with them (golden_err column).")
 _PROGRESS = flags.DEFINE_bool("progress", True, "Show a progress bar.")
 _SUMMARY = flags.DEFINE_bool("summary", True, "Print the comparison table at the end.")
 _RUN_ID = flags.DEFINE_string("run_id", None, "Identifier written into every row.")
@@ -215,6 +219,7 @@ def _settings(sweep: Sweep, run_id: str) -> Settings:
         git_commit=_GIT_COMMIT.value or _git_commit(),
         plugin_modules=tuple(_BACKEND_MODULES.value),
         isolate_timeout_s=_ISOLATE_TIMEOUT.value,
+        golden_dir=_GOLDEN_DIR.value,
         backend_options=_cp_options(sweep) + tuple(
             parse_backend_option(t) for t in _option_texts(_BACKEND_OPTIONS.value)),  # these win
     )
