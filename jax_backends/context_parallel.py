@@ -280,12 +280,15 @@ def _ring_forward(axis, schedule, forward_geometry, backward_geometry, lowering,
     out = lse = None
     kv = (k, v)
     for s in range(len(schedule.sources)):
+        # Start the next shard's transfer first: nothing in this step's
+        # compute depends on it, so the two can overlap.
+        arriving = jax.lax.ppermute(kv, axis, schedule.moves[s]) if s < len(schedule.moves) \
+            else None
         step_out, step_lse = flex_kernel.flex_attention_with_tables(
             q, *kv, forward_geometry, _step(forward_tables, s), backward_geometry,
             _step(backward_tables, s), lowering)
         out, lse = _merge(out, lse, step_out, step_lse)
-        if s < len(schedule.moves):  # the next shard's transfer can overlap this step
-            kv = jax.lax.ppermute(kv, axis, schedule.moves[s])
+        kv = arriving
     return out.astype(q.dtype), lse
 
 
@@ -304,14 +307,13 @@ def _ring_bwd(axis, schedule, forward_geometry, backward_geometry, lowering, res
     kv = (k, v)
     dkv = (jnp.zeros(k.shape, jnp.float32), jnp.zeros(v.shape, jnp.float32))
     for s in range(len(schedule.sources)):
+        moves = schedule.moves[s] if s < len(schedule.moves) else schedule.home
+        arriving = jax.lax.ppermute(kv, axis, moves) if s < len(schedule.moves) else None
         step_dq, step_dk, step_dv = flex_kernel.block_gradients(
             q, *kv, out, lse, dout, backward_geometry, _step(backward_tables, s), lowering)
         dq = dq + step_dq
-        dkv = (dkv[0] + step_dk, dkv[1] + step_dv)
-        moves = schedule.moves[s] if s < len(schedule.moves) else schedule.home
-        if s < len(schedule.moves):
-            kv = jax.lax.ppermute(kv, axis, moves)
-        dkv = jax.lax.ppermute(dkv, axis, moves)
+        dkv = jax.lax.ppermute((dkv[0] + step_dk, dkv[1] + step_dv), axis, moves)
+        kv = arriving
     no_gradient = lambda t: np.zeros(t.shape, jax.dtypes.float0)  # noqa: E731 - int tables
     return (dq.astype(q.dtype), dkv[0].astype(k.dtype), dkv[1].astype(v.dtype),
             jax.tree.map(no_gradient, forward_tables), jax.tree.map(no_gradient, backward_tables))
