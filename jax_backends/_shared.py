@@ -24,6 +24,20 @@ def gpu_problem(*, capability: tuple[int, int] | None = None, exact: bool = Fals
     return None
 
 
+def interpret_mode() -> bool:
+    """Pallas interpret mode where jax's default platform is the CPU."""
+    return jax.default_backend() == "cpu"
+
+
+def pallas_platform_problem() -> str | None:
+    """None where a Triton-lowered Pallas kernel runs: a CUDA GPU, or a CPU
+    in interpret mode."""
+    platform = jax.default_backend()
+    if platform not in ("cpu", "gpu"):
+        return f"runs on a CUDA GPU or, interpreted, on a CPU; jax's default is {platform}"
+    return None
+
+
 def compute_capability(device=None) -> tuple[int, int] | None:
     """(major, minor) of a CUDA device, None elsewhere."""
     device = device or jax.devices()[0]

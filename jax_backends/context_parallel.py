@@ -50,6 +50,13 @@ def _shard_map(per_rank, mesh, in_specs, out_specs):
                          check_vma=False)
 
 
+@functools.lru_cache(maxsize=16)
+def _cached_dispatch(name: str, mask, ranks: int):
+    # supports(), case_notes() and build() of one case all ask; the balanced
+    # dispatch scores every chunk, so it is computed once.
+    return make_dispatch(name, mask, ranks)
+
+
 class ContextParallelBackend(PallasFlexBackend):
     """Shared by the strategies: options, dispatch, plans, the mesh."""
 
@@ -73,7 +80,7 @@ class ContextParallelBackend(PallasFlexBackend):
         if problem:
             return Support.no(problem)
         try:
-            make_dispatch(self.dispatch_name, workload.mask, self.dispatch_ranks)
+            self.dispatch(workload)
         except ValueError as exc:
             return Support.no(str(exc))
         kernel = super().mask_support(workload).how
@@ -84,8 +91,11 @@ class ContextParallelBackend(PallasFlexBackend):
         """How many ranks the dispatch splits tokens over."""
         return self.cp_size
 
+    def dispatch(self, workload: Workload):
+        return _cached_dispatch(self.dispatch_name, workload.mask, self.dispatch_ranks)
+
     def case_notes(self, workload: Workload) -> str:
-        dispatch = make_dispatch(self.dispatch_name, workload.mask, self.dispatch_ranks)
+        dispatch = self.dispatch(workload)
         return f"imbalance={self.imbalance(workload, dispatch):.3f}"
 
     def strategy_problem(self, workload: Workload) -> str | None:
@@ -109,7 +119,7 @@ class ContextParallelBackend(PallasFlexBackend):
                 backward[0].geometry, as_arrays(flex_plan.stack_tables(backward)))
 
     def build(self, workload: Workload):
-        dispatch = make_dispatch(self.dispatch_name, workload.mask, self.dispatch_ranks)
+        dispatch = self.dispatch(workload)
         local = self.local_attention(workload, dispatch)
         order = jnp.asarray(dispatch.order())
         inverse = jnp.asarray(np.argsort(dispatch.order()))
@@ -127,6 +137,18 @@ class ContextParallelBackend(PallasFlexBackend):
 
 def _rank_specs(tables, spec=_SHARDED):
     return jax.tree.map(lambda _: spec, tables)
+
+
+def _with_tables(per_rank, mesh, forward_tables, backward_tables, sequence=_SEQUENCE,
+                 rank=_SHARDED):
+    """f(q, k, v): per_rank(q, k, v, forward_tables, backward_tables) on every
+    rank, q/k/v split by `sequence`, the tables' first axis by `rank`."""
+    sharded = _shard_map(
+        per_rank, mesh,
+        in_specs=(sequence, sequence, sequence, _rank_specs(forward_tables, rank),
+                  _rank_specs(backward_tables, rank)),
+        out_specs=sequence)
+    return lambda q, k, v: sharded(q, k, v, forward_tables, backward_tables)
 
 
 def _own(tables):
@@ -154,12 +176,7 @@ class AllGatherBackend(ContextParallelBackend):
                 _own(backward_tables), lowering)
             return out
 
-        sharded = _shard_map(
-            per_rank, self.mesh(),
-            in_specs=(_SEQUENCE, _SEQUENCE, _SEQUENCE, _rank_specs(forward_tables),
-                      _rank_specs(backward_tables)),
-            out_specs=_SEQUENCE)
-        return lambda q, k, v: sharded(q, k, v, forward_tables, backward_tables)
+        return _with_tables(per_rank, self.mesh(), forward_tables, backward_tables)
 
 
 class RingBackend(ContextParallelBackend):
@@ -193,12 +210,7 @@ class RingBackend(ContextParallelBackend):
         def per_rank(q, k, v, forward_tables, backward_tables):
             return ring(q, k, v, _own(forward_tables), _own(backward_tables))
 
-        sharded = _shard_map(
-            per_rank, self.mesh(),
-            in_specs=(_SEQUENCE, _SEQUENCE, _SEQUENCE, _rank_specs(forward_tables),
-                      _rank_specs(backward_tables)),
-            out_specs=_SEQUENCE)
-        return lambda q, k, v: sharded(q, k, v, forward_tables, backward_tables)
+        return _with_tables(per_rank, self.mesh(), forward_tables, backward_tables)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -314,12 +326,20 @@ def _ring_bwd(axis, schedule, forward_geometry, backward_geometry, lowering, res
         dq = dq + step_dq
         dkv = jax.lax.ppermute((dkv[0] + step_dk, dkv[1] + step_dv), axis, moves)
         kv = arriving
-    no_gradient = lambda t: np.zeros(t.shape, jax.dtypes.float0)  # noqa: E731 - int tables
     return (dq.astype(q.dtype), dkv[0].astype(k.dtype), dkv[1].astype(v.dtype),
-            jax.tree.map(no_gradient, forward_tables), jax.tree.map(no_gradient, backward_tables))
+            flex_kernel.no_gradients(forward_tables), flex_kernel.no_gradients(backward_tables))
 
 
 _ring.defvjp(_ring_fwd, _ring_bwd)
+
+
+def _heads_problem(workload, ranks: int, what_ranks: str) -> str | None:
+    """Why a Ulysses all_to_all over `ranks` cannot split the heads, if it cannot."""
+    for what, heads in (("query", workload.heads_q), ("kv", workload.heads_kv)):
+        if heads % ranks:
+            return (f"Ulysses splits heads over {what_ranks}: {heads} {what} heads do not "
+                    f"divide by {what_ranks} {ranks}")
+    return None
 
 
 class UlyssesBackend(ContextParallelBackend):
@@ -332,11 +352,7 @@ class UlyssesBackend(ContextParallelBackend):
         return min(workload.heads_kv, self.cp_size)  # a smaller count would not split
 
     def strategy_problem(self, workload):
-        for what, heads in (("query", workload.heads_q), ("kv", workload.heads_kv)):
-            if heads % self.cp_size:
-                return (f"Ulysses splits heads over cp: {heads} {what} heads do not divide "
-                        f"by cp_size {self.cp_size}")
-        return None
+        return _heads_problem(workload, self.cp_size, "cp_size")
 
     def imbalance(self, workload, dispatch) -> float:
         return 1.0  # every rank attends the whole sequence for its share of the heads
@@ -378,10 +394,7 @@ class UspBackend(RingBackend):
         u = self.ulysses_size
         if u < 1 or self.cp_size % u:
             return f"ulysses_size {u} does not divide cp_size {self.cp_size}"
-        for what, heads in (("query", workload.heads_q), ("kv", workload.heads_kv)):
-            if heads % u:
-                return f"USP splits heads over ulysses_size {u}: {heads} {what} heads do not"
-        return None
+        return _heads_problem(workload, u, "ulysses_size")
 
     def probe_heads_kv(self, workload):
         return min(workload.heads_kv, self.ulysses_size)
@@ -404,14 +417,9 @@ class UspBackend(RingBackend):
             out = ring(q, k, v, _own(forward_tables), _own(backward_tables))
             return jax.lax.all_to_all(out, "ulysses", 1, 2, tiled=True)
 
-        sequence = PartitionSpec(None, ("ring", "ulysses"))
-        ring_rank = PartitionSpec("ring")
-        sharded = _shard_map(
-            per_rank, self.mesh(),
-            in_specs=(sequence, sequence, sequence, _rank_specs(forward_tables, ring_rank),
-                      _rank_specs(backward_tables, ring_rank)),
-            out_specs=sequence)
-        return lambda q, k, v: sharded(q, k, v, forward_tables, backward_tables)
+        return _with_tables(per_rank, self.mesh(), forward_tables, backward_tables,
+                            sequence=PartitionSpec(None, ("ring", "ulysses")),
+                            rank=PartitionSpec("ring"))
 
 
 class DoubleRingBackend(RingBackend):

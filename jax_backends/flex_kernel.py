@@ -338,9 +338,12 @@ def _attention_bwd(forward_geometry, backward_geometry, lowering, residuals, cot
     dout, dlse = cotangents
     dq, dk, dv = block_gradients(q, k, v, out, lse, dout, backward_geometry, backward_tables,
                                  lowering, dlse)
-    no_gradient = lambda t: np.zeros(t.shape, jax.dtypes.float0)  # noqa: E731 - int tables
-    return (dq, dk, dv,
-            jax.tree.map(no_gradient, forward_tables), jax.tree.map(no_gradient, backward_tables))
+    return dq, dk, dv, no_gradients(forward_tables), no_gradients(backward_tables)
+
+
+def no_gradients(tables):
+    """The (float0) cotangents of a custom_vjp's integer plan tables."""
+    return jax.tree.map(lambda t: np.zeros(t.shape, jax.dtypes.float0), tables)
 
 
 def block_gradients(q, k, v, out, lse, dout, geometry: Geometry, tables, lowering: Lowering,

@@ -14,9 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 
-import jax
-
-from jax_backends import flex_kernel, flex_plan
+from jax_backends import _shared, flex_kernel, flex_plan
 from lcab.backend import Backend, Support
 from lcab.workloads import Workload
 
@@ -29,10 +27,6 @@ class Tiling:
     block_k: int = 128  # 64 read 344 forward at full 32k on an H100, 128 read 403
     backward_block_q: int = 64
     backward_block_k: int = 64
-
-
-def interpret_mode() -> bool:
-    return jax.default_backend() == "cpu"
 
 
 class PallasFlexBackend(Backend):
@@ -57,16 +51,13 @@ class PallasFlexBackend(Backend):
             if size < 16 or size & (size - 1):
                 raise ValueError(f"{key}={size}: blocks are powers of two from 16 (Triton tiles)")
         lowering = {k: v for k, v in options.items() if k not in tiling_keys}
-        lowering.setdefault("interpret", interpret_mode())
+        lowering.setdefault("interpret", _shared.interpret_mode())
         self.lowering = flex_kernel.Lowering(**lowering)
         self.set_options = dict(sorted(options.items()))
 
     @classmethod
     def environment_problem(cls) -> str | None:
-        platform = jax.default_backend()
-        if platform not in ("cpu", "gpu"):
-            return f"runs on a CUDA GPU or, interpreted, on a CPU; jax's default is {platform}"
-        return None
+        return _shared.pallas_platform_problem()
 
     def mask_support(self, workload: Workload) -> Support:
         mode = "interpret mode" if self.lowering.interpret else "compiled"

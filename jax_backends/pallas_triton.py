@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import warnings
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -40,9 +39,7 @@ def _attention_module():
     return attention
 
 
-def interpret_mode() -> bool:
-    """Pallas interpret mode where jax's default platform is the CPU."""
-    return jax.default_backend() == "cpu"
+interpret_mode = _shared.interpret_mode
 
 
 def _mask_call(workload: Workload) -> tuple[Support, dict]:
@@ -73,10 +70,7 @@ class PallasTritonBackend(Backend):
 
     @classmethod
     def environment_problem(cls) -> str | None:
-        platform = jax.default_backend()
-        if platform not in ("cpu", "gpu"):
-            return f"runs on a CUDA GPU or, interpreted, on a CPU; jax's default is {platform}"
-        return None
+        return _shared.pallas_platform_problem()
 
     def supports(self, workload: Workload) -> Support:
         if workload.dtype == "float32" and workload.head_dim > _FLOAT32_MAX_HEAD_DIM:
