@@ -57,6 +57,8 @@ _BUILTIN_BACKENDS = {
     "torch.flash_attn": Entry("torch_backends.flash_attn:FlashAttn2Backend"),
     "torch.fa3": Entry("torch_backends.flash_attn:FlashAttn3Backend"),
     "torch.fa4": Entry("torch_backends.flash_attn:FlashAttn4Backend"),
+    "torch.cp_ulysses": Entry("torch_backends.context_parallel:UlyssesBackend", "cp"),
+    "torch.cp_allgather": Entry("torch_backends.context_parallel:AllGatherBackend", "cp"),
 }
 
 _BUILTIN_RUNTIMES = {

@@ -98,6 +98,17 @@ class Writer:
             f.flush()
 
 
+class DiscardingWriter(Writer):
+    """For the processes of a multi-process run that are not rank 0: the
+    rows are rank 0's to write (its times are the maximum over ranks)."""
+
+    def __init__(self):
+        self.path = None
+
+    def write(self, row: Mapping) -> None:
+        pass
+
+
 def _finite(value):
     """JSON has no NaN or infinity: such numbers are written as null."""
     if isinstance(value, float) and not math.isfinite(value):

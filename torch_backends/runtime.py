@@ -6,6 +6,11 @@ require grad); forward+backward with fresh gradients each repeat. On GPU a
 256 MiB buffer is zeroed between repeats so no repeat finds its inputs in
 L2, and peak memory is torch.cuda.max_memory_allocated over the case (the
 flush buffer excluded).
+
+Under torchrun (the CP suite) the runtime joins the process group, and
+functions that are `ShardedFunction`s return this rank's output rows: the
+correctness checks gather the output and sum the ranks' gradients, and each
+timed sample is the maximum over ranks (the slowest rank sets the step).
 """
 
 from __future__ import annotations
@@ -18,6 +23,8 @@ import numpy as np
 import torch
 
 from lcab.runtime import L2_FLUSH_BYTES, DeviceInfo, Runtime, Timing
+from torch_backends import distributed
+from torch_backends.distributed import ShardedFunction
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
@@ -26,6 +33,7 @@ class TorchRuntime(Runtime):
     framework = "torch"
 
     def __init__(self):
+        distributed.ensure_process_group()
         self.device_name = "cuda" if torch.cuda.is_available() else "cpu"
         self._flush_buffer = None
 
@@ -34,6 +42,9 @@ class TorchRuntime(Runtime):
         return self.device_name == "cuda"
 
     def device(self) -> DeviceInfo:
+        if distributed.launched():  # the devices of the process group, one per rank
+            name = torch.cuda.get_device_name() if self.on_gpu else "cpu"
+            return DeviceInfo(name, "gpu" if self.on_gpu else "cpu", distributed.world_size())
         if self.on_gpu:
             return DeviceInfo(torch.cuda.get_device_name(0), "gpu", torch.cuda.device_count())
         return DeviceInfo("cpu", "cpu", 1)
@@ -76,13 +87,18 @@ class TorchRuntime(Runtime):
 
     def forward(self, fn, q, k, v):
         with torch.no_grad():
-            return fn(q, k, v)
+            out = fn(q, k, v)
+            return fn.gather(out) if isinstance(fn, ShardedFunction) else out
 
     def forward_backward(self, fn, q, k, v, dout):
         leaves = [x.detach().requires_grad_(True) for x in (q, k, v)]
         out = fn(*leaves)
-        out.backward(dout)
-        return (out.detach(), *(leaf.grad for leaf in leaves))
+        if not isinstance(fn, ShardedFunction):
+            out.backward(dout)
+            return (out.detach(), *(leaf.grad for leaf in leaves))
+        out.backward(fn.local(dout))
+        with torch.no_grad():
+            return (fn.gather(out.detach()), *(fn.reduce(leaf.grad) for leaf in leaves))
 
     def _sync(self):
         if self.on_gpu:
@@ -96,7 +112,7 @@ class TorchRuntime(Runtime):
     def measure(self, fn, inputs, *, backward, warmup, iters, flush_l2):
         if backward:
             leaves = [x.detach().requires_grad_(True) for x in inputs[:3]]
-            dout = inputs[3]
+            dout = fn.local(inputs[3]) if isinstance(fn, ShardedFunction) else inputs[3]
 
             def step():
                 for leaf in leaves:
@@ -128,7 +144,17 @@ class TorchRuntime(Runtime):
             # The flush buffer is the harness's, not the case's.
             flush_bytes = 0 if self._flush_buffer is None else self._flush_buffer.numel()
             peak = torch.cuda.max_memory_allocated() - flush_bytes
+        if distributed.world_size() > 1:
+            samples, compile_s, peak = self._slowest_rank(samples, compile_s, peak)
         return Timing(tuple(samples), compile_s=compile_s, peak_mem_bytes=peak)
+
+    def _slowest_rank(self, samples, compile_s, peak):
+        """Each sample, the compile time and the peak memory: the maximum over ranks."""
+        values = torch.tensor([*samples, compile_s, float(peak or 0)], dtype=torch.float64,
+                              device=self.device_name)
+        torch.distributed.all_reduce(values, op=torch.distributed.ReduceOp.MAX)
+        values = values.tolist()
+        return values[:-2], values[-2], (int(values[-1]) if peak is not None else None)
 
     def _timed_gpu(self, step, iters, flush_l2):
         events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))

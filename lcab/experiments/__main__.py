@@ -35,6 +35,9 @@ from lcab.runner import Settings, fill_missing, import_plugins, run_cases
 from lcab.workloads import DTYPES, canonical_dtype
 
 FRAMEWORKS = ("jax", "torch")
+# Frameworks whose CP suite runs one process per rank (torchrun); JAX runs
+# one process per host with every local device in it.
+PROCESS_PER_RANK = ("torch",)
 
 _FRAMEWORK = flags.DEFINE_enum(
     "framework", "all", [*FRAMEWORKS, "all"],
@@ -270,14 +273,47 @@ def _available_only(sweep: Sweep) -> Sweep:
     return dataclasses.replace(sweep, backends=tuple(usable))
 
 
-def _run_framework(framework: str, run_id: str) -> pathlib.Path:
+def _launched_rank() -> int | None:
+    """This process's rank when a launcher (torchrun) started it, else None."""
+    return int(os.environ["RANK"]) if "WORLD_SIZE" in os.environ and "RANK" in os.environ \
+        else None
+
+
+def _needs_launcher(framework: str) -> bool:
+    return (framework in PROCESS_PER_RANK and _SUITE.value == "cp"
+            and _launched_rank() is None)
+
+
+def _launch_ranks(framework: str, run_id: str) -> tuple[pathlib.Path, bool]:
+    """Run this command again under torchrun, one process per rank on this
+    host (multi-node runs call torchrun themselves: experiments/slurm_torch_cp.sh)."""
+    argv = _without_flags(sys.argv[1:], valued=("framework", "run_id"), boolean=("summary",))
+    ranks = _CP_SIZE.value or 2
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+               f"--nproc_per_node={ranks}", "-m", "lcab.experiments", *argv,
+               f"--framework={framework}", f"--run_id={run_id}", "--nosummary"]
+    status = subprocess.run(command).returncode
+    path = _output_path(framework)
+    if status != 0:
+        print(f"lcab.experiments: torchrun ({ranks} ranks) exited with {status}",
+              file=sys.stderr)
+        sweep = _sweep(framework)
+        fill_missing(sweep.cases(), results.Writer(path), _settings(sweep, run_id),
+                     reason=f"torchrun ({ranks} ranks) exited with {status} before this case")
+    return path, status == 0
+
+
+def _run_framework(framework: str, run_id: str) -> tuple[pathlib.Path, bool]:
+    if _needs_launcher(framework):
+        return _launch_ranks(framework, run_id)
     sweep = _available_only(_sweep(framework))
     path = _output_path(framework)
     cases = sweep.cases()
     skip = results.done_keys([path], settled_only=True) if _RESUME.value else set()
-    writer = results.Writer(path)
+    rank = _launched_rank()
+    writer = results.Writer(path) if not rank else results.DiscardingWriter()
     bar = None
-    if _PROGRESS.value and cases:
+    if _PROGRESS.value and cases and not rank:
         from tqdm import tqdm
 
         bar = tqdm(total=len(cases), unit="case", desc=f"{framework} {sweep.suite}")
@@ -287,7 +323,7 @@ def _run_framework(framework: str, run_id: str) -> pathlib.Path:
     )
     if bar:
         bar.close()
-    return path
+    return path, True
 
 
 def _without_flags(argv: list[str], valued: tuple[str, ...], boolean: tuple[str, ...]):
@@ -363,10 +399,11 @@ def main(argv):
         others = sorted({registry.framework_of(b) for b in backends} - set(FRAMEWORKS))
         paths, all_ok = _run_children(wanted, run_id)
         # Host-only plugin frameworks (e.g. numpy) need no process of their own.
-        paths += [_run_framework(f, run_id) for f in others]
+        paths += [_run_framework(f, run_id)[0] for f in others]
     else:
-        paths, all_ok = [_run_framework(_FRAMEWORK.value, run_id)], True
-    if _SUMMARY.value:
+        path, all_ok = _run_framework(_FRAMEWORK.value, run_id)
+        paths = [path]
+    if _SUMMARY.value and not _launched_rank():
         _print_summary(paths, run_id, _RESUME.value)
     if not all_ok:
         sys.exit(1)
