@@ -12,10 +12,14 @@ consecutive ranks, then step to the next window).
 Tokens go to ranks by a dispatch (lcab.cp: contiguous, zigzag or the
 mask-aware balanced one). Each rank's share of the mask against each K/V
 shard it meets is cut from the slices exactly (lcab.cp.sub_mask) and
-planned on the host; the plans' tables travel as a cp-sharded input, so one
-compiled program serves every rank. The inner kernel is jax.pallas_flex,
-which runs any sub-mask exactly; empty ring steps cost only their (empty)
-walk. Inputs arrive in natural token order: the function permutes them into
+handed to the inner kernel, chosen per run by the `inner` option
+(jax_backends/cp_inner.py): jax.pallas_flex by default, which runs any
+sub-mask exactly from plan tables that travel as a cp-sharded input (one
+compiled program serves every rank; empty ring steps cost only their empty
+walk), or any JAX kernel backend whose own supports() accepts every rank's
+(and step's) sub-workload, UNSUPPORTED otherwise. Ring-type strategies need
+an inner with a log-sum-exp: jax.pallas_flex, or jax.xla's dense ring
+kernel. Inputs arrive in natural token order: the function permutes them into
 the dispatch order and the output back, inside the timed call (a training
 step would dispatch once per sequence, not per layer; the gathers count
 against every strategy alike and their share is not measured yet).
@@ -32,9 +36,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, PartitionSpec
 
-from jax_backends import flex_kernel, flex_plan
+from jax_backends import cp_inner, flex_kernel, flex_plan
 from jax_backends.pallas_flex import PallasFlexBackend
-from lcab.backend import Support
+from lcab.backend import Backend, Support
 from lcab.cp import DISPATCH_NAMES, imbalance, make_dispatch, sub_mask
 from lcab.workloads import Workload
 
@@ -57,17 +61,38 @@ def _cached_dispatch(name: str, mask, ranks: int):
     return make_dispatch(name, mask, ranks)
 
 
-class ContextParallelBackend(PallasFlexBackend):
-    """Shared by the strategies: options, dispatch, plans, the mesh."""
+@functools.lru_cache(maxsize=16)
+def _step_masks(mask, dispatch, sources) -> tuple:
+    """Ring sub-masks, rank-major: at step s rank r holds rank sources[s][r]'s K/V."""
+    cp = dispatch.cp
+    return tuple(sub_mask(mask, dispatch.ranges[r], dispatch.ranges[sources[s][r]])
+                 for r in range(cp) for s in range(cp))
 
+
+@functools.lru_cache(maxsize=16)
+def _gathered_masks(mask, dispatch) -> tuple:
+    """All-gather sub-masks: rank r's queries against every key, in dispatch order."""
+    every_key = [r for rank in dispatch.ranges for r in rank]
+    return tuple(sub_mask(mask, rank, every_key) for rank in dispatch.ranges)
+
+
+class ContextParallelBackend(Backend):
+    """Shared by the strategies: options, dispatch, the inner kernel, the mesh."""
+
+    framework = "jax"
     strategy: ClassVar[str] = ""
-    options = {**PallasFlexBackend.options, "cp_size": int, "dispatch": str}
+    requires = ("jax",)
+    # jax.pallas_flex's tiling and lowering options apply to that inner only.
+    options = {**PallasFlexBackend.options, "cp_size": int, "dispatch": str, "inner": str}
 
-    def __init__(self, cp_size: int = 2, dispatch: str = "zigzag", **kernel_options):
-        super().__init__(**kernel_options)
+    def __init__(self, cp_size: int = 2, dispatch: str = "zigzag",
+                 inner: str = cp_inner.DEFAULT, **kernel_options):
         if dispatch not in DISPATCH_NAMES:
             raise ValueError(f"dispatch={dispatch!r} is not one of {', '.join(DISPATCH_NAMES)}")
         self.cp_size, self.dispatch_name = cp_size, dispatch
+        self.inner_name = inner
+        self.inner = cp_inner.load_inner(inner, kernel_options)
+        self.directions = self.inner.directions
 
     def mask_support(self, workload: Workload) -> Support:
         devices = jax.device_count()
@@ -80,11 +105,27 @@ class ContextParallelBackend(PallasFlexBackend):
         if problem:
             return Support.no(problem)
         try:
-            self.dispatch(workload)
+            dispatch = self.dispatch(workload)
         except ValueError as exc:
             return Support.no(str(exc))
-        kernel = super().mask_support(workload).how
-        return Support.yes(f"{self.strategy}; dispatch={self.dispatch_name}; inner {kernel}")
+        inner = self.inner_support(workload, dispatch)
+        if not inner.ok:
+            return inner
+        return Support.yes(f"{self.strategy}; dispatch={self.dispatch_name}; "
+                           f"inner {self.inner_name}: {inner.how}", inner.directions)
+
+    @property
+    def uses_pallas(self) -> bool:
+        return self.inner_name == cp_inner.PALLAS
+
+    def inner_support(self, workload: Workload, dispatch) -> Support:
+        """Whether (and how) the inner kernel runs every rank's sub-workload."""
+        return cp_inner.sub_support(self.inner_name, self.inner,
+                                    self.sub_workloads(workload, dispatch))
+
+    def sub_workloads(self, workload: Workload, dispatch) -> list[tuple[str, Workload]]:
+        """(label, workload) of what the inner kernel runs on each rank."""
+        raise NotImplementedError
 
     @property
     def dispatch_ranks(self) -> int:
@@ -108,16 +149,6 @@ class ContextParallelBackend(PallasFlexBackend):
     def mesh(self) -> Mesh:
         return Mesh(np.array(jax.devices()[: self.cp_size]), (AXIS,))
 
-    def stacked_plans(self, masks):
-        """Forward and backward tables of every mask, stacked (first axis)."""
-        tiling = self.tiling
-        forward = [flex_plan.make_plan(m, tiling.block_q, tiling.block_k) for m in masks]
-        backward = [flex_plan.make_plan(m, tiling.backward_block_q, tiling.backward_block_k)
-                    for m in masks]
-        as_arrays = lambda tree: jax.tree.map(jnp.asarray, tree)  # noqa: E731
-        return (forward[0].geometry, as_arrays(flex_plan.stack_tables(forward)),
-                backward[0].geometry, as_arrays(flex_plan.stack_tables(backward)))
-
     def build(self, workload: Workload):
         dispatch = self.dispatch(workload)
         local = self.local_attention(workload, dispatch)
@@ -139,16 +170,13 @@ def _rank_specs(tables, spec=_SHARDED):
     return jax.tree.map(lambda _: spec, tables)
 
 
-def _with_tables(per_rank, mesh, forward_tables, backward_tables, sequence=_SEQUENCE,
-                 rank=_SHARDED):
-    """f(q, k, v): per_rank(q, k, v, forward_tables, backward_tables) on every
-    rank, q/k/v split by `sequence`, the tables' first axis by `rank`."""
-    sharded = _shard_map(
-        per_rank, mesh,
-        in_specs=(sequence, sequence, sequence, _rank_specs(forward_tables, rank),
-                  _rank_specs(backward_tables, rank)),
-        out_specs=sequence)
-    return lambda q, k, v: sharded(q, k, v, forward_tables, backward_tables)
+def _with_tables(per_rank, mesh, tables, sequence=_SEQUENCE, rank=_SHARDED):
+    """f(q, k, v): per_rank(q, k, v, tables) on every rank, q/k/v split by
+    `sequence`, the tables' first axis by `rank`."""
+    sharded = _shard_map(per_rank, mesh, in_specs=(sequence, sequence, sequence,
+                                                   _rank_specs(tables, rank)),
+                         out_specs=sequence)
+    return lambda q, k, v: sharded(q, k, v, tables)
 
 
 def _own(tables):
@@ -159,58 +187,81 @@ def _own(tables):
 class AllGatherBackend(ContextParallelBackend):
     name = "jax.cp_allgather"
     strategy = "allgather"
-    description = "all-gather K/V over cp, then attend the local queries (jax.pallas_flex inside)"
+    description = "all-gather K/V over cp, then attend the local queries (inner kernel inside)"
+
+    def sub_workloads(self, workload, dispatch):
+        # K/V stay in the dispatch order they were gathered in.
+        return [(f"rank {r}", cp_inner.sub_workload(workload, mask))
+                for r, mask in enumerate(_gathered_masks(workload.mask, dispatch))]
 
     def local_attention(self, workload, dispatch):
-        cp = self.cp_size
-        every_key = [r for rank in dispatch.ranges for r in rank]
-        masks = [sub_mask(workload.mask, dispatch.ranges[r], every_key) for r in range(cp)]
-        forward_geometry, forward_tables, backward_geometry, backward_tables = \
-            self.stacked_plans(masks)
-        lowering = self.lowering
+        if self.uses_pallas:
+            return self._pallas_attention(workload, dispatch)
+        subs = [w for _, w in self.sub_workloads(workload, dispatch)]
+        attend = cp_inner.by_rank(self.inner, subs, AXIS)
 
-        def per_rank(q, k, v, forward_tables, backward_tables):
+        def per_rank(q, k, v):
             k, v = (jax.lax.all_gather(x, AXIS, axis=1, tiled=True) for x in (k, v))
-            out, _ = flex_kernel.flex_attention_with_tables(
-                q, k, v, forward_geometry, _own(forward_tables), backward_geometry,
-                _own(backward_tables), lowering)
+            return attend(q, k, v)
+
+        return _shard_map(per_rank, self.mesh(), in_specs=(_SEQUENCE,) * 3,
+                          out_specs=_SEQUENCE)
+
+    def _pallas_attention(self, workload, dispatch):
+        kernel, tables = cp_inner.PallasRing.for_masks(
+            self.inner, _gathered_masks(workload.mask, dispatch))
+
+        def per_rank(q, k, v, tables):
+            k, v = (jax.lax.all_gather(x, AXIS, axis=1, tiled=True) for x in (k, v))
+            out, _ = kernel.attend(q, k, v, _own(tables))
             return out
 
-        return _with_tables(per_rank, self.mesh(), forward_tables, backward_tables)
+        return _with_tables(per_rank, self.mesh(), tables)
 
 
 class RingBackend(ContextParallelBackend):
     name = "jax.cp_ring"
     strategy = "ring"
     description = ("ring attention: K/V rotate over cp with ppermute, log-sum-exp merge, "
-                   "dK/dV rotate in the backward (jax.pallas_flex inside)")
+                   "dK/dV rotate in the backward (inner kernel with a log-sum-exp inside)")
 
     def schedule(self, ranks: int) -> "Schedule":
         return ring_schedule(ranks)
 
-    def ring_plans(self, mask, dispatch, schedule: "Schedule"):
-        """Geometries and (rank, step, ...) tables: at step s rank r holds the
-        K/V shard of rank schedule.sources[s][r]."""
+    @property
+    def head_share(self) -> int:
+        """Each ring rank's share of the heads (1: all of them)."""
+        return 1
+
+    def sub_workloads(self, workload, dispatch):
+        masks = _step_masks(workload.mask, dispatch, self.schedule(dispatch.cp).sources)
         cp = dispatch.cp
-        masks = [sub_mask(mask, dispatch.ranges[r], dispatch.ranges[schedule.sources[s][r]])
-                 for r in range(cp) for s in range(cp)]
-        forward_geometry, forward_tables, backward_geometry, backward_tables = \
-            self.stacked_plans(masks)
+        return [(f"rank {i // cp} step {i % cp}",
+                 cp_inner.sub_workload(workload, mask, self.head_share))
+                for i, mask in enumerate(masks)]
+
+    def inner_support(self, workload, dispatch):
+        return cp_inner.ring_support(self.inner_name, self.inner,
+                                     self.sub_workloads(workload, dispatch), dispatch.cp)
+
+    def ring_kernel(self, mask, dispatch, schedule: "Schedule"):
+        """The ring kernel and its (rank, step, ...) tables: at step s rank r
+        holds the K/V shard of rank schedule.sources[s][r]."""
+        cp = dispatch.cp
+        kernel, tables = cp_inner.ring_kernel(self.inner_name, self.inner,
+                                              _step_masks(mask, dispatch, schedule.sources))
         by_rank = lambda t: t.reshape(cp, cp, *t.shape[1:])  # noqa: E731
-        return (forward_geometry, jax.tree.map(by_rank, forward_tables),
-                backward_geometry, jax.tree.map(by_rank, backward_tables))
+        return kernel, jax.tree.map(by_rank, tables)
 
     def local_attention(self, workload, dispatch):
         schedule = self.schedule(dispatch.cp)
-        forward_geometry, forward_tables, backward_geometry, backward_tables = \
-            self.ring_plans(workload.mask, dispatch, schedule)
-        ring = functools.partial(_ring, AXIS, schedule, forward_geometry, backward_geometry,
-                                 self.lowering)
+        kernel, tables = self.ring_kernel(workload.mask, dispatch, schedule)
+        ring = functools.partial(_ring, AXIS, schedule, kernel)
 
-        def per_rank(q, k, v, forward_tables, backward_tables):
-            return ring(q, k, v, _own(forward_tables), _own(backward_tables))
+        def per_rank(q, k, v, tables):
+            return ring(q, k, v, _own(tables))
 
-        return _with_tables(per_rank, self.mesh(), forward_tables, backward_tables)
+        return _with_tables(per_rank, self.mesh(), tables)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -280,15 +331,12 @@ def _merge(out, lse, step_out, step_lse):
     return out * weight(lse) + step_out.astype(jnp.float32) * weight(step_lse), both
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2, 3, 4))
-def _ring(axis, schedule, forward_geometry, backward_geometry, lowering, q, k, v, forward_tables,
-          backward_tables):
-    return _ring_forward(axis, schedule, forward_geometry, backward_geometry, lowering, q, k, v,
-                         forward_tables, backward_tables)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
+def _ring(axis, schedule, kernel, q, k, v, tables):
+    return _ring_forward(axis, schedule, kernel, q, k, v, tables)[0]
 
 
-def _ring_forward(axis, schedule, forward_geometry, backward_geometry, lowering, q, k, v,
-                  forward_tables, backward_tables):
+def _ring_forward(axis, schedule, kernel, q, k, v, tables):
     out = lse = None
     kv = (k, v)
     for s in range(len(schedule.sources)):
@@ -296,38 +344,33 @@ def _ring_forward(axis, schedule, forward_geometry, backward_geometry, lowering,
         # compute depends on it, so the two can overlap.
         arriving = jax.lax.ppermute(kv, axis, schedule.moves[s]) if s < len(schedule.moves) \
             else None
-        step_out, step_lse = flex_kernel.flex_attention_with_tables(
-            q, *kv, forward_geometry, _step(forward_tables, s), backward_geometry,
-            _step(backward_tables, s), lowering)
+        step_out, step_lse = kernel.attend(q, *kv, _step(tables, s))
         out, lse = _merge(out, lse, step_out, step_lse)
         kv = arriving
     return out.astype(q.dtype), lse
 
 
-def _ring_fwd(axis, schedule, forward_geometry, backward_geometry, lowering, q, k, v,
-              forward_tables, backward_tables):
-    out, lse = _ring_forward(axis, schedule, forward_geometry, backward_geometry, lowering, q, k, v,
-                             forward_tables, backward_tables)
-    return out, (q, k, v, out, lse, forward_tables, backward_tables)
+def _ring_fwd(axis, schedule, kernel, q, k, v, tables):
+    out, lse = _ring_forward(axis, schedule, kernel, q, k, v, tables)
+    return out, (q, k, v, out, lse, tables)
 
 
-def _ring_bwd(axis, schedule, forward_geometry, backward_geometry, lowering, residuals, dout):
+def _ring_bwd(axis, schedule, kernel, residuals, dout):
     """Each step's share of the gradients from the final out and lse; dK/dV
     accumulate on the shard they belong to and travel with it, then go home."""
-    q, k, v, out, lse, forward_tables, backward_tables = residuals
+    q, k, v, out, lse, tables = residuals
     dq = jnp.zeros(q.shape, jnp.float32)
     kv = (k, v)
     dkv = (jnp.zeros(k.shape, jnp.float32), jnp.zeros(v.shape, jnp.float32))
     for s in range(len(schedule.sources)):
         moves = schedule.moves[s] if s < len(schedule.moves) else schedule.home
         arriving = jax.lax.ppermute(kv, axis, moves) if s < len(schedule.moves) else None
-        step_dq, step_dk, step_dv = flex_kernel.block_gradients(
-            q, *kv, out, lse, dout, backward_geometry, _step(backward_tables, s), lowering)
+        step_dq, step_dk, step_dv = kernel.gradients(q, *kv, out, lse, dout, _step(tables, s))
         dq = dq + step_dq
         dkv = jax.lax.ppermute((dkv[0] + step_dk, dkv[1] + step_dv), axis, moves)
         kv = arriving
     return (dq.astype(q.dtype), dkv[0].astype(k.dtype), dkv[1].astype(v.dtype),
-            flex_kernel.no_gradients(forward_tables), flex_kernel.no_gradients(backward_tables))
+            cp_inner.no_gradients(tables))
 
 
 _ring.defvjp(_ring_fwd, _ring_bwd)
@@ -346,7 +389,7 @@ class UlyssesBackend(ContextParallelBackend):
     name = "jax.cp_ulysses"
     strategy = "ulysses"
     description = ("Ulysses: all_to_all from sequence- to head-sharded, attention over the "
-                   "whole sequence, all_to_all back (jax.pallas_flex inside)")
+                   "whole sequence, all_to_all back (inner kernel inside)")
 
     def probe_heads_kv(self, workload):
         return min(workload.heads_kv, self.cp_size)  # a smaller count would not split
@@ -357,29 +400,65 @@ class UlyssesBackend(ContextParallelBackend):
     def imbalance(self, workload, dispatch) -> float:
         return 1.0  # every rank attends the whole sequence for its share of the heads
 
-    def local_attention(self, workload, dispatch):
+    def sequence_mask(self, workload, dispatch):
+        """The mask the inner sees: jax.pallas_flex takes the tokens in dispatch
+        order; other inners get them back in natural order (a local gather),
+        so kernels with flags see the plain mask."""
+        if not self.uses_pallas:
+            return workload.mask
         every_token = [r for rank in dispatch.ranges for r in rank]
-        mask = sub_mask(workload.mask, every_token, every_token)  # the dispatch-ordered mask
-        tiling, lowering = self.tiling, self.lowering
-        forward = flex_plan.make_plan(mask, tiling.block_q, tiling.block_k)
-        backward = flex_plan.make_plan(mask, tiling.backward_block_q, tiling.backward_block_k)
+        return sub_mask(workload.mask, every_token, every_token)
+
+    def sub_workloads(self, workload, dispatch):
+        mask = self.sequence_mask(workload, dispatch)
+        return [("every rank", cp_inner.sub_workload(workload, mask, self.cp_size))]
+
+    def local_attention(self, workload, dispatch):
+        if self.uses_pallas:
+            attend = self._pallas_attention(workload, dispatch)
+        else:
+            attend = self._natural_order(self.inner.build(self.sub_workloads(workload,
+                                                                              dispatch)[0][1]),
+                                         dispatch)
 
         def per_rank(q, k, v):
             # (b, S/cp, h, d) -> (b, S, h/cp, d): a contiguous block of heads
             # keeps every query head with its K/V head.
             q, k, v = (jax.lax.all_to_all(x, AXIS, 2, 1, tiled=True) for x in (q, k, v))
-            out, _ = flex_kernel.flex_attention(q, k, v, forward, backward, lowering)
-            return jax.lax.all_to_all(out, AXIS, 1, 2, tiled=True)
+            return jax.lax.all_to_all(attend(q, k, v), AXIS, 1, 2, tiled=True)
 
         return _shard_map(per_rank, self.mesh(), in_specs=(_SEQUENCE,) * 3,
                           out_specs=_SEQUENCE)
+
+    def _pallas_attention(self, workload, dispatch):
+        mask = self.sequence_mask(workload, dispatch)
+        tiling, lowering = self.inner.tiling, self.inner.lowering
+        forward = flex_plan.make_plan(mask, tiling.block_q, tiling.block_k)
+        backward = flex_plan.make_plan(mask, tiling.backward_block_q, tiling.backward_block_k)
+        return lambda q, k, v: flex_kernel.flex_attention(q, k, v, forward, backward,
+                                                          lowering)[0]
+
+    @staticmethod
+    def _natural_order(attend, dispatch):
+        """attend on tokens put back in natural order, its output back in dispatch order."""
+        order = dispatch.order()
+        if np.array_equal(order, np.arange(len(order))):
+            return attend  # contiguous: already natural
+        natural, back = jnp.asarray(np.argsort(order)), jnp.asarray(order)
+
+        def reordered(q, k, v):
+            q, k, v = (jnp.take(x, natural, axis=1) for x in (q, k, v))
+            return jnp.take(attend(q, k, v), back, axis=1)
+
+        return reordered
 
 
 class UspBackend(RingBackend):
     name = "jax.cp_usp"
     strategy = "usp"
     description = ("USP: Ulysses all_to_all inside groups of ulysses_size ranks, ring attention "
-                   "across the groups, on a (ring, ulysses) mesh (jax.pallas_flex inside)")
+                   "across the groups, on a (ring, ulysses) mesh (inner kernel with a "
+                   "log-sum-exp inside)")
     options = {**RingBackend.options, "ulysses_size": int}
 
     def __init__(self, ulysses_size: int = 2, **options):
@@ -389,6 +468,10 @@ class UspBackend(RingBackend):
     @property
     def dispatch_ranks(self) -> int:
         return self.cp_size // self.ulysses_size  # the ring's ranks
+
+    @property
+    def head_share(self) -> int:
+        return self.ulysses_size
 
     def strategy_problem(self, workload):
         u = self.ulysses_size
@@ -405,19 +488,17 @@ class UspBackend(RingBackend):
 
     def local_attention(self, workload, dispatch):
         schedule = self.schedule(dispatch.cp)
-        forward_geometry, forward_tables, backward_geometry, backward_tables = \
-            self.ring_plans(workload.mask, dispatch, schedule)
-        ring = functools.partial(_ring, "ring", schedule, forward_geometry,
-                                 backward_geometry, self.lowering)
+        kernel, tables = self.ring_kernel(workload.mask, dispatch, schedule)
+        ring = functools.partial(_ring, "ring", schedule, kernel)
 
-        def per_rank(q, k, v, forward_tables, backward_tables):
+        def per_rank(q, k, v, tables):
             # Within a group: (b, S/cp, h, d) -> (b, S/ring, h/u, d), the
             # group's tokens in the ring rank's order.
             q, k, v = (jax.lax.all_to_all(x, "ulysses", 2, 1, tiled=True) for x in (q, k, v))
-            out = ring(q, k, v, _own(forward_tables), _own(backward_tables))
+            out = ring(q, k, v, _own(tables))
             return jax.lax.all_to_all(out, "ulysses", 1, 2, tiled=True)
 
-        return _with_tables(per_rank, self.mesh(), forward_tables, backward_tables,
+        return _with_tables(per_rank, self.mesh(), tables,
                             sequence=PartitionSpec(None, ("ring", "ulysses")),
                             rank=PartitionSpec("ring"))
 
@@ -426,7 +507,7 @@ class DoubleRingBackend(RingBackend):
     name = "jax.cp_double_ring"
     strategy = "double_ring"
     description = ("LoongTrain's double ring: K/V circle inside windows of consecutive ranks, "
-                   "then step to the next window (jax.pallas_flex inside)")
+                   "then step to the next window (inner kernel with a log-sum-exp inside)")
     options = {**RingBackend.options, "window": int}
 
     def __init__(self, window: int = 2, **options):

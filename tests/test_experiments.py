@@ -91,6 +91,8 @@ def test_no_flags_on_a_cpu_machine_means_the_cpu_preset(tmp_path):
         ("--doc_distribution=wiki", "chatqa2_long_sft"),
         ("--backend_options=jax.pallas_flex:tile=64", "its options: backward_block_k"),
         ("--backend_options=jax.pallas_flex", "is not BACKEND:KEY=VALUE"),
+        ("--backend_options=jax.cp_ring:dispatch=spiral", "is not one of contiguous, zigzag"),
+        ("--backend_options=torch.cp_ulysses:inner=torch.magic", "choose one of torch.sdpa_math"),
     ],
 )
 def test_bad_flags_fail_at_once_naming_the_choices(tmp_path, flag, message):

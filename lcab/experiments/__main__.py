@@ -155,7 +155,15 @@ def parse_backend_option(text: str) -> tuple[str, str, str]:
         cls = registry.all_backends()[name].load()
     except Exception:  # noqa: BLE001 - its rows will say UNAVAILABLE; nothing to check here
         return name, key, value
-    cls.parse_options({key: value})
+    # Constructing checks the values too (a dispatch or inner kernel that
+    # does not exist), so a bad option fails here, not as UNAVAILABLE rows.
+    options = cls.parse_options({key: value})
+    try:
+        cls(**options)
+    except ValueError:
+        raise
+    except Exception:  # noqa: BLE001 - cannot start here; its rows will say why
+        pass
     return name, key, value
 
 

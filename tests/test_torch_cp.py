@@ -1,0 +1,117 @@
+"""PyTorch context parallelism on CPU processes (torchrun, gloo), through
+the CLI as a user runs it: every strategy that runs on gloo, every mask
+family, cp 2 and 4, each dispatch, forward and backward, checked by the
+runner against the float64 reference."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from lcab import registry, results
+from lcab.masks import MASK_NAMES
+
+ON_GLOO = ("torch.cp_ulysses", "torch.cp_allgather")
+MATH_INNER = [f"--backend_options={name}:inner=torch.sdpa_math" for name in ON_GLOO]
+
+
+def run_cp(tmp_path, *flags, cp=2, timeout=600):
+    command = [sys.executable, "-m", "lcab.experiments", "--framework=torch", "--suite=cp",
+               f"--cp_size={cp}", "--head_dim=32", "--dtype=float32",
+               "--warmup=1", "--iters=5", f"--out={tmp_path}", "--noprogress", "--nosummary",
+               "--git_commit=test", *flags]
+    if not any(flag.startswith("--seqlens") for flag in flags):
+        command.append("--seqlens=512")
+    done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return results.read_rows([tmp_path / "cp_torch.jsonl"])
+
+
+def assert_checked(rows, tolerance=1e-4):
+    """Every row passed the reference check; a CPU time may still be too
+    noisy to subtract (bwd = fwd+bwd - fwd), which its row says."""
+    assert rows
+    for row in rows:
+        unmeasurable = row["status"] == "ERROR" and "not measurable" in row["reason"]
+        assert row["status"] == "OK" or unmeasurable, (row["backend"], row["mask"], row["reason"])
+        assert row["max_err"] < tolerance, (row["backend"], row["mask"], row["max_err"])
+
+
+@pytest.mark.slow
+def test_every_family_at_cp2_zigzag_forward_and_backward(tmp_path):
+    rows = run_cp(tmp_path, f"--masks={','.join(MASK_NAMES)}", "--heads=4:2",
+                  "--dispatch=zigzag", *MATH_INNER)
+    assert_checked(rows)
+    assert len(rows) == len(MASK_NAMES) * len(ON_GLOO) * 2
+    for row in rows:
+        assert row["cp_size"] == 2 and row["n_devices"] == 2
+        assert row["strategy"] in ("ulysses", "allgather")
+        assert "dispatch=zigzag; inner torch.sdpa_math" in row["notes"]
+        assert "imbalance=" in row["notes"]
+
+
+@pytest.mark.slow
+def test_every_family_at_cp4_balanced(tmp_path):
+    rows = run_cp(tmp_path, f"--masks={','.join(MASK_NAMES)}", "--heads=4:4",
+                  "--dispatch=balanced", *MATH_INNER, cp=4)
+    assert_checked(rows)
+    assert {row["cp_size"] for row in rows} == {4}
+    # the balanced dispatch evens out the all-gather's per-rank areas
+    causal = [r for r in rows if r["mask"] == "causal" and r["strategy"] == "allgather"]
+    imbalance = float(causal[0]["notes"].split("imbalance=")[1].split(";")[0])
+    assert imbalance < 1.1
+
+
+def test_contiguous_dispatch_and_what_cannot_run(tmp_path):
+    rows = run_cp(tmp_path, "--masks=causal,causal_document", "--heads=4:1",
+                  "--dispatch=contiguous", *MATH_INNER)
+    by_strategy = {}
+    for row in rows:
+        by_strategy.setdefault(row["strategy"], []).append(row)
+    assert_checked(by_strategy["allgather"])
+    causal = [r for r in by_strategy["allgather"] if r["mask"] == "causal"][0]
+    # rank 1's 256 x 256 square and triangle over the mean of both ranks
+    assert f"imbalance={(256 * 256 + 256 * 257 / 2) / (512 * 513 / 4):.3f}" in causal["notes"]
+    # one K/V head does not split over two ranks: Ulysses says so, nothing runs
+    for row in by_strategy["ulysses"]:
+        assert row["status"] == "UNSUPPORTED"
+        assert "1 kv heads do not divide by cp_size 2" in row["reason"]
+
+
+def test_inner_kernel_limits_and_rank_count_are_honoured(tmp_path):
+    # FlexAttention has no CPU backward; torch.sdpa_flash no CPU at all;
+    # the math kernel's dense mask stops at 16k x 16k cells, so a rank's
+    # 16k queries against 32k keys is beyond it.
+    rows = run_cp(tmp_path, "--masks=full", "--heads=4:2",
+                  "--backend_options=torch.cp_allgather:inner=torch.sdpa_flash",
+                  "--backend_options=torch.cp_ulysses:inner=torch.flex")
+    status = {(r["backend"], r["direction"]): r for r in rows}
+    assert status[("torch.cp_ulysses", "fwd")]["status"] == "OK"
+    assert status[("torch.cp_ulysses", "bwd")]["status"] == "UNSUPPORTED"
+    if not torch.cuda.is_available():
+        flash = status[("torch.cp_allgather", "fwd")]
+        assert flash["status"] == "UNSUPPORTED"
+        assert "inner kernel torch.sdpa_flash is unavailable: needs a CUDA GPU" in flash["reason"]
+
+    large = run_cp(tmp_path / "32k", "--masks=causal_document", "--heads=4:2", "--seqlens=32k",
+                   "--backends=torch.cp_allgather", *MATH_INNER[1:])
+    assert {r["status"] for r in large} == {"UNSUPPORTED"}
+    assert ("inner kernel torch.sdpa_math cannot run rank 0's queries: a dense mask of "
+            "16384 x 32768 exceeds") in large[0]["reason"]
+
+    mismatched = run_cp(tmp_path / "four", "--masks=full", "--heads=4:2",
+                        "--backend_options=torch.cp_allgather:cp_size=4", *MATH_INNER[1:],
+                        "--backends=torch.cp_allgather")
+    assert {r["status"] for r in mismatched} == {"UNSUPPORTED"}
+    assert "cp_size 4 needs 4 processes; torchrun started 2" in mismatched[0]["reason"]
+    assert ["torch.cp_allgather", "cp_size", "4"] in json.loads(
+        mismatched[0]["flags"])["backend_options"]
+
+
+def test_outside_torchrun_the_strategies_say_how_to_start_them():
+    for name in ON_GLOO:
+        with pytest.raises(registry.Unavailable, match="python -m lcab.experiments "
+                                                      "--framework=torch --suite=cp"):
+            registry.load_backend(name)
