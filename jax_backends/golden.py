@@ -1,12 +1,17 @@
-"""Golden data: a run's outputs and gradients kept with orbax, and later
-runs of the same workload compared against them (`--golden_dir`).
+"""Golden data: a run's inputs, outputs and gradients kept with orbax, and
+later runs of the same workload compared against them (`--golden_dir`).
 
-The first run of a workload (mask, shapes, dtype, input seed) saves out
-(and dq, dk, dv when it ran the backward); every later run of it -- another
-kernel, a context-parallel strategy, a run at scale -- restores them in its
-own sharding and reports the largest normalised difference. Arrays are
-saved and restored by every host for its own shards, so a multi-host CP
-run is checked against a single-device run of the same inputs.
+The first run of a workload (mask, shapes, dtype, input seed) saves its
+inputs (q, k, v and the output cotangent) and results (out, and dq, dk, dv
+when it ran the backward), all in the (batch, seq, heads, dim) layout.
+Every later run of it -- another kernel, a context-parallel strategy, a run
+at scale, the other framework -- runs on the saved inputs and reports the
+largest normalised difference from the saved results.
+
+JAX saves and restores jax.Arrays, each host its own shards, so a
+multi-host CP run is checked against a single-device run. Other frameworks
+(the torch runtime) read and write NumPy arrays on the host through
+`restore_numpy` / `save`; the store is the same orbax checkpoint.
 """
 
 from __future__ import annotations
@@ -15,8 +20,10 @@ import pathlib
 import re
 
 import jax
-import jax.numpy as jnp
+import numpy as np
 import orbax.checkpoint as ocp
+
+INPUT_NAMES = ("q", "k", "v", "dout")
 
 
 def golden_key(case_key: str, with_gradients: bool) -> str:
@@ -25,23 +32,48 @@ def golden_key(case_key: str, with_gradients: bool) -> str:
     return f"{safe}-{'fwd_bwd' if with_gradients else 'fwd'}"
 
 
-def golden_error(directory, key: str, arrays: dict) -> float | None:
-    """None after saving `arrays` as the golden data of `key`; afterwards the
-    largest normalised difference (max |a - g| / max |g|) over the arrays."""
-    path = pathlib.Path(directory).absolute() / key
+def _path(directory, key: str) -> pathlib.Path:
+    return pathlib.Path(directory).absolute() / key
+
+
+def exists(directory, key: str) -> bool:
+    return _path(directory, key).exists()
+
+
+def save(directory, key: str, inputs: dict, results: dict) -> None:
+    """Keep `inputs` and `results` (jax or NumPy arrays) as the golden data of key."""
     checkpointer = ocp.StandardCheckpointer()
-    if not path.exists():
-        checkpointer.save(path, arrays)
-        checkpointer.wait_until_finished()
-        return None
+    checkpointer.save(_path(directory, key), {"inputs": inputs, "results": results})
+    checkpointer.wait_until_finished()
+
+
+def restore_like(directory, key: str, inputs: dict, results: dict) -> dict:
+    """The golden arrays as jax.Arrays shaped, typed and sharded like the given ones."""
     like = jax.tree.map(
-        lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding), arrays)
-    golden = checkpointer.restore(path, like)
-    return max(_normalised(arrays[name], golden[name]) for name in arrays)
+        lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding),
+        {"inputs": inputs, "results": results})
+    return ocp.StandardCheckpointer().restore(_path(directory, key), like)
 
 
-def _normalised(got, want) -> float:
-    got, want = got.astype(jnp.float32), want.astype(jnp.float32)
-    scale = jnp.maximum(jnp.max(jnp.abs(want)), 1e-6)
-    error = jnp.where(jnp.all(jnp.isfinite(got)), jnp.max(jnp.abs(got - want)) / scale, jnp.inf)
-    return float(error)
+def restore_numpy(directory, key: str) -> dict:
+    """The golden arrays as NumPy arrays on the host (no device is touched)."""
+    path = _path(directory, key)
+    checkpointer = ocp.PyTreeCheckpointer()
+    tree = checkpointer.metadata(path).item_metadata.tree
+    args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), tree)
+    return checkpointer.restore(path, restore_args=args)
+
+
+def normalised_error(results: dict, golden: dict) -> float:
+    """Largest max|a - g| / max|g| over the named arrays; inf for non-finite."""
+    return max(_normalised(np.asarray(results[name], np.float32),
+                           np.asarray(golden[name], np.float32)) for name in results)
+
+
+def _normalised(got: np.ndarray, want: np.ndarray) -> float:
+    if got.shape != want.shape:
+        raise ValueError(f"golden shape {want.shape} differs from the run's {got.shape}")
+    if not np.all(np.isfinite(got)):
+        return float("inf")
+    scale = max(float(np.max(np.abs(want))), 1e-6)
+    return float(np.max(np.abs(got - want))) / scale

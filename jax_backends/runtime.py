@@ -136,15 +136,34 @@ class JaxRuntime(Runtime):
         self._batch_ms(None, (), calls, True)  # warm
         return float(np.median([self._batch_ms(None, (), calls, True) for _ in range(5)]))
 
-    def golden_error(self, fn, inputs, directory, key, with_gradients):
+    def golden_error(self, fn, inputs, directory, key, with_gradients, layout="bshd"):
         from jax_backends import golden  # orbax only where golden data is asked for
 
-        if with_gradients:
-            out, dq, dk, dv = jax.jit(_with_gradients(fn))(*inputs)
-            arrays = {"out": out, "dq": dq, "dk": dk, "dv": dv}
-        else:
-            arrays = {"out": jax.jit(fn)(*inputs[:3])}
-        return golden.golden_error(directory, golden.golden_key(key, with_gradients), arrays)
+        key = golden.golden_key(key, with_gradients)
+        names = golden.INPUT_NAMES if with_gradients else golden.INPUT_NAMES[:3]
+        given = dict(zip(names, inputs))
+        if layout == "bhsd":  # the store keeps (batch, seq, heads, dim)
+            given = {name: self.swap_seq_heads(x) for name, x in given.items()}
+
+        def run(arrays):
+            ordered = [arrays[name] for name in names]
+            if layout == "bhsd":
+                ordered = [self.swap_seq_heads(x) for x in ordered]
+            if with_gradients:
+                found = jax.jit(_with_gradients(fn))(*ordered)
+            else:
+                found = (jax.jit(fn)(*ordered),)
+            if layout == "bhsd":
+                found = [self.swap_seq_heads(x) for x in found]
+            return dict(zip(("out", "dq", "dk", "dv"), found))
+
+        results = run(given)
+        if not golden.exists(directory, key):
+            golden.save(directory, key, given, results)
+            return None
+        stored = golden.restore_like(directory, key, given, results)
+        # The saved inputs, so a run of another framework compares like with like.
+        return golden.normalised_error(run(stored["inputs"]), stored["results"])
 
     def is_oom(self, exc):
         text = str(exc)

@@ -269,7 +269,7 @@ class Runner:
                 failure = exc
         golden = {}
         if self.settings.golden_dir:
-            golden = self._golden(case, runtime, fn, inputs, both is not None)
+            golden = self._golden(case, runtime, fn, inputs, both is not None, backend.layout)
             context["golden_err"] = golden.get("error")
         if "fwd" in directions:
             rows.append(self._measured(case, "fwd", forward, verdict, context, golden))
@@ -287,14 +287,15 @@ class Runner:
         runtime.cleanup()
         return rows
 
-    def _golden(self, case, runtime: Runtime, fn, inputs, with_gradients: bool) -> dict:
+    def _golden(self, case, runtime: Runtime, fn, inputs, with_gradients: bool,
+                layout: str) -> dict:
         """Compare the case's outputs (and gradients) with the golden data of
         this workload and input seed, or save them when there is none:
         {error, note, mismatch} for the rows."""
         directory = self.settings.golden_dir
         key = f"{case.workload.key()}/seed{self.settings.seed}"
         try:
-            error = runtime.golden_error(fn, inputs, directory, key, with_gradients)
+            error = runtime.golden_error(fn, inputs, directory, key, with_gradients, layout)
         except Exception as exc:  # noqa: BLE001 - the timing stands; say why nothing was compared
             return {"note": f"golden data not compared: {_describe(exc)}"}
         if error is None:

@@ -86,10 +86,12 @@ class Runtime(abc.ABC):
         """(out, dq, dk, dv) of fn at (q, k, v) with cotangent dout."""
 
     def golden_error(self, fn: Callable, inputs, directory: str, key: str,
-                     with_gradients: bool) -> float | None:
-        """Save (first run) or compare (later runs) fn's outputs and gradients
-        on `inputs` as golden data; None when saved. Runtimes without a
-        store raise NotImplementedError."""
+                     with_gradients: bool, layout: str = "bshd") -> float | None:
+        """First run of `key`: save `inputs` (q, k, v, dout) and fn's outputs
+        and gradients as golden data, return None. Later runs: run fn on the
+        saved inputs and return the largest normalised difference from the
+        saved results. `layout` is fn's; the store keeps (batch, seq, heads,
+        dim). Runtimes without a store raise NotImplementedError."""
         raise NotImplementedError(f"{self.framework} runs cannot keep golden data yet")
 
     @abc.abstractmethod

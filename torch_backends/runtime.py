@@ -16,6 +16,7 @@ timed sample is the maximum over ranks (the slowest rank sets the step).
 from __future__ import annotations
 
 import gc
+import os
 import platform
 import time
 
@@ -99,6 +100,40 @@ class TorchRuntime(Runtime):
         out.backward(fn.local(dout))
         with torch.no_grad():
             return (fn.gather(out.detach()), *(fn.reduce(leaf.grad) for leaf in leaves))
+
+    def golden_error(self, fn, inputs, directory, key, with_gradients, layout="bshd"):
+        # The store is orbax's (jax_backends.golden): read and written here as
+        # NumPy arrays on the host, with JAX kept off the GPUs torch is using.
+        os.environ.setdefault("JAX_PLATFORMS", "cpu")
+        from jax_backends import golden
+
+        key = golden.golden_key(key, with_gradients)
+        names = golden.INPUT_NAMES if with_gradients else golden.INPUT_NAMES[:3]
+        dtype = self.dtype_name(inputs[0])
+        stored = golden.restore_numpy(directory, key) if golden.exists(directory, key) else None
+        if stored is not None:  # the saved inputs, so both frameworks see the same ones
+            inputs = [self._from_store(stored["inputs"][name], dtype, layout) for name in names]
+        if with_gradients:
+            found = self.forward_backward(fn, *inputs)
+        else:
+            found = (self.forward(fn, *inputs[:3]),)
+        results = {name: self._to_store(x, layout)
+                   for name, x in zip(("out", "dq", "dk", "dv"), found)}
+        if stored is not None:
+            return golden.normalised_error(results, stored["results"])
+        if distributed.rank() == 0:  # every rank holds the same global arrays
+            given = {name: self._to_store(x, layout) for name, x in zip(names, inputs)}
+            golden.save(directory, key, given, results)
+        return None
+
+    def _to_store(self, x, layout):
+        # float32 holds bf16/fp16 values exactly; the store keeps (b, s, h, d)
+        x = x.detach().to(torch.float32)
+        return (x.transpose(1, 2) if layout == "bhsd" else x).contiguous().cpu().numpy()
+
+    def _from_store(self, array, dtype, layout):
+        x = self.from_numpy(np.asarray(array, np.float32), dtype)
+        return x.transpose(1, 2).contiguous() if layout == "bhsd" else x
 
     def _sync(self):
         if self.on_gpu:
