@@ -150,10 +150,15 @@ class Runner:
             rows += self._rows_for_all(case, Status.UNAVAILABLE, reason=str(exc))
             return
         context.update(device_info=runtime.device(), versions=runtime.versions())
+        options = self.settings.options_for(case.backend)
         try:
-            backend = registry.load_backend(case.backend, self.settings.options_for(case.backend))
+            backend = registry.load_backend(case.backend, options)
         except registry.Unavailable as exc:
-            rows += self._rows_for_all(case, Status.UNAVAILABLE, reason=str(exc), **context)
+            # The row still says which CP size was asked for (the column of
+            # the same name), so it lands beside its measured peers.
+            cp_size = int(options["cp_size"]) if options.get("cp_size", "").isdigit() else 1
+            rows += self._rows_for_all(case, Status.UNAVAILABLE, reason=str(exc),
+                                       cp_size=cp_size, **context)
             return
         context.update(cp_size=backend.cp_size, strategy=backend.strategy)
         directions = [d for d in case.directions if d in backend.directions]

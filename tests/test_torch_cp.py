@@ -115,3 +115,58 @@ def test_outside_torchrun_the_strategies_say_how_to_start_them():
         with pytest.raises(registry.Unavailable, match="python -m lcab.experiments "
                                                       "--framework=torch --suite=cp"):
             registry.load_backend(name)
+
+
+def test_library_strategies_without_their_packages_or_gpu_say_why(tmp_path):
+    rows = run_cp(tmp_path, "--masks=causal", "--heads=4:2", "--backends=torch.cp_ring,"
+                  "torch.cp_usp,torch.cp_ring_flash_attn,torch.cp_native")
+    for row in rows:
+        assert row["status"] == "UNAVAILABLE" and row["cp_size"] == 2
+        assert "flash_attn" in row["reason"] or "needs a CUDA GPU" in row["reason"]
+
+
+def test_yunchang_layouts_as_dispatches():
+    from torch_backends.cp_libraries import usp_dispatch
+
+    # ring 2 x ulysses 2 over 16 tokens: ring rank 0 holds chunks 0 and 3
+    # (4 tokens each), split between its two Ulysses ranks; ring rank 1
+    # holds chunks 1 and 2.
+    zigzag = usp_dispatch("zigzag", 16, ring=2, ulysses=2)
+    assert zigzag.ranges == (((0, 4),), ((12, 16),), ((4, 8),), ((8, 12),))
+    assert usp_dispatch("zigzag", 16, ring=2, ulysses=1).ranges == (
+        ((0, 4), (12, 16)), ((4, 12),))
+    assert usp_dispatch("basic", 16, ring=2, ulysses=2).ranges == (
+        ((0, 4),), ((4, 8),), ((8, 12),), ((12, 16),))
+
+
+@pytest.mark.parametrize("mask_name, dispatch, expected", [
+    ("causal", "zigzag", "zigzag_ring_flash_attn_func"),
+    ("full", "contiguous", "ring_flash_attn_func"),
+    ("causal_document", "contiguous", "llama3_flash_attn_varlen_func"),
+    ("causal_document", "zigzag", "needs the contiguous dispatch"),
+    ("sliding_window", "contiguous", "computes full, causal and packed-document masks only"),
+    ("share_question", "contiguous", "computes full, causal and packed-document masks only"),
+])
+def test_ring_flash_attn_states_what_it_computes(mask_name, dispatch, expected):
+    from lcab.masks import small_mask
+    from lcab.workloads import Workload
+    from torch_backends.cp_libraries import RingFlashAttnBackend
+
+    workload = Workload(1, 256, 256, 4, 2, 64, "bfloat16", small_mask(mask_name, 256))
+    plan = RingFlashAttnBackend(dispatch=dispatch).ring_plan(workload)
+    assert expected in (plan if isinstance(plan, str) else plan.function)
+
+
+@pytest.mark.parametrize("name", ["torch.cp_ring", "torch.cp_usp", "torch.cp_native"])
+def test_causal_flag_libraries_refuse_every_other_mask(name):
+    from lcab.masks import small_mask
+    from lcab.workloads import Workload
+
+    cls = registry.all_backends()[name].load()
+    for mask_name, runs in (("causal", True), ("full", True), ("sliding_window", False),
+                            ("causal_document", False)):
+        workload = Workload(1, 256, 256, 4, 2, 64, "bfloat16", small_mask(mask_name, 256))
+        support = cls(dispatch="zigzag").strategy_support(workload, None)
+        assert support.ok == runs, (mask_name, support.reason)
+        if not runs:
+            assert "full and causal masks only" in support.reason
