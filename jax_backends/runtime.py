@@ -13,6 +13,15 @@ torch's CUDA events at 4k). On an accelerator each sample is therefore a
 batch of calls enqueued back to back, each after its flush, so the device
 never waits for the host; the flushes' own time, measured the same way, is
 subtracted, and the sample is the per-call mean.
+
+A function may say how it wants to be timed: `fn.timed` is the callable to
+time and `fn.timed_inputs(inputs)` lays the inputs out for it (CP strategies:
+tokens in the dispatch order, sharded over their mesh, so the timed call
+is the strategy alone and no input moves between devices inside it).
+
+Under jax.distributed (jax_backends.distributed) inputs are replicated
+global arrays, results are gathered to every host, and each sample is the
+maximum over processes.
 """
 
 from __future__ import annotations
@@ -25,6 +34,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jax_backends import distributed
 from lcab.runtime import L2_FLUSH_BYTES, DeviceInfo, Runtime, Timing
 
 # A batch long enough that one dispatch and one sync are under ~1% of it.
@@ -45,6 +55,7 @@ class JaxRuntime(Runtime):
     framework = "jax"
 
     def __init__(self):
+        distributed.initialize_from_environment()
         self._flush = None
 
     def device(self) -> DeviceInfo:
@@ -66,10 +77,12 @@ class JaxRuntime(Runtime):
         return found
 
     def from_numpy(self, array, dtype):
+        if distributed.multi_process():
+            return distributed.global_from_host(array, _DTYPES[dtype])
         return jnp.asarray(np.asarray(array, dtype=np.float32), dtype=_DTYPES[dtype])
 
     def to_numpy(self, array):
-        return np.asarray(jnp.asarray(array, dtype=jnp.float32), dtype=np.float64)
+        return np.asarray(distributed.to_host(array), dtype=np.float64)
 
     def dtype_name(self, array) -> str:
         for name, dtype in _DTYPES.items():
@@ -82,8 +95,13 @@ class JaxRuntime(Runtime):
 
     def random_inputs(self, shapes, dtype, seed):
         keys = jax.random.split(jax.random.key(seed), len(shapes))
+        # Replicated over every device of every process when there are
+        # several processes; one device's arrays otherwise.
+        sharding = distributed.replicated_sharding() if distributed.multi_process() else None
         return [
-            jax.random.normal(key, shape, dtype=_DTYPES[dtype]) for key, shape in zip(keys, shapes)
+            jax.jit(lambda key, shape=shape: jax.random.normal(key, shape, dtype=_DTYPES[dtype]),
+                    out_shardings=sharding)(key)
+            for key, shape in zip(keys, shapes)
         ]
 
     def forward(self, fn, q, k, v):
@@ -94,7 +112,11 @@ class JaxRuntime(Runtime):
 
     def _flush_buffer(self):
         if self._flush is None:
-            buffer = jnp.zeros(L2_FLUSH_BYTES // 4, dtype=jnp.int32)
+            # On every local device: a CP step reads inputs on all of them.
+            local = jax.sharding.Mesh(np.array(jax.local_devices()), ("local",))
+            buffer = jax.device_put(
+                jnp.zeros(L2_FLUSH_BYTES // 4, dtype=jnp.int32),
+                jax.sharding.NamedSharding(local, jax.sharding.PartitionSpec()))
             rewrite = jax.jit(lambda b: b + 1, donate_argnums=0)
             self._flush = [buffer, rewrite]
         return self._flush
@@ -116,7 +138,10 @@ class JaxRuntime(Runtime):
         return (time.perf_counter() - start) * 1e3 / calls
 
     def measure(self, fn, inputs, *, backward, warmup, iters, flush_l2):
-        target = _with_gradients(fn) if backward else fn
+        if hasattr(fn, "timed_inputs"):
+            inputs = fn.timed_inputs(list(inputs))
+        timed = getattr(fn, "timed", fn)
+        target = _with_gradients(timed) if backward else timed
         start = time.perf_counter()
         compiled = jax.jit(target).lower(*inputs).compile()
         compile_s = time.perf_counter() - start
@@ -124,13 +149,14 @@ class JaxRuntime(Runtime):
         flush = flush_l2 and on_accelerator
         for _ in range(warmup + 1):  # the first call also loads the executable
             single_ms = self._batch_ms(compiled, inputs, 1, flush)
+        # Processes run collectives together, so they must agree on the batch.
+        single_ms, compile_s = distributed.slowest([single_ms, compile_s])
         calls = calls_per_sample(single_ms) if on_accelerator else 1
         flush_ms = self._flush_ms(calls) if flush else 0.0
-        samples = tuple(
-            self._batch_ms(compiled, inputs, calls, flush) - flush_ms for _ in range(iters)
-        )
-        return Timing(samples, compile_s=compile_s, peak_mem_bytes=_peak_bytes(compiled),
-                      calls_per_sample=calls)
+        samples = [self._batch_ms(compiled, inputs, calls, flush) - flush_ms
+                   for _ in range(iters)]
+        return Timing(tuple(distributed.slowest(samples)), compile_s=compile_s,
+                      peak_mem_bytes=_peak_bytes(compiled), calls_per_sample=calls)
 
     def _flush_ms(self, calls: int) -> float:
         self._batch_ms(None, (), calls, True)  # warm

@@ -24,7 +24,7 @@ import sys
 
 from absl import app, flags
 
-from lcab import registry, results
+from lcab import processes, registry, results
 from lcab.cp import DISPATCH_NAMES
 from lcab.flops import TIMED_DIRECTIONS
 from lcab.experiments import presets
@@ -89,6 +89,15 @@ _GOLDEN_DIR = flags.DEFINE_string(
     "golden_dir", None,
     "Keep golden data here: the first run of a workload saves its outputs and gradients "
     "(orbax, every host its shards), later runs are compared with them (golden_err column).")
+_JAX_COORDINATOR = flags.DEFINE_string(
+    "jax_coordinator", None, "Multi-process JAX: the coordinator's host:port (process 0's).")
+_JAX_NUM_PROCESSES = flags.DEFINE_integer(
+    "jax_num_processes", None, "Multi-process JAX: how many processes.", lower_bound=1)
+_JAX_PROCESS_ID = flags.DEFINE_integer(
+    "jax_process_id", None, "Multi-process JAX: this process's index.", lower_bound=0)
+_JAX_DISTRIBUTED_AUTO = flags.DEFINE_bool(
+    "jax_distributed_auto", False,
+    "Multi-process JAX with jax.distributed's own detection (SLURM, Open MPI).")
 _PROGRESS = flags.DEFINE_bool("progress", True, "Show a progress bar.")
 _SUMMARY = flags.DEFINE_bool("summary", True, "Print the comparison table at the end.")
 _RUN_ID = flags.DEFINE_string("run_id", None, "Identifier written into every row.")
@@ -174,6 +183,17 @@ def _check_backend_options(values):
         for text in _option_texts(values["backend_options"]):
             parse_backend_option(text)
     except (ImportError, ValueError) as exc:
+        raise flags.ValidationError(str(exc)) from exc
+    return True
+
+
+@flags.multi_flags_validator(
+    ["jax_coordinator", "jax_num_processes", "jax_process_id", "jax_distributed_auto"])
+def _check_jax_processes(values):
+    try:
+        processes.jax_setting(values["jax_coordinator"], values["jax_num_processes"],
+                              values["jax_process_id"], values["jax_distributed_auto"])
+    except ValueError as exc:
         raise flags.ValidationError(str(exc)) from exc
     return True
 
@@ -282,14 +302,14 @@ def _available_only(sweep: Sweep) -> Sweep:
 
 
 def _launched_rank() -> int | None:
-    """This process's rank when a launcher (torchrun) started it, else None."""
-    return int(os.environ["RANK"]) if "WORLD_SIZE" in os.environ and "RANK" in os.environ \
-        else None
+    """This process's index in a multi-process run (torchrun's or JAX's), else None."""
+    rank = processes.torchrun_rank()
+    return processes.jax_process_index() if rank is None else rank
 
 
 def _needs_launcher(framework: str) -> bool:
     return (framework in PROCESS_PER_RANK and _SUITE.value == "cp"
-            and _launched_rank() is None)
+            and processes.torchrun_rank() is None)
 
 
 def _launch_ranks(framework: str, run_id: str) -> tuple[pathlib.Path, bool]:
@@ -395,6 +415,10 @@ def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     _host_devices_for_cp()
+    setting = processes.jax_setting(_JAX_COORDINATOR.value, _JAX_NUM_PROCESSES.value,
+                                    _JAX_PROCESS_ID.value, _JAX_DISTRIBUTED_AUTO.value)
+    if setting:  # read by the JAX runtime, in this process or the JAX child
+        os.environ[processes.JAX_DISTRIBUTED] = setting
     run_id = _RUN_ID.value or (
         datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
         + "-" + secrets.token_hex(3)

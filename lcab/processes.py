@@ -1,0 +1,56 @@
+"""Which process of a multi-process run this is, without importing a framework.
+
+torch CP runs one process per rank under torchrun, which sets RANK and
+WORLD_SIZE. Multi-process JAX is started by the user (srun, mpirun, or by
+hand) and told how to meet through the CLI's --jax_* flags, which reach the
+JAX runtime in JAX_DISTRIBUTED (jax_backends.distributed reads it). Only
+process 0 writes rows and prints; its times are the maximum over processes.
+"""
+
+from __future__ import annotations
+
+import os
+
+JAX_DISTRIBUTED = "LCAB_JAX_DISTRIBUTED"  # "auto" or "coordinator,num_processes,process_id"
+
+# Where launchers put a process's index, for --jax_distributed=auto.
+_LAUNCHER_RANKS = ("SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
+
+
+def torchrun_rank() -> int | None:
+    """This process's rank when torchrun started it, else None."""
+    if "WORLD_SIZE" in os.environ and "RANK" in os.environ:
+        return int(os.environ["RANK"])
+    return None
+
+
+def jax_process_index() -> int | None:
+    """This process's index in a multi-process JAX run, else None."""
+    setting = os.environ.get(JAX_DISTRIBUTED)
+    if not setting:
+        return None
+    if setting != "auto":
+        return int(setting.split(",")[2])
+    for name in _LAUNCHER_RANKS:
+        if name in os.environ:
+            return int(os.environ[name])
+    return 0
+
+
+def jax_setting(coordinator: str | None, processes: int | None, process_id: int | None,
+                auto: bool) -> str | None:
+    """The JAX_DISTRIBUTED value for the CLI's flags (None: one process)."""
+    explicit = (coordinator, processes, process_id)
+    if auto:
+        if any(value is not None for value in explicit):
+            raise ValueError("--jax_distributed_auto detects the coordinator; do not also give "
+                             "--jax_coordinator, --jax_num_processes or --jax_process_id")
+        return "auto"
+    if all(value is None for value in explicit):
+        return None
+    if any(value is None for value in explicit):
+        raise ValueError("multi-process JAX needs all of --jax_coordinator, "
+                         "--jax_num_processes and --jax_process_id (or --jax_distributed_auto)")
+    if not 0 <= process_id < processes:
+        raise ValueError(f"--jax_process_id {process_id} is not in [0, {processes})")
+    return f"{coordinator},{processes},{process_id}"

@@ -1,0 +1,67 @@
+"""Multi-process JAX (jax.distributed) through the CLI, as a multi-host run
+starts it: two CPU processes of two devices each meet at a coordinator, a
+cp 4 mesh spans both, only process 0 writes rows, and the rows pass the
+reference check."""
+
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from lcab import processes, results
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_two_processes_share_one_cp_mesh_and_write_rows_once(tmp_path):
+    port = free_port()
+    environment = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+    command = [sys.executable, "-m", "lcab.experiments", "--framework=jax", "--suite=cp",
+               "--backends=jax.cp_ring,jax.cp_allgather", "--cp_size=4", "--dispatch=balanced",
+               "--masks=causal_document", "--seqlens=256", "--heads=4:4", "--head_dim=16",
+               "--dtype=float32", "--warmup=1", "--iters=3", f"--out={tmp_path}",
+               "--noprogress", "--git_commit=t", f"--jax_coordinator=localhost:{port}",
+               "--jax_num_processes=2"]
+    running = [subprocess.Popen(command + [f"--jax_process_id={i}"], env=environment,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+               for i in range(2)]
+    outputs = [p.communicate(timeout=600) for p in running]
+    for process, (out, err) in zip(running, outputs):
+        assert process.returncode == 0, err[-3000:]
+    assert "Context parallel" in outputs[0][0] and "Context parallel" not in outputs[1][0]
+    rows = results.read_rows([tmp_path / "cp_jax.jsonl"])
+    assert len(rows) == 4  # written by process 0 alone
+    for row in rows:
+        assert row["status"] == "OK" and row["max_err"] < 1e-4, row["reason"]
+        assert row["n_devices"] == 4 and row["cp_size"] == 4
+
+
+@pytest.mark.parametrize("flags, message", [
+    ((None, 2, 0, False), "needs all of --jax_coordinator"),
+    (("h:1", 2, 2, False), "--jax_process_id 2 is not in [0, 2)"),
+    (("h:1", None, None, True), "do not also give"),
+])
+def test_incomplete_jax_process_flags_are_refused(flags, message):
+    with pytest.raises(ValueError, match=message.replace("[", r"\[").replace(")", r"\)")):
+        processes.jax_setting(*flags)
+
+
+def test_process_indices_come_from_the_launcher(monkeypatch):
+    for name in ("RANK", "WORLD_SIZE", processes.JAX_DISTRIBUTED, "SLURM_PROCID"):
+        monkeypatch.delenv(name, raising=False)
+    assert processes.torchrun_rank() is None and processes.jax_process_index() is None
+    monkeypatch.setenv(processes.JAX_DISTRIBUTED, "h:1,4,3")
+    assert processes.jax_process_index() == 3
+    monkeypatch.setenv(processes.JAX_DISTRIBUTED, "auto")
+    monkeypatch.setenv("SLURM_PROCID", "5")
+    assert processes.jax_process_index() == 5
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert processes.torchrun_rank() == 1
