@@ -19,10 +19,10 @@ compiled program serves every rank; empty ring steps cost only their empty
 walk), or any JAX kernel backend whose own supports() accepts every rank's
 (and step's) sub-workload, UNSUPPORTED otherwise. Ring-type strategies need
 an inner with a log-sum-exp: jax.pallas_flex, or jax.xla's dense ring
-kernel. Inputs arrive in natural token order: the function permutes them into
-the dispatch order and the output back, inside the timed call (a training
-step would dispatch once per sequence, not per layer; the gathers count
-against every strategy alike and their share is not measured yet).
+kernel. Called, a strategy takes natural-order arrays (the correctness
+checks); timed, its inputs are first put in the dispatch order and split
+over the mesh, outside the timed call (DispatchedAttention), as a training
+step dispatches once per sequence, not once per layer.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from typing import ClassVar
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import Mesh, PartitionSpec
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jax_backends import cp_inner, flex_kernel, flex_plan
 from jax_backends.pallas_flex import PallasFlexBackend
@@ -45,6 +45,7 @@ from lcab.workloads import Workload
 AXIS = "cp"
 _SHARDED = PartitionSpec(AXIS)
 _SEQUENCE = PartitionSpec(None, AXIS)  # (batch, seq, heads, dim) split on seq
+_USP_SEQUENCE = PartitionSpec(None, ("ring", "ulysses"))  # ring-major, then Ulysses
 
 
 def _shard_map(per_rank, mesh, in_specs, out_specs):
@@ -80,6 +81,7 @@ class ContextParallelBackend(Backend):
     """Shared by the strategies: options, dispatch, the inner kernel, the mesh."""
 
     framework = "jax"
+    suite = "cp"
     strategy: ClassVar[str] = ""
     requires = ("jax",)
     # jax.pallas_flex's tiling and lowering options apply to that inner only.
@@ -149,21 +151,46 @@ class ContextParallelBackend(Backend):
     def mesh(self) -> Mesh:
         return Mesh(np.array(jax.devices()[: self.cp_size]), (AXIS,))
 
+    def sequence_spec(self) -> PartitionSpec:
+        """How the strategy's (batch, seq, heads, dim) inputs split over the mesh."""
+        return _SEQUENCE
+
     def build(self, workload: Workload):
         dispatch = self.dispatch(workload)
-        local = self.local_attention(workload, dispatch)
-        order = jnp.asarray(dispatch.order())
-        inverse = jnp.asarray(np.argsort(dispatch.order()))
-
-        def attend(q, k, v):
-            q, k, v = (jnp.take(x, order, axis=1) for x in (q, k, v))
-            return jnp.take(local(q, k, v), inverse, axis=1)
-
-        return attend
+        sharding = NamedSharding(self.mesh(), self.sequence_spec())
+        return DispatchedAttention(self.local_attention(workload, dispatch), dispatch.order(),
+                                   sharding)
 
     def local_attention(self, workload: Workload, dispatch):
         """f(q, k, v) on dispatch-ordered global arrays."""
         raise NotImplementedError
+
+
+class DispatchedAttention:
+    """A strategy as validation and the runtime see it.
+
+    Called, it takes natural-order arrays and returns the natural-order
+    output (the permutations run inside). Timed (jax_backends.runtime), the
+    inputs are put in the dispatch order and split over the mesh first,
+    outside the timed call, and `timed` runs the strategy alone: a training
+    step dispatches once per sequence, not once per layer.
+    """
+
+    def __init__(self, local, order: np.ndarray, sharding: NamedSharding):
+        self.local, self.sharding = local, sharding
+        self.order = jnp.asarray(order)
+        self.inverse = jnp.asarray(np.argsort(order))
+
+    def __call__(self, q, k, v):
+        q, k, v = (jnp.take(x, self.order, axis=1) for x in (q, k, v))
+        return jnp.take(self.local(q, k, v), self.inverse, axis=1)
+
+    def timed(self, q, k, v):
+        return self.local(q, k, v)
+
+    def timed_inputs(self, inputs):
+        place = jax.jit(lambda x: jnp.take(x, self.order, axis=1), out_shardings=self.sharding)
+        return [place(x) for x in inputs]
 
 
 def _rank_specs(tables, spec=_SHARDED):
@@ -190,9 +217,18 @@ class AllGatherBackend(ContextParallelBackend):
     description = "all-gather K/V over cp, then attend the local queries (inner kernel inside)"
 
     def sub_workloads(self, workload, dispatch):
-        # K/V stay in the dispatch order they were gathered in.
+        # K/V stay in the dispatch order they were gathered in: no kernel
+        # states a rectangular (S/cp x S) mask with flags, so natural order
+        # would gain nothing.
         return [(f"rank {r}", cp_inner.sub_workload(workload, mask))
                 for r, mask in enumerate(_gathered_masks(workload.mask, dispatch))]
+
+    def inner_support(self, workload, dispatch):
+        support = super().inner_support(workload, dispatch)
+        if not support.ok or self.uses_pallas:
+            return support
+        return Support.yes(f"{support.how}; each rank's own sub-mask (lax.switch on the rank)",
+                           support.directions)
 
     def local_attention(self, workload, dispatch):
         if self.uses_pallas:
@@ -376,6 +412,10 @@ def _ring_bwd(axis, schedule, kernel, residuals, dout):
 _ring.defvjp(_ring_fwd, _ring_bwd)
 
 
+def _is_identity(order) -> bool:
+    return np.array_equal(order, np.arange(len(order)))
+
+
 def _heads_problem(workload, ranks: int, what_ranks: str) -> str | None:
     """Why a Ulysses all_to_all over `ranks` cannot split the heads, if it cannot."""
     for what, heads in (("query", workload.heads_q), ("kv", workload.heads_kv)):
@@ -413,6 +453,13 @@ class UlyssesBackend(ContextParallelBackend):
         mask = self.sequence_mask(workload, dispatch)
         return [("every rank", cp_inner.sub_workload(workload, mask, self.cp_size))]
 
+    def inner_support(self, workload, dispatch):
+        support = super().inner_support(workload, dispatch)
+        if not support.ok or self.uses_pallas or _is_identity(dispatch.order()):
+            return support
+        return Support.yes(f"{support.how}; tokens gathered back to natural order",
+                           support.directions)
+
     def local_attention(self, workload, dispatch):
         if self.uses_pallas:
             attend = self._pallas_attention(workload, dispatch)
@@ -442,7 +489,7 @@ class UlyssesBackend(ContextParallelBackend):
     def _natural_order(attend, dispatch):
         """attend on tokens put back in natural order, its output back in dispatch order."""
         order = dispatch.order()
-        if np.array_equal(order, np.arange(len(order))):
+        if _is_identity(order):
             return attend  # contiguous: already natural
         natural, back = jnp.asarray(np.argsort(order)), jnp.asarray(order)
 
@@ -486,6 +533,9 @@ class UspBackend(RingBackend):
         devices = np.array(jax.devices()[: self.cp_size])
         return Mesh(devices.reshape(self.dispatch_ranks, self.ulysses_size), ("ring", "ulysses"))
 
+    def sequence_spec(self) -> PartitionSpec:
+        return _USP_SEQUENCE
+
     def local_attention(self, workload, dispatch):
         schedule = self.schedule(dispatch.cp)
         kernel, tables = self.ring_kernel(workload.mask, dispatch, schedule)
@@ -499,7 +549,7 @@ class UspBackend(RingBackend):
             return jax.lax.all_to_all(out, "ulysses", 1, 2, tiled=True)
 
         return _with_tables(per_rank, self.mesh(), tables,
-                            sequence=PartitionSpec(None, ("ring", "ulysses")),
+                            sequence=_USP_SEQUENCE,
                             rank=PartitionSpec("ring"))
 
 

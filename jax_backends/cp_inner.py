@@ -9,13 +9,18 @@ UNSUPPORTED with the inner's reason; nothing runs a different mask.
 
 All-gather and Ulysses need only the output, so they call the inner
 backend's own `build()` per rank, one branch per distinct sub-workload
-chosen by the rank's index (`by_rank`). Ring-type strategies merge partial
-results by log-sum-exp and take each step's gradients from the final out
-and lse, so they need a *ring kernel*: jax.pallas_flex's (per-rank plan
-tables) or, for jax.xla, the dense one here (a boolean mask per rank and
-step as a sharded input, O((S/cp)^2) cells a step, scores and accumulation
-in float32). Other inner kernels return no log-sum-exp through their APIs
-and are UNSUPPORTED inside a ring.
+chosen by the rank's index (`by_rank`); every branch is in the one program,
+so an inner that builds a dense mask (jax.xla inside all-gather) holds every
+rank's S/cp x S mask as constants on each device.
+
+Ring-type strategies merge partial results by log-sum-exp and take each
+step's gradients from the final out and lse, so they need a *ring kernel*:
+jax.pallas_flex's (per-rank plan tables) or, for jax.xla, the dense one
+here (a boolean mask per rank and step as a sharded input, O((S/cp)^2)
+cells a step, scores and accumulation in float32; empty steps are computed
+too). Other inner kernels return no log-sum-exp through their APIs and are
+UNSUPPORTED inside a ring. An inner that cannot run here (jax.cudnn or
+jax.fa3 without a GPU) makes the strategy UNAVAILABLE, naming the inner.
 """
 
 from __future__ import annotations

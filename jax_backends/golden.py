@@ -8,10 +8,11 @@ Every later run of it -- another kernel, a context-parallel strategy, a run
 at scale, the other framework -- runs on the saved inputs and reports the
 largest normalised difference from the saved results.
 
-JAX saves and restores jax.Arrays, each host its own shards, so a
-multi-host CP run is checked against a single-device run. Other frameworks
-(the torch runtime) read and write NumPy arrays on the host through
-`restore_numpy` / `save`; the store is the same orbax checkpoint.
+JAX saves jax.Arrays (each host its own shards); every run reads the store
+back as NumPy arrays on the host (`restore_numpy`) and places the inputs
+as its runtime places any input, so a CP run at scale, on any mesh, is
+checked against a single-device run, and the torch runtime reads and
+writes the same orbax checkpoint.
 """
 
 from __future__ import annotations
@@ -45,14 +46,6 @@ def save(directory, key: str, inputs: dict, results: dict) -> None:
     checkpointer = ocp.StandardCheckpointer()
     checkpointer.save(_path(directory, key), {"inputs": inputs, "results": results})
     checkpointer.wait_until_finished()
-
-
-def restore_like(directory, key: str, inputs: dict, results: dict) -> dict:
-    """The golden arrays as jax.Arrays shaped, typed and sharded like the given ones."""
-    like = jax.tree.map(
-        lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding),
-        {"inputs": inputs, "results": results})
-    return ocp.StandardCheckpointer().restore(_path(directory, key), like)
 
 
 def restore_numpy(directory, key: str) -> dict:

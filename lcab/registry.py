@@ -59,6 +59,7 @@ _BUILTIN_BACKENDS = {
     "torch.fa4": Entry("torch_backends.flash_attn:FlashAttn4Backend"),
     "torch.cp_ulysses": Entry("torch_backends.context_parallel:UlyssesBackend", "cp"),
     "torch.cp_allgather": Entry("torch_backends.context_parallel:AllGatherBackend", "cp"),
+    "torch.cp_ring_flex": Entry("torch_backends.context_parallel:RingFlexBackend", "cp"),
     "torch.cp_ring": Entry("torch_backends.cp_libraries:YunchangRingBackend", "cp"),
     "torch.cp_usp": Entry("torch_backends.cp_libraries:YunchangUspBackend", "cp"),
     "torch.cp_ring_flash_attn": Entry("torch_backends.cp_libraries:RingFlashAttnBackend", "cp"),

@@ -13,8 +13,10 @@ import torch
 from lcab import registry, results
 from lcab.masks import MASK_NAMES
 
-ON_GLOO = ("torch.cp_ulysses", "torch.cp_allgather")
-MATH_INNER = [f"--backend_options={name}:inner=torch.sdpa_math" for name in ON_GLOO]
+ON_GLOO = ("torch.cp_ulysses", "torch.cp_allgather", "torch.cp_ring_flex")
+# Kernels with a CPU backward inside (FlexAttention has none on a CPU).
+MATH_INNER = [f"--backend_options={name}:inner=torch.sdpa_math" for name in ON_GLOO[:2]] + [
+    "--backend_options=torch.cp_ring_flex:inner=math"]
 
 
 def run_cp(tmp_path, *flags, cp=2, timeout=600):
@@ -47,8 +49,8 @@ def test_every_family_at_cp2_zigzag_forward_and_backward(tmp_path):
     assert len(rows) == len(MASK_NAMES) * len(ON_GLOO) * 2
     for row in rows:
         assert row["cp_size"] == 2 and row["n_devices"] == 2
-        assert row["strategy"] in ("ulysses", "allgather")
-        assert "dispatch=zigzag; inner torch.sdpa_math" in row["notes"]
+        assert row["strategy"] in ("ulysses", "allgather", "ring")
+        assert "dispatch=zigzag; inner " in row["notes"]
         assert "imbalance=" in row["notes"]
 
 
@@ -70,7 +72,7 @@ def test_contiguous_dispatch_and_what_cannot_run(tmp_path):
     by_strategy = {}
     for row in rows:
         by_strategy.setdefault(row["strategy"], []).append(row)
-    assert_checked(by_strategy["allgather"])
+    assert_checked(by_strategy["allgather"] + by_strategy["ring"])
     causal = [r for r in by_strategy["allgather"] if r["mask"] == "causal"][0]
     # rank 1's 256 x 256 square and triangle over the mean of both ranks
     assert f"imbalance={(256 * 256 + 256 * 257 / 2) / (512 * 513 / 4):.3f}" in causal["notes"]
@@ -84,25 +86,29 @@ def test_inner_kernel_limits_and_rank_count_are_honoured(tmp_path):
     # FlexAttention has no CPU backward; torch.sdpa_flash no CPU at all;
     # the math kernel's dense mask stops at 16k x 16k cells, so a rank's
     # 16k queries against 32k keys is beyond it.
-    rows = run_cp(tmp_path, "--masks=full", "--heads=4:2",
+    rows = run_cp(tmp_path, "--masks=causal_document", "--heads=4:2",
                   "--backend_options=torch.cp_allgather:inner=torch.sdpa_flash",
                   "--backend_options=torch.cp_ulysses:inner=torch.flex")
     status = {(r["backend"], r["direction"]): r for r in rows}
     assert status[("torch.cp_ulysses", "fwd")]["status"] == "OK"
     assert status[("torch.cp_ulysses", "bwd")]["status"] == "UNSUPPORTED"
+    # the ring's FlexAttention steps (return_lse) merge exactly; no CPU backward
+    assert status[("torch.cp_ring_flex", "fwd")]["status"] == "OK"
+    assert status[("torch.cp_ring_flex", "fwd")]["max_err"] < 1e-4
+    assert status[("torch.cp_ring_flex", "bwd")]["status"] == "UNSUPPORTED"
     if not torch.cuda.is_available():
         flash = status[("torch.cp_allgather", "fwd")]
         assert flash["status"] == "UNSUPPORTED"
         assert "inner kernel torch.sdpa_flash is unavailable: needs a CUDA GPU" in flash["reason"]
 
     large = run_cp(tmp_path / "32k", "--masks=causal_document", "--heads=4:2", "--seqlens=32k",
-                   "--backends=torch.cp_allgather", *MATH_INNER[1:])
+                   "--backends=torch.cp_allgather", MATH_INNER[1])
     assert {r["status"] for r in large} == {"UNSUPPORTED"}
     assert ("inner kernel torch.sdpa_math cannot run rank 0's queries: a dense mask of "
             "16384 x 32768 exceeds") in large[0]["reason"]
 
     mismatched = run_cp(tmp_path / "four", "--masks=full", "--heads=4:2",
-                        "--backend_options=torch.cp_allgather:cp_size=4", *MATH_INNER[1:],
+                        "--backend_options=torch.cp_allgather:cp_size=4", MATH_INNER[1],
                         "--backends=torch.cp_allgather")
     assert {r["status"] for r in mismatched} == {"UNSUPPORTED"}
     assert "cp_size 4 needs 4 processes; torchrun started 2" in mismatched[0]["reason"]

@@ -240,3 +240,157 @@ class AllGatherBackend(InnerKernelBackend):
             return attend(q, k, v)
 
         return self.sharded(local, dispatch)
+
+
+# ----- ring attention on any mask --------------------------------------------
+INNER_WITH_LSE = ("flex", "math")
+_NEVER_SEEN = -1e30  # a finite log-sum-exp for rows no shard has shown yet
+
+
+def _shift(x, direction: int, group):
+    """x sent `direction` ranks on around the ring; returns what arrives."""
+    size, me = dist.get_world_size(group), dist.get_rank(group)
+    x = x.contiguous()
+    received = torch.empty_like(x, memory_format=torch.contiguous_format)
+    peer = functools.partial(dist.get_global_rank, group)
+    requests = dist.batch_isend_irecv([
+        dist.P2POp(dist.isend, x, peer((me + direction) % size), group),
+        dist.P2POp(dist.irecv, received, peer((me - direction) % size), group)])
+    for request in requests:
+        request.wait()
+    return received
+
+
+class _Rotate(torch.autograd.Function):
+    """One ring step: the previous rank's tensor arrives, ours goes on; the
+    gradient travels back the other way."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return _shift(x, 1, group)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _shift(grad, -1, ctx.group), None
+
+
+def _merge(out, lse, step_out, step_lse):
+    """Two partial attentions of the same rows combined by log-sum-exp
+    ((b, h, s, d) float32 and (b, h, s)); differentiable, finite everywhere."""
+    step_out, step_lse = step_out.float(), step_lse.float().clamp(min=_NEVER_SEEN)
+    if out is None:
+        return step_out, step_lse
+    both = torch.logaddexp(lse, step_lse)
+    weight = lambda part: torch.exp(part - both).unsqueeze(-1)  # noqa: E731
+    return out * weight(lse) + step_out * weight(step_lse), both
+
+
+def _math_with_lse(mask_dense: torch.Tensor, ratio: int):
+    """Dense attention returning (out, lse), (b, h, s, d) layout: the CPU
+    inner kernel of the ring, where FlexAttention has no backward."""
+
+    def attend(q, k, v):
+        k, v = (x.repeat_interleave(ratio, dim=1) for x in (k, v))
+        scores = (q @ k.transpose(-1, -2)).float() * q.shape[-1] ** -0.5
+        scores = scores.masked_fill(~mask_dense, float("-inf"))
+        lse = torch.logsumexp(scores, dim=-1)
+        weights = torch.exp(scores - lse.clamp(min=_NEVER_SEEN).unsqueeze(-1))
+        return (weights @ v.float()).to(q.dtype), lse
+
+    return attend
+
+
+class RingFlexBackend(TorchCpBackend):
+    name = "torch.cp_ring_flex"
+    strategy = "ring"
+    options = {**TorchCpBackend.options, "inner": str}
+    description = ("LCAB's ring on any mask: K/V rotate with P2P sends, FlexAttention "
+                   "(return_lse) on each step's exact sub-mask, log-sum-exp merge; inner=math "
+                   "is a dense kernel for CPU checks")
+
+    def __init__(self, inner: str = "flex", **options):
+        super().__init__(**options)
+        if inner not in INNER_WITH_LSE:
+            raise ValueError(f"inner={inner!r} is not one of {', '.join(INNER_WITH_LSE)}")
+        self.inner_name = inner
+        if inner == "flex" and not torch.cuda.is_available():
+            self.directions = ("fwd",)  # FlexAttention has no CPU backward
+
+    def step_masks(self, workload, dispatch, rank: int) -> list:
+        """Rank's queries against the shard it holds at each step (the
+        shard of rank - step), None where nothing is visible."""
+        cp = self.cp_size
+        masks = []
+        for step in range(cp):
+            sub = sub_mask(workload.mask, dispatch.ranges[rank],
+                           dispatch.ranges[(rank - step) % cp])
+            masks.append(sub if sub.area() else None)
+        return masks
+
+    def strategy_support(self, workload, dispatch):
+        if self.inner_name == "flex":
+            from torch_backends.flex import unsupported_reason
+
+            for rank in range(self.cp_size):
+                for sub in filter(None, self.step_masks(workload, dispatch, rank)):
+                    reason = unsupported_reason(sub)
+                    if reason:
+                        return Support.no(f"FlexAttention cannot run a ring step of rank "
+                                          f"{rank}: {reason}")
+            how = "FlexAttention (return_lse)" + (
+                " under torch.compile" if torch.cuda.is_available() else ", uncompiled")
+        else:
+            shard = workload.seqlen_q // self.cp_size
+            if shard * shard > (1 << 26):
+                return Support.no(f"inner=math scores a dense {shard} x {shard} step")
+            how = "dense math kernel with lse"
+        return Support.yes(f"{self.strategy}; dispatch={self.dispatch_name}; inner {how}; "
+                           "each rotation completes before its step's compute")
+
+    def build(self, workload):
+        dispatch = self.dispatch(workload)
+        attention = None
+        if self.inner_name == "flex":
+            from torch_backends import flex
+
+            # One compiled function for every step (compiling resets Dynamo).
+            attention = flex.compiled_flex_attention() if torch.cuda.is_available() \
+                else flex.flex_attention
+        steps = [self._step_function(workload, sub, attention)
+                 for sub in self.step_masks(workload, dispatch, distributed.rank())]
+        group = dist.group.WORLD
+
+        def local(q, k, v):
+            q = q.transpose(1, 2)
+            # K and V travel as one tensor: one chain of rotations, whose
+            # backward every rank then runs in the same order (two chains
+            # could interleave differently per rank and cross their sends).
+            kv = torch.stack((k, v)).transpose(2, 3)
+            out = lse = None
+            for step, attend in enumerate(steps):
+                if step:
+                    kv = _Rotate.apply(kv, group)
+                if attend is not None:
+                    out, lse = _merge(out, lse, *attend(q, kv[0], kv[1]))
+            # Every rank must run every rotation's backward (its peers wait
+            # for those sends), also those whose later shards it never
+            # attends: the last shard joins the graph with weight zero.
+            unused = 0 * kv.float().sum()
+            out = unused + (0 * q.float() if out is None else out)
+            return out.to(q.dtype).transpose(1, 2)
+
+        return self.sharded(local, dispatch)
+
+    def _step_function(self, workload, sub, attention):
+        if sub is None:
+            return None
+        ratio = workload.gqa_ratio
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        if attention is None:
+            return _math_with_lse(torch.as_tensor(sub.to_dense(), device=device), ratio)
+        from torch_backends import flex
+
+        block_mask = flex.build_block_mask(sub, device)
+        return lambda q, k, v: attention(q, k, v, block_mask=block_mask,
+                                         enable_gqa=ratio > 1, return_lse=True)

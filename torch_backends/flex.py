@@ -233,7 +233,7 @@ def build_block_mask(mask: AttnMask, device, block: int = BLOCK) -> BlockMask:
     )
 
 
-def _compiled_flex_attention():
+def compiled_flex_attention():
     # A fresh Dynamo per case: see the module docstring.
     torch._dynamo.reset()
     return torch.compile(flex_attention, dynamic=False)
@@ -286,7 +286,7 @@ class FlexBackend(Backend):
     def build(self, workload: Workload):
         device = "cuda" if self.on_gpu else "cpu"
         block_mask = build_block_mask(workload.mask, device)
-        attention = _compiled_flex_attention() if self.on_gpu else flex_attention
+        attention = compiled_flex_attention() if self.on_gpu else flex_attention
         enable_gqa = workload.heads_q != workload.heads_kv
 
         def attend(q, k, v):
