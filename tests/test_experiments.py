@@ -2,6 +2,7 @@
 
 import json
 import pathlib
+import re
 import signal
 import subprocess
 import sys
@@ -183,3 +184,28 @@ def test_backend_options_repeat_and_comma_separate():
     from lcab.experiments.__main__ import _option_texts
 
     assert _option_texts(["a:x=1,a:y=2", " b:z=3 "]) == ["a:x=1", "a:y=2", "b:z=3"]
+
+
+@pytest.mark.parametrize("flagfile", sorted(pathlib.Path("experiments").glob("*.flags")),
+                         ids=lambda path: path.name)
+def test_every_named_sweep_parses(flagfile):
+    # Parsing runs every validator: names, sizes, backend options (whose
+    # constructors check their values), so a stale flagfile fails here.
+    from absl import flags
+
+    import lcab.experiments.__main__  # noqa: F401 - defines the flags
+
+    flags.FLAGS.unparse_flags()
+    try:
+        flags.FLAGS(["lcab.experiments", f"--flagfile={flagfile}"])
+        assert flags.FLAGS["suite"].value in ("kernel", "cp")
+    finally:
+        flags.FLAGS.unparse_flags()
+
+
+@pytest.mark.parametrize("script", sorted(pathlib.Path("experiments").glob("*.sh")),
+                         ids=lambda path: path.name)
+def test_slurm_scripts_are_valid_bash_naming_existing_flagfiles(script):
+    assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
+    for flagfile in re.findall(r"--flagfile=(\S+)", script.read_text()):
+        assert pathlib.Path(flagfile).exists(), flagfile
