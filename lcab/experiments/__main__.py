@@ -87,8 +87,9 @@ _DISPATCH = flags.DEFINE_enum(
     "How --suite=cp backends assign tokens to ranks (default zigzag).")
 _GOLDEN_DIR = flags.DEFINE_string(
     "golden_dir", None,
-    "Keep golden data here: the first run of a workload saves its outputs and gradients "
-    "(orbax, every host its shards), later runs are compared with them (golden_err column).")
+    "Keep golden data here: the first run of a workload saves its inputs, outputs and "
+    "gradients (orbax); later runs, of either framework, run on those inputs and are compared "
+    "with them (golden_err column).")
 _JAX_COORDINATOR = flags.DEFINE_string(
     "jax_coordinator", None, "Multi-process JAX: the coordinator's host:port (process 0's).")
 _JAX_NUM_PROCESSES = flags.DEFINE_integer(
