@@ -540,10 +540,13 @@ class UspBackend(RingBackend):
         schedule = self.schedule(dispatch.cp)
         kernel, tables = self.ring_kernel(workload.mask, dispatch, schedule)
         ring = functools.partial(_ring, "ring", schedule, kernel)
+        ulysses = self.ulysses_size > 1
 
         def per_rank(q, k, v, tables):
             # Within a group: (b, S/cp, h, d) -> (b, S/ring, h/u, d), the
             # group's tokens in the ring rank's order.
+            if not ulysses:  # a plain (double) ring: no all_to_all over one rank
+                return ring(q, k, v, _own(tables))
             q, k, v = (jax.lax.all_to_all(x, "ulysses", 2, 1, tiled=True) for x in (q, k, v))
             out = ring(q, k, v, _own(tables))
             return jax.lax.all_to_all(out, "ulysses", 1, 2, tiled=True)
@@ -553,20 +556,29 @@ class UspBackend(RingBackend):
                             rank=PartitionSpec("ring"))
 
 
-class DoubleRingBackend(RingBackend):
+class DoubleRingBackend(UspBackend):
     name = "jax.cp_double_ring"
     strategy = "double_ring"
-    description = ("LoongTrain's double ring: K/V circle inside windows of consecutive ranks, "
-                   "then step to the next window (inner kernel with a log-sum-exp inside)")
-    options = {**RingBackend.options, "window": int}
+    description = ("LoongTrain's double ring: K/V circle inside windows of consecutive ring "
+                   "ranks, then step to the next window; with ulysses_size > 1, Ulysses inside "
+                   "groups and the double ring across them (inner kernel with a log-sum-exp)")
+    options = {**UspBackend.options, "window": int}
 
-    def __init__(self, window: int = 2, **options):
-        super().__init__(**options)
+    def __init__(self, window: int = 2, ulysses_size: int = 1, **options):
+        super().__init__(ulysses_size=ulysses_size, **options)
         self.window = window
 
+    def probe_heads_kv(self, workload):
+        return min(workload.heads_kv, max(2, self.ulysses_size))
+
     def strategy_problem(self, workload):
-        if self.window < 1 or self.cp_size % self.window:
-            return f"window {self.window} does not divide cp_size {self.cp_size}"
+        problem = super().strategy_problem(workload)
+        if problem:
+            return problem
+        ring = self.dispatch_ranks
+        if self.window < 1 or ring % self.window:
+            return (f"window {self.window} does not divide the ring's {ring} ranks "
+                    f"(cp_size / ulysses_size)")
         return None
 
     def schedule(self, ranks: int) -> Schedule:

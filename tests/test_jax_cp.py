@@ -75,6 +75,20 @@ def test_the_double_ring_meets_every_shard_once_and_matches_the_reference():
         double_ring_schedule(8, 3)
 
 
+def test_the_double_ring_takes_a_ulysses_factor():
+    # cp 8 = Ulysses groups of 2 x a double ring of 4 ranks in windows of 2.
+    how = check("jax.cp_double_ring", "causal_document", 8, "balanced", seqlen=128,
+                window="2", ulysses_size="2")
+    assert how.startswith("double_ring; dispatch=balanced")
+    mask = small_mask("causal", 128)
+    backend = registry.load_backend(
+        "jax.cp_double_ring", {"cp_size": "8", "window": "4", "ulysses_size": "4"})
+    support = backend.supports(Workload(1, 128, 128, 4, 4, 16, "float32", mask))
+    assert not support.ok
+    assert "window 4 does not divide the ring's 2 ranks (cp_size / ulysses_size)" in \
+        support.reason
+
+
 def test_eight_ranks():
     check("jax.cp_ring", "causal", 8, "zigzag", seqlen=128)
     check("jax.cp_allgather", "causal_document", 8, "balanced", seqlen=128)
