@@ -184,7 +184,8 @@ def test_cli_writes_every_table_figure_and_the_index(tmp_path):
     assert result.returncode == 0, result.stderr
     expected = {
         "kernel_fwd.md", "kernel_fwd.csv", "kernel_bwd.md", "kernel_bwd.csv",
-        "kernel.md", "kernel.csv", "cross_framework.md", "cross_framework.csv", "cp.md", "cp.csv", "README.md",
+        "kernel.md", "kernel.csv", "cross_framework.md", "cross_framework.csv", "cp.md", "cp.csv",
+        "cp_cross_framework.md", "cp_cross_framework.csv", "README.md",
         "figures/kernel_full.png", "figures/kernel_causal.png",
         "figures/kernel_causal_document.png", "figures/cp_causal.png",
     }
@@ -227,3 +228,60 @@ def test_cli_rejects_bad_flags(tmp_path, args, message):
     assert result.returncode != 0
     assert message in result.stderr
     assert not (tmp_path / "out").exists()
+
+
+def _cp_sample():
+    """Two CP rows per framework and the single-GPU rows of their inner
+    kernels, on one workload (synthetic numbers)."""
+    frame = results.load([SAMPLE])
+    kernel = frame[(frame["suite"] == "kernel") & (frame["mask"] == "causal")
+                   & (frame["seqlen"] == 8192) & (frame["status"] == "OK")]
+    key = kernel["workload_key"].iloc[0]
+    rows = []
+    for backend, tflops in (("jax.pallas_flex", 400.0), ("torch.flex", 300.0)):
+        for direction in ("fwd", "bwd"):
+            base = kernel[kernel["direction"] == direction].iloc[0].copy()
+            rows.append(base.to_dict() | {
+                "backend": backend, "framework": backend.split(".")[0], "tflops": tflops,
+                "direction": direction})
+    for backend, strategy, inner, tflops in (
+            ("jax.cp_ring", "ring", "jax.pallas_flex", 380.0),
+            ("jax.cp_allgather", "allgather", "jax.pallas_flex", 390.0),
+            ("torch.cp_ring_flex", "ring", "torch.flex", 240.0),
+            ("torch.cp_native", "native", None, 330.0)):
+        for direction in ("fwd", "bwd"):
+            base = kernel[kernel["direction"] == direction].iloc[0].copy()
+            notes = f"{strategy}; dispatch=zigzag; " + (f"inner {inner} (x)" if inner else "SDPA")
+            rows.append(base.to_dict() | {
+                "backend": backend, "framework": backend.split(".")[0], "suite": "cp",
+                "strategy": strategy, "cp_size": 2, "tflops": tflops, "notes": notes,
+                "workload_key": key, "direction": direction})
+    return pd.DataFrame(rows)
+
+
+def test_cp_cross_framework_table_pairs_the_best_strategies_per_cp_size():
+    table = cross_framework_table(_cp_sample(), suite="cp")
+    assert table.index.names == ["mask", "seqlen", "direction", "cp_size"]
+    row = table.loc[("causal", 8192, "fwd", 2)]
+    assert list(row) == ["jax.cp_allgather", "390", "torch.cp_native", "330", "1.18"]
+
+
+def test_cp_over_single_gpu_uses_each_strategys_own_inner_kernel():
+    table = tables.cp_vs_single_table(_cp_sample())
+    cell = table.loc[("causal", 8192, "fwd", 2)]
+    assert cell["ring/jax.cp_ring"] == "380 / 400 = 0.95"
+    assert cell["ring/torch.cp_ring_flex"] == "240 / 300 = 0.80"
+    assert "native/torch.cp_native" not in table.columns  # names no inner kernel
+
+
+def test_the_report_writes_the_cp_comparisons(tmp_path):
+    path = tmp_path / "rows.jsonl"
+    writer = results.Writer(path)
+    for row in _cp_sample().to_dict("records"):
+        writer.write(row)
+    from lcab.report.__main__ import write_report
+
+    write_report([str(path)], tmp_path / "report")
+    text = (tmp_path / "report" / "cp_vs_single.md").read_text()
+    assert "380 / 400 = 0.95" in text
+    assert (tmp_path / "report" / "cp_cross_framework.csv").exists()

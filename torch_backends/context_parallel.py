@@ -338,8 +338,8 @@ class RingFlexBackend(TorchCpBackend):
                     if reason:
                         return Support.no(f"FlexAttention cannot run a ring step of rank "
                                           f"{rank}: {reason}")
-            how = "FlexAttention (return_lse)" + (
-                " under torch.compile" if torch.cuda.is_available() else ", uncompiled")
+            how = "torch.flex (FlexAttention with return_lse" + (
+                ", torch.compile)" if torch.cuda.is_available() else ", uncompiled)")
         else:
             shard = workload.seqlen_q // self.cp_size
             if shard * shard > (1 << 26):

@@ -9,6 +9,7 @@ benchmark CLI, which calls `short_table` at the end of a run.
 from lcab.report.tables import (
     backend_order,
     cp_table,
+    cp_vs_single_table,
     cross_framework_table,
     date_range,
     devices,
@@ -26,6 +27,7 @@ __all__ = [
     "backend_order",
     "cp_figure",
     "cp_table",
+    "cp_vs_single_table",
     "cross_framework_table",
     "date_range",
     "devices",

@@ -8,6 +8,9 @@ reduced to the newest row of each measurement. DIR receives:
   kernel_fwd.csv, kernel_bwd.csv  the same tables, one "setting" column first
   cross_framework.md, .csv        best JAX vs best PyTorch backend per cell
   cp.md, cp.csv                   per-GPU TFLOP/s of CP rows (only if any)
+  cp_cross_framework.md, .csv     best JAX vs best PyTorch CP strategy per cell
+  cp_vs_single.md, .csv           CP per-GPU TFLOP/s over its inner kernel's
+                                  single-GPU TFLOP/s on the same workload
   figures/kernel_<mask>.png       one per mask with kernel rows
   figures/cp_<mask>.png           one per mask with CP rows
   README.md                       an index: devices, dates, legend, every
@@ -71,6 +74,12 @@ def _out_is_a_directory(value) -> bool:
 def slug(text: str) -> str:
     """A file-name-safe form of a mask name or setting label."""
     return re.sub(r"[^A-Za-z0-9]+", "_", str(text)).strip("_").lower()
+
+
+def _cp_vs_single_or_empty(group: pd.DataFrame) -> pd.DataFrame:
+    if not (group["suite"] == "cp").any():
+        return pd.DataFrame()
+    return tables.cp_vs_single_table(group)
 
 
 def _per_setting(frame, make_table) -> list[tuple[str, pd.DataFrame]]:
@@ -182,8 +191,16 @@ def write_report(paths: list[str], out: pathlib.Path) -> list[pathlib.Path]:
                      _per_setting(kernel, tables.paired_kernel_table))
     writer.table("cross_framework", "Best JAX vs best PyTorch backend: TFLOP/s",
                  _per_setting(kernel, tables.cross_framework_table))
-    writer.table("cp", "Context parallel: per-GPU TFLOP/s",
-                 _per_setting(frame[frame["suite"] == "cp"], tables.cp_table))
+    cp = frame[frame["suite"] == "cp"]
+    writer.table("cp", "Context parallel: per-GPU TFLOP/s", _per_setting(cp, tables.cp_table))
+    writer.table("cp_cross_framework", "Context parallel, best JAX vs best PyTorch: per-GPU "
+                 "TFLOP/s", _per_setting(cp, lambda group: tables.cross_framework_table(
+                     group, suite="cp")))
+    # The single-GPU rows of the same settings sit beside their CP rows.
+    writer.table("cp_vs_single", "Context parallel over the single-GPU inner kernel "
+                 "(per-GPU TFLOP/s / single-GPU TFLOP/s, same workload and device)",
+                 _per_setting(frame[frame["suite"].isin(["cp", "kernel"])],
+                              _cp_vs_single_or_empty))
     figure_paths = write_figures(writer, frame)
     writer.text("README.md", _index(frame, paths, writer, figure_paths))
     return writer.written

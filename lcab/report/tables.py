@@ -262,25 +262,28 @@ def _best(ok_rows: pd.DataFrame, framework: str) -> tuple[str, float] | None:
 
 
 def cross_framework_table(
-    frame: pd.DataFrame, frameworks: Sequence[str] = FRAMEWORK_ORDER
+    frame: pd.DataFrame, frameworks: Sequence[str] = FRAMEWORK_ORDER, suite: str = "kernel"
 ) -> pd.DataFrame:
-    """Best backend of each framework per (mask, seqlen, direction), and their ratio.
+    """Best backend of each framework per (mask, seqlen, direction[, cp_size]),
+    and their ratio.
 
-    Only OK kernel rows count. The ratio is first / second framework
-    (jax/torch), computed from unrounded TFLOP/s, to 2 decimals; cells are
-    empty where a framework has no OK row.
+    Only OK rows of the suite count (for "cp", per-GPU TFLOP/s at each cp
+    size). The ratio is first / second framework (jax/torch), computed from
+    unrounded TFLOP/s, to 2 decimals; cells are empty where a framework has
+    no OK row.
     """
     first, second = frameworks
-    rows = suite_rows(frame, "kernel")
+    keys = CP_INDEX if suite == "cp" else CROSS_INDEX
+    rows = suite_rows(frame, suite)
     ok = rows[rows["status"] == Status.OK.value]
     if not ok.empty:
         single_setting(ok, "cross_framework_table")
-    index = sorted_index(ok, CROSS_INDEX)
+    index = sorted_index(ok, keys)
     columns = [f"best {first}", f"{first} TFLOP/s", f"best {second}", f"{second} TFLOP/s",
                f"{first}/{second}"]
     by_cell = {
         key: _cross_record(_best(cell, first), _best(cell, second))
-        for key, cell in ok.groupby(list(CROSS_INDEX), sort=False)
+        for key, cell in ok.groupby(list(keys), sort=False)
     }
     records = [by_cell[key] for key in index]
     return pd.DataFrame(records, index=index, columns=columns, dtype=object)
@@ -304,6 +307,42 @@ def cp_table(frame: pd.DataFrame) -> pd.DataFrame:
         single_setting(rows, "cp_table")
     rows = with_line(rows)
     return cell_table(rows, CP_INDEX, "line", line_order(rows), sorted_index(rows, CP_INDEX))
+
+
+def inner_kernel(notes: str) -> str | None:
+    """The inner kernel a CP row names in its notes ("... inner NAME ..."),
+    when it is a registered backend name."""
+    found = re.search(r"\binner ((?:jax|torch)\.\w+)", notes or "")
+    return found.group(1) if found else None
+
+
+def cp_vs_single_table(frame: pd.DataFrame) -> pd.DataFrame:
+    """CP per-GPU TFLOP/s over the single-GPU TFLOP/s of its own inner kernel
+    on the same workload and device (same workload_key and direction).
+
+    Index (mask, seqlen, direction, cp_size); one column per strategy line;
+    cells "cp / single = ratio", empty where either row is missing or not OK.
+    """
+    cp = with_line(suite_rows(frame, "cp"))
+    cp = cp[cp["status"] == Status.OK.value]
+    kernel = suite_rows(frame, "kernel")
+    single = kernel[kernel["status"] == Status.OK.value].set_index(
+        ["backend", "workload_key", "direction", "device"])["tflops"]
+    if not cp.empty:
+        single_setting(cp, "cp_vs_single_table")
+    records = {}
+    for _, row in cp.iterrows():
+        key = (inner_kernel(row["notes"]), row["workload_key"], row["direction"], row["device"])
+        if key in single.index:
+            baseline = float(single.loc[key])
+            records[tuple(row[c] for c in CP_INDEX), row["line"]] = (
+                f"{row['tflops']:.0f} / {baseline:.0f} = {row['tflops'] / baseline:.2f}")
+    index = sorted_index(cp, CP_INDEX)
+    columns = line_order(cp)
+    cells = [[records.get((key, line), "") for line in columns] for key in index]
+    table = pd.DataFrame(cells, index=index, columns=columns, dtype=object)
+    filled = table != ""
+    return table.loc[filled.any(axis=1), filled.any(axis=0)]
 
 
 # ---------------------------------------------------------------- markdown
