@@ -292,11 +292,11 @@ def _math_with_lse(mask_dense: torch.Tensor, ratio: int):
 
     def attend(q, k, v):
         k, v = (x.repeat_interleave(ratio, dim=1) for x in (k, v))
-        scores = (q @ k.transpose(-1, -2)).float() * q.shape[-1] ** -0.5
+        scores = (q.float() @ k.float().transpose(-1, -2)) * q.shape[-1] ** -0.5
         scores = scores.masked_fill(~mask_dense, float("-inf"))
         lse = torch.logsumexp(scores, dim=-1)
         weights = torch.exp(scores - lse.clamp(min=_NEVER_SEEN).unsqueeze(-1))
-        return (weights @ v.float()).to(q.dtype), lse
+        return weights @ v.float(), lse  # float32 into the merge
 
     return attend
 
