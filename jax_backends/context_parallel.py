@@ -363,7 +363,7 @@ def _merge(out, lse, step_out, step_lse):
         return step_out.astype(jnp.float32), step_lse
     both = jnp.logaddexp(lse, step_lse)
     safe = jnp.where(jnp.isneginf(both), 0.0, both)  # rows that saw nothing yet
-    weight = lambda l: jnp.swapaxes(jnp.exp(l - safe), 1, 2)[..., None]  # noqa: E731 (b,s,h,1)
+    weight = lambda part: jnp.swapaxes(jnp.exp(part - safe), 1, 2)[..., None]  # noqa: E731
     return out * weight(lse) + step_out.astype(jnp.float32) * weight(step_lse), both
 
 

@@ -16,7 +16,7 @@ from lcab.workloads import Workload
 
 
 def run(backend, workload, directory, path):
-    settings = Settings(warmup=1, iters=3, git_commit="t", golden_dir=str(directory))
+    settings = Settings(warmup=1, iters=5, git_commit="t", golden_dir=str(directory))
     run_cases([Case(backend, workload)], results.Writer(path), settings)
     return results.read_rows([path])
 
@@ -38,7 +38,9 @@ def test_jax_saves_and_torch_compares_on_the_same_inputs_in_its_own_layout(tmp_p
     assert [r["golden_err"] for r in first] == [None, None]
     assert all(r["notes"].endswith("saved as golden data") for r in first)
     second = run("torch.sdpa_math", workload, tmp_path / "golden", tmp_path / "torch.jsonl")
-    assert [r["status"] for r in second] == ["OK", "OK"]
+    # The point is golden_err; a tiny CPU case's bwd time may be too noisy
+    # to subtract, which its row says instead of a time.
+    assert all(r["status"] == "OK" or r["reason"].startswith("not measurable") for r in second)
     assert all(r["golden_err"] < 1e-5 for r in second)
 
 

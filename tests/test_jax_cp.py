@@ -113,7 +113,7 @@ def test_what_cannot_run_says_why():
 def test_rows_carry_cp_size_strategy_and_imbalance(tmp_path):
     mask = small_mask("causal_document", 128)
     case = Case("jax.cp_ring", Workload(1, 128, 128, 4, 2, 16, "float32", mask))
-    settings = Settings(warmup=1, iters=3, git_commit="t", backend_options=(
+    settings = Settings(warmup=1, iters=5, git_commit="t", backend_options=(
         ("jax.cp_ring", "cp_size", "4"), ("jax.cp_ring", "dispatch", "balanced")))
     path = tmp_path / "rows.jsonl"
     run_cases([case], results.Writer(path), settings)

@@ -108,7 +108,7 @@ def test_an_inner_unavailable_here_makes_unavailable_rows_that_say_why(tmp_path)
 def test_rows_of_the_xla_inner_pass_the_gate_and_name_it(tmp_path):
     mask = small_mask("causal_document", 128)
     case = Case("jax.cp_ring", Workload(1, 128, 128, 4, 2, 16, "float32", mask))
-    settings = Settings(warmup=0, iters=2, git_commit="t", backend_options=(
+    settings = Settings(warmup=1, iters=5, git_commit="t", backend_options=(
         ("jax.cp_ring", "cp_size", "4"), ("jax.cp_ring", "inner", "jax.xla")))
     path = tmp_path / "rows.jsonl"
     run_cases([case], results.Writer(path), settings)

@@ -226,7 +226,7 @@ def test_the_backend_runs_through_the_correctness_gate(tmp_path):
 
 def test_options_choose_blocks_and_lowering_and_rows_say_so(tmp_path):
     mask = small_mask("causal_document", 200)
-    settings = Settings(warmup=1, iters=3, git_commit="t", backend_options=(
+    settings = Settings(warmup=1, iters=7, git_commit="t", backend_options=(
         ("jax.pallas_flex", "block_k", "32"), ("jax.pallas_flex", "backward_block_q", "32")))
     case = Case("jax.pallas_flex", Workload(1, 200, 200, 4, 2, 32, "float32", mask))
     path = tmp_path / "rows.jsonl"

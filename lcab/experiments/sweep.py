@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import re
 
 from lcab import registry
 from lcab.masks import FAMILIES_BY_NAME, canonical_name, make_mask
