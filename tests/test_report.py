@@ -279,9 +279,8 @@ def test_the_report_writes_the_cp_comparisons(tmp_path):
     writer = results.Writer(path)
     for row in _cp_sample().to_dict("records"):
         writer.write(row)
-    from lcab.report.__main__ import write_report
-
-    write_report([str(path)], tmp_path / "report")
+    result = _report("--results", str(path), "--out", str(tmp_path / "report"))
+    assert result.returncode == 0, result.stderr
     text = (tmp_path / "report" / "cp_vs_single.md").read_text()
     assert "380 / 400 = 0.95" in text
     assert (tmp_path / "report" / "cp_cross_framework.csv").exists()
