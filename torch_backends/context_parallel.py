@@ -247,8 +247,9 @@ INNER_WITH_LSE = ("flex", "math")
 _NEVER_SEEN = -1e30  # a finite log-sum-exp for rows no shard has shown yet
 
 
-def _shift(x, direction: int, group):
-    """x sent `direction` ranks on around the ring; returns what arrives."""
+def _start_shift(x, direction: int, group):
+    """Start sending x `direction` ranks on around the ring: (the buffer
+    that will hold what arrives, the requests to wait on before reading it)."""
     size, me = dist.get_world_size(group), dist.get_rank(group)
     x = x.contiguous()
     received = torch.empty_like(x, memory_format=torch.contiguous_format)
@@ -256,23 +257,32 @@ def _shift(x, direction: int, group):
     requests = dist.batch_isend_irecv([
         dist.P2POp(dist.isend, x, peer((me + direction) % size), group),
         dist.P2POp(dist.irecv, received, peer((me - direction) % size), group)])
+    return received, requests
+
+
+def _shift(x, direction: int, group):
+    received, requests = _start_shift(x, direction, group)
     for request in requests:
         request.wait()
     return received
 
 
-class _Rotate(torch.autograd.Function):
-    """One ring step: the previous rank's tensor arrives, ours goes on; the
-    gradient travels back the other way."""
+class _StartRotation(torch.autograd.Function):
+    """One ring step, started: the previous rank's tensor will arrive in the
+    returned buffer once the requests appended to `pending` are waited on
+    (so a step's compute can be enqueued meanwhile); the gradient travels
+    back the other way, synchronously."""
 
     @staticmethod
-    def forward(ctx, x, group):
+    def forward(ctx, x, group, pending: list):
         ctx.group = group
-        return _shift(x, 1, group)
+        received, requests = _start_shift(x, 1, group)
+        pending.append(requests)
+        return received
 
     @staticmethod
     def backward(ctx, grad):
-        return _shift(grad, -1, ctx.group), None
+        return _shift(grad, -1, ctx.group), None, None
 
 
 def _merge(out, lse, step_out, step_lse):
@@ -346,7 +356,7 @@ class RingFlexBackend(TorchCpBackend):
                 return Support.no(f"inner=math scores a dense {shard} x {shard} step")
             how = "dense math kernel with lse"
         return Support.yes(f"{self.strategy}; dispatch={self.dispatch_name}; inner {how}; "
-                           "each rotation completes before its step's compute")
+                           "the next shard's transfer is started before each step's compute")
 
     def build(self, workload):
         dispatch = self.dispatch(workload)
@@ -366,13 +376,19 @@ class RingFlexBackend(TorchCpBackend):
             # K and V travel as one tensor: one chain of rotations, whose
             # backward every rank then runs in the same order (two chains
             # could interleave differently per rank and cross their sends).
-            kv = torch.stack((k, v)).transpose(2, 3)
+            kv = torch.stack((k, v)).transpose(2, 3).contiguous()
             out = lse = None
             for step, attend in enumerate(steps):
-                if step:
-                    kv = _Rotate.apply(kv, group)
+                # The next shard's transfer starts first, so this step's
+                # compute is enqueued while it runs; then wait for it.
+                pending = []
+                arriving = (_StartRotation.apply(kv, group, pending)
+                            if step + 1 < len(steps) else None)
                 if attend is not None:
                     out, lse = _merge(out, lse, *attend(q, kv[0], kv[1]))
+                for request in (r for requests in pending for r in requests):
+                    request.wait()
+                kv = kv if arriving is None else arriving
             # Every rank must run every rotation's backward (its peers wait
             # for those sends), also those whose later shards it never
             # attends: the last shard joins the graph with weight zero.
