@@ -26,7 +26,7 @@ def test_two_processes_share_one_cp_mesh_and_write_rows_once(tmp_path):
     command = [sys.executable, "-m", "lcab.experiments", "--framework=jax", "--suite=cp",
                "--backends=jax.cp_ring,jax.cp_allgather", "--cp_size=4", "--dispatch=balanced",
                "--masks=causal_document", "--seqlens=256", "--heads=4:4", "--head_dim=16",
-               "--dtype=float32", "--warmup=1", "--iters=3", f"--out={tmp_path}",
+               "--dtype=float32", "--warmup=1", "--iters=5", f"--out={tmp_path}",
                "--noprogress", "--git_commit=t", f"--jax_coordinator=localhost:{port}",
                "--jax_num_processes=2"]
     running = [subprocess.Popen(command + [f"--jax_process_id={i}"], env=environment,
@@ -39,7 +39,11 @@ def test_two_processes_share_one_cp_mesh_and_write_rows_once(tmp_path):
     rows = results.read_rows([tmp_path / "cp_jax.jsonl"])
     assert len(rows) == 4  # written by process 0 alone
     for row in rows:
-        assert row["status"] == "OK" and row["max_err"] < 1e-4, row["reason"]
+        # A tiny CPU case's bwd time may be too noisy to subtract from the
+        # fwd; its row then says so instead of a time. Its check must pass.
+        unmeasurable = row["status"] == "ERROR" and row["reason"].startswith("not measurable")
+        assert row["status"] == "OK" or unmeasurable, row["reason"]
+        assert row["max_err"] < 1e-4
         assert row["n_devices"] == 4 and row["cp_size"] == 4
 
 
