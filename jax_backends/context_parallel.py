@@ -39,7 +39,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from jax_backends import cp_inner, flex_kernel, flex_plan
 from jax_backends.pallas_flex import PallasFlexBackend
 from lcab.backend import Backend, Support
-from lcab.cp import DISPATCH_NAMES, imbalance, make_dispatch, sub_mask
+from lcab.cp import (DISPATCH_NAMES, cached_dispatch, imbalance, sub_mask, sub_workload,
+                     ulysses_heads_problem)
 from lcab.workloads import Workload
 
 AXIS = "cp"
@@ -53,13 +54,6 @@ def _shard_map(per_rank, mesh, in_specs, out_specs):
     # check of them is off.
     return jax.shard_map(per_rank, mesh=mesh, in_specs=in_specs, out_specs=out_specs,
                          check_vma=False)
-
-
-@functools.lru_cache(maxsize=16)
-def _cached_dispatch(name: str, mask, ranks: int):
-    # supports(), case_notes() and build() of one case all ask; the balanced
-    # dispatch scores every chunk, so it is computed once.
-    return make_dispatch(name, mask, ranks)
 
 
 @functools.lru_cache(maxsize=16)
@@ -135,7 +129,7 @@ class ContextParallelBackend(Backend):
         return self.cp_size
 
     def dispatch(self, workload: Workload):
-        return _cached_dispatch(self.dispatch_name, workload.mask, self.dispatch_ranks)
+        return cached_dispatch(self.dispatch_name, workload.mask, self.dispatch_ranks)
 
     def case_notes(self, workload: Workload) -> str:
         dispatch = self.dispatch(workload)
@@ -220,7 +214,7 @@ class AllGatherBackend(ContextParallelBackend):
         # K/V stay in the dispatch order they were gathered in: no kernel
         # states a rectangular (S/cp x S) mask with flags, so natural order
         # would gain nothing.
-        return [(f"rank {r}", cp_inner.sub_workload(workload, mask))
+        return [(f"rank {r}", sub_workload(workload, mask))
                 for r, mask in enumerate(_gathered_masks(workload.mask, dispatch))]
 
     def inner_support(self, workload, dispatch):
@@ -273,7 +267,7 @@ class RingBackend(ContextParallelBackend):
         masks = _step_masks(workload.mask, dispatch, self.schedule(dispatch.cp).sources)
         cp = dispatch.cp
         return [(f"rank {i // cp} step {i % cp}",
-                 cp_inner.sub_workload(workload, mask, self.head_share))
+                 sub_workload(workload, mask, self.head_share))
                 for i, mask in enumerate(masks)]
 
     def inner_support(self, workload, dispatch):
@@ -416,15 +410,6 @@ def _is_identity(order) -> bool:
     return np.array_equal(order, np.arange(len(order)))
 
 
-def _heads_problem(workload, ranks: int, what_ranks: str) -> str | None:
-    """Why a Ulysses all_to_all over `ranks` cannot split the heads, if it cannot."""
-    for what, heads in (("query", workload.heads_q), ("kv", workload.heads_kv)):
-        if heads % ranks:
-            return (f"Ulysses splits heads over {what_ranks}: {heads} {what} heads do not "
-                    f"divide by {what_ranks} {ranks}")
-    return None
-
-
 class UlyssesBackend(ContextParallelBackend):
     name = "jax.cp_ulysses"
     strategy = "ulysses"
@@ -435,7 +420,7 @@ class UlyssesBackend(ContextParallelBackend):
         return min(workload.heads_kv, self.cp_size)  # a smaller count would not split
 
     def strategy_problem(self, workload):
-        return _heads_problem(workload, self.cp_size, "cp_size")
+        return ulysses_heads_problem(workload, self.cp_size, "cp_size")
 
     def imbalance(self, workload, dispatch) -> float:
         return 1.0  # every rank attends the whole sequence for its share of the heads
@@ -451,7 +436,7 @@ class UlyssesBackend(ContextParallelBackend):
 
     def sub_workloads(self, workload, dispatch):
         mask = self.sequence_mask(workload, dispatch)
-        return [("every rank", cp_inner.sub_workload(workload, mask, self.cp_size))]
+        return [("every rank", sub_workload(workload, mask, self.cp_size))]
 
     def inner_support(self, workload, dispatch):
         support = super().inner_support(workload, dispatch)
@@ -524,7 +509,7 @@ class UspBackend(RingBackend):
         u = self.ulysses_size
         if u < 1 or self.cp_size % u:
             return f"ulysses_size {u} does not divide cp_size {self.cp_size}"
-        return _heads_problem(workload, u, "ulysses_size")
+        return ulysses_heads_problem(workload, u, "ulysses_size")
 
     def probe_heads_kv(self, workload):
         return min(workload.heads_kv, self.ulysses_size)

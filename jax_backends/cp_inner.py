@@ -74,13 +74,6 @@ def load_inner(name: str, options: dict) -> Backend:
 
 
 # ----- what the inner must run -----------------------------------------------
-def sub_workload(workload: Workload, mask: AttnMask, head_share: int = 1) -> Workload:
-    """`workload` cut to one rank's sub-mask and its share of the heads."""
-    return dataclasses.replace(
-        workload, seqlen_q=mask.seqlen_q, seqlen_k=mask.seqlen_k, mask=mask,
-        heads_q=workload.heads_q // head_share, heads_kv=workload.heads_kv // head_share)
-
-
 def _empty(workload: Workload) -> bool:
     # A sub-mask with no visible pair needs no kernel: it contributes nothing.
     return len(workload.mask.slice_table) == 0

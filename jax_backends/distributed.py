@@ -18,7 +18,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from lcab.processes import JAX_DISTRIBUTED
+from lcab.processes import JAX_DISTRIBUTED, jax_coordinates
 
 _started = False
 
@@ -36,9 +36,8 @@ def initialize_from_environment() -> None:
     if setting == "auto":
         jax.distributed.initialize()
     else:
-        coordinator, processes, process_id = setting.split(",")
-        jax.distributed.initialize(coordinator, num_processes=int(processes),
-                                   process_id=int(process_id))
+        coordinator, processes, process_id = jax_coordinates(setting)
+        jax.distributed.initialize(coordinator, num_processes=processes, process_id=process_id)
     _started = True
 
 

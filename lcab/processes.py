@@ -24,13 +24,20 @@ def torchrun_rank() -> int | None:
     return None
 
 
+def jax_coordinates(setting: str) -> tuple[str, int, int]:
+    """(coordinator, number of processes, this process's index) of an
+    explicit JAX_DISTRIBUTED value (not "auto")."""
+    coordinator, processes, process_id = setting.split(",")
+    return coordinator, int(processes), int(process_id)
+
+
 def jax_process_index() -> int | None:
     """This process's index in a multi-process JAX run, else None."""
     setting = os.environ.get(JAX_DISTRIBUTED)
     if not setting:
         return None
     if setting != "auto":
-        return int(setting.split(",")[2])
+        return jax_coordinates(setting)[2]
     for name in _LAUNCHER_RANKS:
         if name in os.environ:
             return int(os.environ[name])

@@ -24,6 +24,12 @@ FLASH_HEAD_DIMS = tuple(range(8, 257, 8))
 LOW_PRECISION = ("bfloat16", "float16")
 
 
+def device_name() -> str:
+    """Where this process's tensors go: its CUDA device (under torchrun the
+    rank's own), else the CPU."""
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
 def cuda_problem() -> str | None:
     """None when a CUDA GPU is visible to torch; otherwise why not."""
     if torch.cuda.is_available():

@@ -27,18 +27,13 @@ import torch.distributed as dist
 
 from lcab import registry
 from lcab.backend import Backend, Support
-from lcab.cp import DISPATCH_NAMES, imbalance, make_dispatch, sub_mask
+from lcab.cp import (DISPATCH_NAMES, cached_dispatch, imbalance, sub_mask, sub_workload,
+                     ulysses_heads_problem)
 from lcab.workloads import Workload
-from torch_backends import distributed
+from torch_backends import _shared, distributed
 from torch_backends.distributed import AllGatherSeq, ShardedFunction
 
 DEFAULT_INNER = "torch.flex"
-
-
-@functools.lru_cache(maxsize=16)
-def _cached_dispatch(name: str, mask, ranks: int):
-    # supports(), case_notes() and build() of one case all ask.
-    return make_dispatch(name, mask, ranks)
 
 
 def inner_kernel_names() -> list[str]:
@@ -81,7 +76,7 @@ class TorchCpBackend(Backend):
         return self.strategy_support(workload, dispatch)
 
     def dispatch(self, workload: Workload):
-        return _cached_dispatch(self.dispatch_name, workload.mask, self.cp_size)
+        return cached_dispatch(self.dispatch_name, workload.mask, self.cp_size)
 
     def case_notes(self, workload: Workload) -> str:
         return f"imbalance={self.imbalance(workload, self.dispatch(workload)):.3f}"
@@ -94,7 +89,7 @@ class TorchCpBackend(Backend):
         raise NotImplementedError
 
     def sharded(self, local_fn, dispatch) -> ShardedFunction:
-        device = "cuda" if torch.cuda.is_available() else "cpu"
+        device = _shared.device_name()
         return ShardedFunction(local_fn, dispatch.rank_rows(distributed.rank()),
                                dispatch.order(), device)
 
@@ -177,16 +172,12 @@ class UlyssesBackend(InnerKernelBackend):
         return 1.0  # every rank attends the whole sequence for its share of the heads
 
     def head_workload(self, workload: Workload) -> Workload:
-        cp = self.cp_size
-        return Workload(workload.batch, workload.seqlen_q, workload.seqlen_k,
-                        workload.heads_q // cp, workload.heads_kv // cp, workload.head_dim,
-                        workload.dtype, workload.mask)
+        return sub_workload(workload, workload.mask, head_share=self.cp_size)
 
     def strategy_support(self, workload, dispatch):
-        for what, heads in (("query", workload.heads_q), ("kv", workload.heads_kv)):
-            if heads % self.cp_size:
-                return Support.no(f"Ulysses splits heads over cp_size: {heads} {what} heads do "
-                                  f"not divide by cp_size {self.cp_size}")
+        problem = ulysses_heads_problem(workload, self.cp_size, "cp_size")
+        if problem:
+            return Support.no(problem)
         return self.inner_support([self.head_workload(workload)], "heads")
 
     def build(self, workload):
@@ -194,7 +185,7 @@ class UlyssesBackend(InnerKernelBackend):
 
         dispatch = self.dispatch(workload)
         attend = self.inner_function(self.head_workload(workload))
-        device = "cuda" if torch.cuda.is_available() else "cpu"
+        device = _shared.device_name()
         to_natural = _positions(dispatch, True, device)
         to_dispatch = _positions(dispatch, False, device)
         group = dist.group.WORLD
@@ -218,10 +209,7 @@ class AllGatherBackend(InnerKernelBackend):
 
     def rank_workloads(self, workload: Workload, dispatch) -> list[Workload]:
         every_key = ((0, workload.seqlen_k),)
-        rows = workload.seqlen_q // self.cp_size
-        return [Workload(workload.batch, rows, workload.seqlen_k, workload.heads_q,
-                         workload.heads_kv, workload.head_dim, workload.dtype,
-                         sub_mask(workload.mask, ranges, every_key))
+        return [sub_workload(workload, sub_mask(workload.mask, ranges, every_key))
                 for ranges in dispatch.ranges]
 
     def strategy_support(self, workload, dispatch):
@@ -231,7 +219,7 @@ class AllGatherBackend(InnerKernelBackend):
         dispatch = self.dispatch(workload)
         mine = self.rank_workloads(workload, dispatch)[distributed.rank()]
         attend = self.inner_function(mine)
-        device = "cuda" if torch.cuda.is_available() else "cpu"
+        device = _shared.device_name()
         to_natural = _positions(dispatch, True, device)
         group = dist.group.WORLD
 
@@ -402,7 +390,7 @@ class RingFlexBackend(TorchCpBackend):
         if sub is None:
             return None
         ratio = workload.gqa_ratio
-        device = "cuda" if torch.cuda.is_available() else "cpu"
+        device = _shared.device_name()
         if attention is None:
             return _math_with_lse(torch.as_tensor(sub.to_dense(), device=device), ratio)
         from torch_backends import flex

@@ -29,7 +29,7 @@ import torch
 
 from lcab import expressions
 from lcab.backend import Support
-from lcab.cp import Dispatch
+from lcab.cp import Dispatch, ulysses_heads_problem
 from lcab.workloads import Workload
 from torch_backends import _shared, distributed
 from torch_backends.context_parallel import TorchCpBackend
@@ -137,10 +137,9 @@ class YunchangRingBackend(_LibraryBackend):
         u = self.ulysses_size
         if self.cp_size % u:
             return Support.no(f"ulysses_size {u} does not divide cp_size {self.cp_size}")
-        for what, heads in (("query", workload.heads_q), ("kv", workload.heads_kv)):
-            if heads % u:
-                return Support.no(f"Ulysses splits heads over ulysses_size: {heads} {what} "
-                                  f"heads do not divide by {u}")
+        problem = ulysses_heads_problem(workload, u, "ulysses_size")
+        if problem:
+            return Support.no(problem)
         ring = _LAYOUT_BY_DISPATCH[self.dispatch_name]
         return Support.yes(f"{self.strategy}; dispatch={self.dispatch_name}; yunchang "
                            f"ring_impl_type={ring}, ulysses {u} x ring {self.cp_size // u}; "

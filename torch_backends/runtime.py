@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from lcab.runtime import L2_FLUSH_BYTES, DeviceInfo, Runtime, Timing
-from torch_backends import distributed
+from torch_backends import _shared, distributed
 from torch_backends.distributed import ShardedFunction
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
@@ -35,7 +35,7 @@ class TorchRuntime(Runtime):
 
     def __init__(self):
         distributed.ensure_process_group()
-        self.device_name = "cuda" if torch.cuda.is_available() else "cpu"
+        self.device_name = _shared.device_name()
         self._flush_buffer = None
 
     @property

@@ -32,7 +32,8 @@ from lcab import expressions
 from lcab.backend import Backend, Support
 from lcab.masks import DENSE_LIMIT
 from lcab.workloads import Workload
-from torch_backends._shared import FLASH_HEAD_DIMS, LOW_PRECISION, cuda_problem, repeat_kv_heads
+from torch_backends._shared import (FLASH_HEAD_DIMS, LOW_PRECISION, cuda_problem, device_name,
+                                    repeat_kv_heads)
 
 DENSE_MASK_CELLS = 1 << 28  # math backend: 16k x 16k
 FUSED_DENSE_MASK_CELLS = DENSE_LIMIT  # fused GPU backends: 8k x 8k
@@ -117,7 +118,7 @@ class _SdpaBackend(Backend):
         repeat = 1 if enable_gqa else workload.gqa_ratio
         mask = None
         if plan.dense:
-            device = "cuda" if torch.cuda.is_available() else "cpu"
+            device = device_name()
             dense = workload.mask.to_dense(max_elements=self.dense_mask_cells)
             mask = torch.from_numpy(dense).to(device)
         backend, is_causal = self.sdpa_backend, plan.is_causal

@@ -10,6 +10,7 @@ from lcab.cp.dispatch import (
     DISPATCH_NAMES,
     Dispatch,
     balanced,
+    cached_dispatch,
     contiguous,
     default_chunk,
     imbalance,
@@ -18,12 +19,14 @@ from lcab.cp.dispatch import (
     rank_areas,
     zigzag,
 )
+from lcab.cp.ranks import sub_workload, ulysses_heads_problem
 from lcab.cp.submask import sub_mask
 
 __all__ = [
     "DISPATCH_NAMES",
     "Dispatch",
     "balanced",
+    "cached_dispatch",
     "contiguous",
     "default_chunk",
     "imbalance",
@@ -31,5 +34,7 @@ __all__ = [
     "pair_areas",
     "rank_areas",
     "sub_mask",
+    "sub_workload",
+    "ulysses_heads_problem",
     "zigzag",
 ]

@@ -11,6 +11,7 @@ chunks greedily by their exact area.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import numpy as np
 
@@ -238,6 +239,13 @@ def rank_areas(mask: AttnMask, dispatch: Dispatch) -> np.ndarray:
     out = np.zeros(dispatch.cp, dtype=np.int64)
     np.add.at(out, dispatch.owners(), per_range)  # integer sums: exact at any size
     return out
+
+
+@functools.lru_cache(maxsize=16)
+def cached_dispatch(name: str, mask: AttnMask, cp: int) -> Dispatch:
+    """make_dispatch, remembered: a CP backend's supports(), notes and build
+    of one case all ask, and the balanced dispatch scores every chunk."""
+    return make_dispatch(name, mask, cp)
 
 
 def imbalance(mask: AttnMask, dispatch: Dispatch) -> float:
