@@ -215,11 +215,16 @@ def test_the_backend_runs_through_the_correctness_gate(tmp_path):
     mask = small_mask("share_question", 256)
     case = Case("jax.pallas_flex", Workload(1, 256, 256, 4, 2, 32, "float32", mask))
     path = tmp_path / "rows.jsonl"
-    # Nine repeats: with three, one slow forward sample on a busy CI host once made the
-    # fwd median exceed fwd+bwd's, and the bwd row (rightly) said "not measurable".
+    # Nine repeats; even so CI twice reported this bwd row as ERROR (the full
+    # suite on a 2-core host, never alone), without its reason. A CPU time too
+    # noisy to subtract ("not measurable") is the row's honest answer; any
+    # other failure of the backward still fails here, printing its reason.
     run_cases([case], results.Writer(path), Settings(warmup=2, iters=9, git_commit="t"))
     rows = results.read_rows([path])
-    assert [(r["direction"], r["status"]) for r in rows] == [("fwd", "OK"), ("bwd", "OK")], rows
+    assert [r["direction"] for r in rows] == ["fwd", "bwd"]
+    for row in rows:
+        unmeasurable = row["status"] == "ERROR" and row["reason"].startswith("not measurable")
+        assert row["status"] == "OK" or unmeasurable, (row["reason"], row["samples_ms"])
     assert all(r["max_err"] < 1e-4 for r in rows)
     assert rows[0]["notes"].startswith("block plan from the mask's slices")
 
