@@ -196,6 +196,17 @@ class JaxRuntime(Runtime):
         return golden.normalised_error({n: self.to_numpy(x) for n, x in again.items()},
                                        stored["results"])
 
+    def check_collective(self, op, ranks):
+        from jax_backends import comm
+
+        comm.check_result(op, ranks)
+
+    def time_collective(self, op, nbytes, ranks, *, warmup, iters):
+        from jax_backends import comm
+
+        samples, chain = comm.measure(op, nbytes, ranks, warmup=warmup, iters=iters)
+        return samples, f"shard_map, {chain} chained per timed loop, bf16"
+
     def is_oom(self, exc):
         text = str(exc)
         return super().is_oom(exc) or "RESOURCE_EXHAUSTED" in text or "Out of memory" in text

@@ -177,7 +177,8 @@ def load(paths):
 
     if isinstance(paths, (str, pathlib.Path)):
         paths = [paths]
-    rows = read_rows(paths)
+    # The comm suite's rows have their own schema (lcab.comm.comm_row).
+    rows = [row for row in read_rows(paths) if row.get("suite") != "comm"]
     frame = pd.DataFrame(rows, columns=list(COLUMNS)) if rows else pd.DataFrame(columns=list(COLUMNS))
     for column in JSON_COLUMNS:
         frame[column] = frame[column].map(

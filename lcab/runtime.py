@@ -101,6 +101,18 @@ class Runtime(abc.ABC):
     ) -> Timing:
         """Time fn(q, k, v) (backward=False) or fn plus its gradients (True)."""
 
+    def check_collective(self, op: str, ranks: int) -> None:
+        """Run one `op` (lcab.comm.COMM_OPS) over `ranks` devices on known
+        values and raise AssertionError if it moved the wrong ones. Runtimes
+        without a comm suite raise NotImplementedError."""
+        raise NotImplementedError(f"{self.framework} has no comm suite yet")
+
+    def time_collective(self, op: str, nbytes: int, ranks: int, *, warmup: int,
+                        iters: int) -> tuple[list[float], str]:
+        """Milliseconds per `op` of `nbytes` per rank over `ranks` devices (one
+        per sample), and a note on how they were taken."""
+        raise NotImplementedError(f"{self.framework} has no comm suite yet")
+
     def is_oom(self, exc: BaseException) -> bool:
         """Whether an exception means the device ran out of memory."""
         return isinstance(exc, MemoryError) or "out of memory" in str(exc).lower()

@@ -296,7 +296,7 @@ class NativeCpBackend(_LibraryBackend):
                                        workload.mask))
         repeat = "; K/V heads repeated" if workload.heads_q != workload.heads_kv else ""
         return Support.yes(f"{self.strategy}; dispatch={self.dispatch_name}; rotate="
-                           f"{self.rotate}; SDPA {self.sdpa}{repeat}")
+                           f"{self.rotate}; inner torch.sdpa_{self.sdpa}{repeat}")
 
     def build(self, workload):
         from torch.distributed.tensor.experimental import _attention as cp

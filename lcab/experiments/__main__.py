@@ -25,6 +25,7 @@ import sys
 from absl import app, flags
 
 from lcab import processes, registry, results
+from lcab.comm import COMM_OPS, check_op, parse_bytes
 from lcab.cp import DISPATCH_NAMES
 from lcab.flops import TIMED_DIRECTIONS
 from lcab.experiments import presets
@@ -42,7 +43,10 @@ PROCESS_PER_RANK = ("torch",)
 _FRAMEWORK = flags.DEFINE_enum(
     "framework", "all", [*FRAMEWORKS, "all"],
     "Which framework's backends to run; 'all' runs each in its own process.")
-_SUITE = flags.DEFINE_enum("suite", "kernel", list(registry.SUITES), "Kernel or CP suite.")
+COMM_SUITE = "comm"  # collectives alone (lcab.comm), not attention backends
+_SUITE = flags.DEFINE_enum(
+    "suite", "kernel", [*registry.SUITES, COMM_SUITE],
+    "Kernel or CP suite of attention backends, or comm: the CP strategies' collectives.")
 _BACKENDS = flags.DEFINE_list(
     "backends", None, "Full backend names (e.g. jax.xla,torch.sdpa_math); default: all of "
     "the suite and framework.")
@@ -102,6 +106,13 @@ _JAX_DISTRIBUTED_AUTO = flags.DEFINE_bool(
 _PROGRESS = flags.DEFINE_bool("progress", True, "Show a progress bar.")
 _SUMMARY = flags.DEFINE_bool("summary", True, "Print the comparison table at the end.")
 _RUN_ID = flags.DEFINE_string("run_id", None, "Identifier written into every row.")
+_COMM_OPS = flags.DEFINE_list(
+    "comm_ops", list(COMM_OPS), f"--suite=comm: collectives to time ({', '.join(COMM_OPS)}).")
+_COMM_SIZES = flags.DEFINE_list(
+    "comm_sizes", ["4k", "64k", "1m", "4m", "16m", "64m", "256m"],
+    "--suite=comm: bytes per rank (nccl-tests' sizes: all_gather's is its output).")
+_COMM_RANKS = flags.DEFINE_list(
+    "comm_ranks", ["2"], "--suite=comm: device counts to time each collective over.")
 
 
 # ----- validation at parse time: bad flags fail before anything runs --------
@@ -132,6 +143,17 @@ _validator("seqlens", parse_seqlen)
 _validator("heads", parse_heads)
 _validator("dtype", canonical_dtype)
 _validator("directions", _parse_direction)
+_validator("comm_ops", check_op)
+_validator("comm_sizes", parse_bytes)
+
+
+def _parse_ranks(text):
+    if not text.isdigit() or int(text) < 2:
+        raise ValueError(f"--comm_ranks {text!r} is not a device count of 2 or more")
+    return int(text)
+
+
+_validator("comm_ranks", _parse_ranks)
 
 
 @flags.multi_flags_validator(["backends", "backend_modules"])
@@ -270,10 +292,11 @@ def _cp_options(sweep: Sweep) -> tuple[tuple[str, str, str], ...]:
 def _host_devices_for_cp() -> None:
     """Without a GPU, JAX's CP backends run on host devices, made from
     XLA_FLAGS before JAX starts (the flag is read once, when it does)."""
-    if _SUITE.value != "cp" or presets.has_gpu() or "device_count" in os.environ.get(
-            "XLA_FLAGS", ""):
+    if _SUITE.value not in ("cp", COMM_SUITE) or presets.has_gpu() or "device_count" in \
+            os.environ.get("XLA_FLAGS", ""):
         return
-    count = f"--xla_force_host_platform_device_count={max(8, _CP_SIZE.value or 2)}"
+    wanted = max([_CP_SIZE.value or 2, *(_parse_ranks(r) for r in _COMM_RANKS.value)])
+    count = f"--xla_force_host_platform_device_count={max(8, wanted)}"
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {count}".strip()
 
 
@@ -355,6 +378,23 @@ def _run_framework(framework: str, run_id: str) -> tuple[pathlib.Path, bool]:
     return path, True
 
 
+def _run_comm(framework: str, run_id: str) -> tuple[pathlib.Path, bool]:
+    """--suite=comm: the collectives alone, rows in comm_<framework>.jsonl."""
+    from lcab.comm_suite import CommSweep, run_comm
+
+    path = _output_path(framework)
+    writer = results.Writer(path) if not _launched_rank() else results.DiscardingWriter()
+    sweep = CommSweep(
+        ops=tuple(_COMM_OPS.value), sizes=tuple(parse_bytes(s) for s in _COMM_SIZES.value),
+        ranks=tuple(_parse_ranks(r) for r in _COMM_RANKS.value),
+        warmup=max(1, _resolved(_WARMUP, "warmup")), iters=_resolved(_ITERS, "iters"))
+    record = json.dumps({"argv": " ".join(sys.argv[1:]), "ops": list(sweep.ops),
+                         "sizes": list(sweep.sizes), "ranks": list(sweep.ranks)})
+    run_comm(framework, sweep, writer.write, git_commit=_GIT_COMMIT.value or _git_commit(),
+             run_id=run_id, flags=record)
+    return path, True
+
+
 def _without_flags(argv: list[str], valued: tuple[str, ...], boolean: tuple[str, ...]):
     """argv minus the named flags: --name=value and --name value for valued
     flags, --name, --noname and --name=... for boolean ones."""
@@ -412,6 +452,15 @@ def _print_summary(paths, run_id: str, resume: bool) -> None:
     print(f"\nrows: {', '.join(str(p) for p in existing)}")
 
 
+def _print_comm_summary(paths) -> None:
+    from lcab.report import comm_table, to_markdown
+
+    existing = [p for p in paths if p.exists()]
+    print()
+    print(to_markdown(comm_table(results.read_rows(existing))) if existing else "no rows")
+    print(f"\nrows: {', '.join(str(p) for p in existing)}")
+
+
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
@@ -424,6 +473,12 @@ def main(argv):
         datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
         + "-" + secrets.token_hex(3)
     )
+    if _SUITE.value == COMM_SUITE:
+        frameworks = FRAMEWORKS if _FRAMEWORK.value == "all" else (_FRAMEWORK.value,)
+        paths = [_run_comm(f, run_id)[0] for f in frameworks]
+        if _SUMMARY.value and not _launched_rank():
+            _print_comm_summary(paths)
+        return
     backends = _BACKENDS.value or registry.backend_names(suite=_SUITE.value)
     if not backends:
         raise app.UsageError(f"no backends are registered for --suite={_SUITE.value} yet")

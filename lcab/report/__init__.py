@@ -8,6 +8,7 @@ benchmark CLI, which calls `short_table` at the end of a run.
 
 from lcab.report.tables import (
     backend_order,
+    comm_table,
     cp_table,
     cp_vs_single_table,
     cross_framework_table,
@@ -25,6 +26,7 @@ _FIGURES = ("kernel_figure", "cp_figure")
 
 __all__ = [
     "backend_order",
+    "comm_table",
     "cp_figure",
     "cp_table",
     "cp_vs_single_table",

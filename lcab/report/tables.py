@@ -345,6 +345,46 @@ def cp_vs_single_table(frame: pd.DataFrame) -> pd.DataFrame:
     return table.loc[filled.any(axis=1), filled.any(axis=0)]
 
 
+def _size_text(nbytes: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:g} {unit}"
+    return f"{nbytes} B"
+
+
+def comm_table(rows: Sequence[dict]) -> pd.DataFrame:
+    """The comm suite: bus bandwidth (GB/s) per collective, rank count and
+    message size (the newest row of each), with the alpha-beta fit over the
+    sizes (alpha in microseconds, beta as algorithmic GB/s)."""
+    from lcab.comm import fit_alpha_beta
+
+    comm = [r for r in rows if r.get("suite") == "comm"]
+    if not comm:
+        return pd.DataFrame()
+    frame = _oldest_first(pd.DataFrame(comm)).drop_duplicates(
+        ["framework", "device", "op", "ranks", "bytes"], keep="last")
+    sizes = sorted(frame["bytes"].unique())
+    records, index = [], []
+    for (framework, device, op, ranks), group in frame.groupby(
+            ["framework", "device", "op", "ranks"], sort=True):
+        by_size = group.set_index("bytes")
+        cells = [
+            (f"{by_size.loc[n, 'busbw_gbps']:.1f}" if by_size.loc[n, "status"] == Status.OK.value
+             else status_code(by_size.loc[n, "status"])) if n in by_size.index else ""
+            for n in sizes]
+        ok = group[group["status"] == Status.OK.value]
+        try:
+            fit = fit_alpha_beta(ok["bytes"], ok["median_ms"] * 1e-3)
+            cells += [f"{fit.alpha_s * 1e6:.1f}", f"{fit.beta_bytes_per_s / 1e9:.1f}"]
+        except ValueError:
+            cells += ["", ""]
+        records.append(cells)
+        index.append((framework, device, op, int(ranks)))
+    columns = [_size_text(int(n)) for n in sizes] + ["alpha us", "beta GB/s"]
+    return pd.DataFrame(records, columns=columns, index=pd.MultiIndex.from_tuples(
+        index, names=["framework", "device", "op", "ranks"]))
+
+
 # ---------------------------------------------------------------- markdown
 
 
