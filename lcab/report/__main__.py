@@ -11,6 +11,8 @@ reduced to the newest row of each measurement. DIR receives:
   cp_cross_framework.md, .csv     best JAX vs best PyTorch CP strategy per cell
   cp_vs_single.md, .csv           CP per-GPU TFLOP/s over its inner kernel's
                                   single-GPU TFLOP/s on the same workload
+  comm.md, comm.csv               the comm suite: bus bandwidth per collective,
+                                  rank count and size, alpha-beta fit (if any)
   figures/kernel_<mask>.png       one per mask with kernel rows
   figures/cp_<mask>.png           one per mask with CP rows
   README.md                       an index: devices, dates, legend, every
@@ -176,7 +178,8 @@ def _index(frame: pd.DataFrame, paths: list[str], writer: ReportWriter, figure_p
 def write_report(paths: list[str], out: pathlib.Path) -> list[pathlib.Path]:
     """Every table, figure and the README.md index; returns the written paths."""
     frame = tables.latest(results.load(paths))
-    if frame.empty:
+    comm = tables.comm_table(results.read_rows(paths))
+    if frame.empty and comm.empty:
         raise app.UsageError(f"--results {', '.join(paths)}: no result rows found")
     writer = ReportWriter(out)
     kernel = frame[frame["suite"] == "kernel"]
@@ -201,6 +204,9 @@ def write_report(paths: list[str], out: pathlib.Path) -> list[pathlib.Path]:
                  "(per-GPU TFLOP/s / single-GPU TFLOP/s, same workload and device)",
                  _per_setting(frame[frame["suite"].isin(["cp", "kernel"])],
                               _cp_vs_single_or_empty))
+    if not comm.empty:
+        writer.table("comm", "Collectives alone: bus bandwidth (GB/s) by bytes per rank; "
+                     "alpha-beta fit", [("every collective", comm)])
     figure_paths = write_figures(writer, frame)
     writer.text("README.md", _index(frame, paths, writer, figure_paths))
     return writer.written
