@@ -18,7 +18,8 @@
 # and three timed repeats (fewer than common.flags' 3 + 10, to fit the
 # session's device time). A part that runs past its limit keeps the rows it
 # wrote. Set LCAB_COMMIT to the commit being measured; LCAB_EXTRA_ARGS is
-# appended to every run (a CPU dry run: "--seqlens=512 --heads=4:2").
+# appended to every run (a CPU dry run: "--seqlens=512 --heads=4:2"). The
+# torch parts need yunchang (experiments/cp_torch.flags says how to carry it).
 set -u
 out=$1
 shift
@@ -36,13 +37,14 @@ lcab() {  # LIMIT_SECONDS DIR ARGS...: one CLI run, its output in DIR/log
 }
 
 single() {  # FRAMEWORK SEQLENS DIR: the single-GPU kernels CP is compared with
-  local flags=experiments/cp_$1.flags
   if [ "$1" = jax ]; then
-    lcab 150 "$3" --flagfile=$flags --suite=kernel --backends=jax.pallas_flex --seqlens="$2"
+    lcab 150 "$3" --flagfile=experiments/cp_jax.flags --suite=kernel \
+      --backends=jax.pallas_flex --seqlens="$2"
   else
-    lcab 150 "$3" --flagfile=$flags --suite=kernel --backends=torch.flex --seqlens="$2"
-    lcab 60 "$3" --flagfile=$flags --suite=kernel --backends=torch.sdpa_cudnn \
-      --masks=full,causal --seqlens="$2"
+    lcab 150 "$3" --flagfile=experiments/cp_torch.flags --suite=kernel \
+      --backends=torch.flex --seqlens="$2"
+    lcab 60 "$3" --flagfile=experiments/cp_torch.flags --suite=kernel \
+      --backends=torch.sdpa_cudnn --masks=full,causal --seqlens="$2"
   fi
 }
 

@@ -184,3 +184,11 @@ def test_bfloat16_and_several_sequences_per_batch(tmp_path):
                   f"--backends={','.join(ON_GLOO)}")
     assert len(rows) == 2 * len(ON_GLOO) * 2 and {r["batch"] for r in rows} == {2}
     assert_checked(rows, tolerance=1e-2)  # the gate's bf16 tolerance is 4e-2
+
+
+@pytest.mark.parametrize("cp, probe", [(2, 256), (4, 512), (8, 1024)])
+def test_the_probe_gives_every_rank_128_tokens(cp, probe):
+    # 64 tokens per rank failed FlexAttention's GPU lowering at cp 4 (H100).
+    for name in ON_GLOO:
+        backend = registry.all_backends()[name].load()(cp_size=cp)
+        assert backend.probe_seqlen == probe

@@ -54,6 +54,10 @@ class TorchCpBackend(Backend):
         if dispatch not in DISPATCH_NAMES:
             raise ValueError(f"dispatch={dispatch!r} is not one of {', '.join(DISPATCH_NAMES)}")
         self.cp_size, self.dispatch_name = cp_size, dispatch
+        # FlexAttention's GPU kernels failed to lower for 64 tokens per rank
+        # (Inductor: "No choices to select", H100, cp 4): the probe gives
+        # every rank at least 128.
+        self.probe_seqlen = max(type(self).probe_seqlen, 128 * cp_size)
 
     @classmethod
     def environment_problem(cls) -> str | None:

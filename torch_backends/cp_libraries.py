@@ -306,7 +306,11 @@ class NativeCpBackend(_LibraryBackend):
         dispatch = self.dispatch(workload)
         mesh = _device_mesh(self.cp_size)
         cp.set_rotate_method(self.rotate)
-        cp._cp_options.enable_load_balance = self._balanced_by[self.dispatch_name]
+        causal = bool(causal_or_full(workload.mask))
+        # torch's load balancer takes causal masks only ("Load balancing
+        # requires is_causal=True"). A full mask does not care where a key
+        # sits, so its zigzag-ordered shards run as contiguous ones, exactly.
+        balance = self._balanced_by[self.dispatch_name] and causal
         # Module-wrapper mode: the module's inputs become DTensors sharded on
         # the sequence, and the DTensor dispatcher runs SDPA as a ring.
         attention = parallelize_module(_Sdpa(), mesh, cp._ContextParallel(
@@ -314,10 +318,10 @@ class NativeCpBackend(_LibraryBackend):
         cp._enable_context_parallel_dispatcher()
         kernel = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION,
                   "efficient": SDPBackend.EFFICIENT_ATTENTION}[self.sdpa]
-        causal = bool(causal_or_full(workload.mask))
         ratio = workload.gqa_ratio
 
         def local(q, k, v):
+            cp._cp_options.enable_load_balance = balance  # a global; other cases set it too
             k, v = (_shared.repeat_kv_heads(x, ratio, head_axis=2) for x in (k, v))
             with sdpa_kernel([kernel]):
                 out = attention(*(x.transpose(1, 2) for x in (q, k, v)), is_causal=causal)
