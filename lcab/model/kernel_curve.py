@@ -1,0 +1,78 @@
+"""How fast one kernel runs one call, read off its committed kernel rows.
+
+A call's speed depends mostly on how much work it has (small calls leave the
+GPU part idle) and on how dense its mask is (sparse masks waste part of each
+tile). The curve keeps, per direction, the measured (FLOPs, density,
+TFLOP/s) points of one backend on one device, and answers a call of given
+FLOPs and density by interpolating TFLOP/s linearly in log FLOPs over the
+points of similar density (within a factor of two; all points if none are),
+held constant beyond the measured range.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+
+import numpy as np
+
+from lcab.flops import TIMED_DIRECTIONS
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelCurve:
+    backend: str
+    device: str
+    # direction -> (flops, density, tflops) arrays, sorted by flops
+    points: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]
+
+    @classmethod
+    def from_rows(cls, rows, backend: str, device: str | None = None, *,
+                  heads_q: int | None = None, head_dim: int | None = None,
+                  dtype: str | None = None) -> "KernelCurve":
+        """The OK kernel rows of `backend` (on `device`; default: the device
+        with most such rows), optionally of one head count, head_dim, dtype."""
+        def wanted(row):
+            return (row.get("suite") == "kernel" and row.get("backend") == backend
+                    and row.get("status") == "OK" and row.get("tflops")
+                    and (heads_q is None or row.get("heads_q") == heads_q)
+                    and (head_dim is None or row.get("head_dim") == head_dim)
+                    and (dtype is None or row.get("dtype") == dtype))
+
+        chosen = [row for row in rows if wanted(row)]
+        if not chosen:
+            raise ValueError(f"no OK kernel rows of {backend} to build its curve from")
+        if device is None:
+            device = Counter(row["device"] for row in chosen).most_common(1)[0][0]
+        chosen = [row for row in chosen if row["device"] == device]
+        points = {}
+        for direction in TIMED_DIRECTIONS:
+            mine = [r for r in chosen if r["direction"] == direction]
+            if not mine:
+                continue
+            flops = np.array([float(r["flops"]) for r in mine])
+            density = np.array([float(r["density"]) for r in mine])
+            tflops = np.array([float(r["tflops"]) for r in mine])
+            order = np.argsort(flops, kind="stable")
+            points[direction] = (flops[order], density[order], tflops[order])
+        if not points:
+            raise ValueError(f"{backend} on {device}: no timed direction")
+        return cls(backend, device, points)
+
+    def tflops(self, flops: float, density: float, direction: str) -> float:
+        if direction not in self.points:
+            raise ValueError(f"{self.backend}: no {direction} rows; has {sorted(self.points)}")
+        x, dens, speed = self.points[direction]
+        near = np.abs(np.log2(np.maximum(dens, 1e-12) / max(density, 1e-12))) <= 1.0
+        if near.any():
+            x, speed = x[near], speed[near]
+        # Points of equal FLOPs (two masks of one area) average.
+        unique, inverse = np.unique(np.log(x), return_inverse=True)
+        mean = np.bincount(inverse, weights=speed) / np.bincount(inverse)
+        return float(np.interp(np.log(max(flops, 1.0)), unique, mean))
+
+    def seconds(self, flops: float, density: float, direction: str) -> float:
+        """One call's time; an empty call costs nothing (the strategies skip it)."""
+        if flops <= 0:
+            return 0.0
+        return flops / (self.tflops(flops, density, direction) * 1e12)

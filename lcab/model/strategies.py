@@ -1,0 +1,183 @@
+"""Predicted time of one attention call under a CP strategy, and where it goes.
+
+Work per rank comes from the exact mask: the same dispatch code the real
+runs use (lcab.cp), each rank's pairs against each key shard. Each call's
+time comes from a measured kernel curve; each collective's from the
+network's alpha-beta model. How the strategies overlap, as the real ones do:
+
+- ring: cp steps; at step s rank i meets the keys of rank (i - s) mod cp
+  while the next shard is in flight, so a step lasts max(compute, transfer),
+  and ranks move in step (the slowest rank sets each step). Empty steps
+  compute nothing but still pass the shard on. Backward: the same steps,
+  the shard and its dK/dV rotate together (twice the bytes).
+- allgather: all-gather K/V (exposed), then each rank's rows against every
+  key in one call. Backward: the dK/dV reduce-scatter (as many bytes,
+  exposed) and the backward call.
+- ulysses: all-to-all q, k, v to head shards (exposed), the whole sequence
+  for heads/cp heads in one call, all-to-all back. Needs K/V heads divisible
+  by cp (as jax.cp_ulysses does). Backward: the gradients travel the same
+  way (the same bytes).
+- usp: Ulysses inside groups of `ulysses_size` ranks, a ring of cp /
+  ulysses_size steps between groups on heads/ulysses_size heads.
+
+The breakdown adds up to the total: compute (the mean rank's kernel time),
+imbalance (the slowest rank's extra kernel time), exposed communication
+(the rest). Not modelled: the log-sum-exp merges, memory copies and
+launch gaps between steps.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from lcab.cp import make_dispatch, pair_areas, rank_areas
+from lcab.flops import attention_flops
+from lcab.masks.mask import AttnMask
+from lcab.model.kernel_curve import KernelCurve
+from lcab.model.network import Network
+
+STRATEGIES = ("ring", "allgather", "ulysses", "usp")
+_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+
+
+@dataclasses.dataclass(frozen=True)
+class Shape:
+    heads_q: int = 64
+    heads_kv: int = 8
+    head_dim: int = 128
+    dtype: str = "bfloat16"
+    batch: int = 1
+
+    def token_bytes(self, heads: int) -> int:
+        """Bytes of one token's vectors over `heads` heads."""
+        return self.batch * heads * self.head_dim * _BYTES[self.dtype]
+
+
+@dataclasses.dataclass(frozen=True)
+class Prediction:
+    strategy: str
+    dispatch: str
+    cp: int
+    direction: str
+    seconds: float
+    compute_s: float
+    imbalance_s: float
+    exposed_comm_s: float
+    flops: int  # the whole call's exact FLOPs
+    problem: str = ""  # why the strategy cannot run this case ("" if it can)
+
+    @property
+    def tflops_per_gpu(self) -> float:
+        if self.problem or self.seconds <= 0:
+            return float("nan")
+        return self.flops / (self.seconds * self.cp) / 1e12
+
+
+def _call_seconds(curve: KernelCurve, shape: Shape, area, rows, cols, heads: int,
+                  direction: str) -> np.ndarray:
+    area = np.asarray(area, dtype=np.float64)
+    flops = attention_flops(1, batch=shape.batch, heads_q=heads, head_dim=shape.head_dim,
+                            direction=direction) * area
+    density = area / max(rows * cols, 1)
+    return np.vectorize(lambda f, d: curve.seconds(f, d, direction))(flops, density)
+
+
+def _ring(mask: AttnMask, dispatch_name: str, ranks: int, heads_q: int, heads_kv: int,
+          shape: Shape, curve: KernelCurve, network: Network, direction: str,
+          span: int) -> tuple[float, float, float]:
+    """(total, mean compute, max compute) of a ring of `ranks` over `span` GPUs."""
+    dispatch = make_dispatch(dispatch_name, mask, ranks)
+    areas = pair_areas(mask, dispatch)
+    local = mask.seqlen_q // ranks
+    steps = np.array([[areas[i, (i - s) % ranks] for s in range(ranks)] for i in range(ranks)])
+    compute = _call_seconds(curve, shape, steps, local, local, heads_q, direction)
+    shard = 2 * local * shape.token_bytes(heads_kv) * (2 if direction == "bwd" else 1)
+    transfer = network.seconds("ppermute", shard, span)
+    in_flight = np.array([transfer if s < ranks - 1 else 0.0 for s in range(ranks)])
+    total = float(np.sum(np.maximum(compute.max(axis=0), in_flight)))
+    return total, float(compute.mean(axis=0).sum()), float(compute.max(axis=0).sum())
+
+
+def predict(strategy: str, mask: AttnMask, cp: int, shape: Shape, curve: KernelCurve,
+            network: Network, *, dispatch: str = "balanced", direction: str = "fwd",
+            ulysses_size: int | None = None) -> Prediction:
+    if strategy not in STRATEGIES:
+        raise ValueError(f"strategy {strategy!r} is not one of {', '.join(STRATEGIES)}")
+    seqlen = mask.seqlen_q
+    flops = attention_flops(mask.area(), batch=shape.batch, heads_q=shape.heads_q,
+                            head_dim=shape.head_dim, direction=direction)
+    result = dict(strategy=strategy, dispatch=dispatch, cp=cp, direction=direction, flops=flops)
+
+    def refuse(reason: str) -> Prediction:
+        nan = float("nan")
+        return Prediction(**result, seconds=nan, compute_s=nan, imbalance_s=nan,
+                          exposed_comm_s=nan, problem=reason)
+
+    def done(total, mean, slowest) -> Prediction:
+        # max() keeps float rounding from showing as a negative share.
+        return Prediction(**result, seconds=total, compute_s=mean,
+                          imbalance_s=max(0.0, slowest - mean),
+                          exposed_comm_s=max(0.0, total - slowest))
+
+    if seqlen % cp:
+        return refuse(f"{seqlen} tokens do not split over cp {cp}")
+    local = seqlen // cp
+    grad = 2 if direction == "bwd" else 1
+    if strategy == "ring":
+        try:
+            return done(*_ring(mask, dispatch, cp, shape.heads_q, shape.heads_kv, shape, curve,
+                               network, direction, cp))
+        except ValueError as exc:  # a dispatch that cannot split this length
+            return refuse(str(exc))
+    if strategy == "allgather":
+        try:
+            areas = rank_areas(mask, make_dispatch(dispatch, mask, cp))
+        except ValueError as exc:
+            return refuse(str(exc))
+        compute = _call_seconds(curve, shape, areas, local, seqlen, shape.heads_q, direction)
+        gather = network.seconds("all_gather", 2 * seqlen * shape.token_bytes(shape.heads_kv), cp)
+        return done(gather + compute.max(), compute.mean(), compute.max())
+    if strategy == "ulysses":
+        if shape.heads_kv % cp:
+            return refuse(f"Ulysses splits heads over cp: {shape.heads_kv} K/V heads do not "
+                          f"divide by {cp}")
+        return done(*_ulysses_part(mask, cp, cp, shape, curve, network, direction, grad))
+    # usp
+    size = ulysses_size or _default_ulysses(cp, shape.heads_kv, network.gpus_per_node)
+    if cp % size or shape.heads_kv % size:
+        return refuse(f"ulysses_size {size} must divide cp {cp} and the {shape.heads_kv} "
+                      "K/V heads")
+    ranks = cp // size
+    a2a = _all_to_all_seconds(local, shape, network, size, grad)
+    try:
+        total, mean, slowest = _ring(mask, dispatch, ranks, shape.heads_q // size,
+                                     shape.heads_kv // size, shape, curve, network, direction,
+                                     cp if ranks > 1 else size)
+    except ValueError as exc:
+        return refuse(str(exc))
+    return done(total + a2a, mean, slowest)
+
+
+def _default_ulysses(cp: int, heads_kv: int, gpus_per_node: int) -> int:
+    """The largest Ulysses group that divides cp and the K/V heads and stays in a node."""
+    return max(u for u in range(1, min(cp, heads_kv, gpus_per_node) + 1)
+               if cp % u == 0 and heads_kv % u == 0)
+
+
+def _all_to_all_seconds(local: int, shape: Shape, network: Network, ranks: int,
+                        grad: int) -> float:
+    """q, k, v to head shards and the output back (the backward's gradients
+    travel the same bytes), for `local` tokens per rank."""
+    there = local * shape.token_bytes(shape.heads_q + 2 * shape.heads_kv)
+    back = local * shape.token_bytes(shape.heads_q)
+    return grad * (network.seconds("all_to_all", there, ranks)
+                   + network.seconds("all_to_all", back, ranks))
+
+
+def _ulysses_part(mask, cp, size, shape, curve, network, direction, grad):
+    compute = float(_call_seconds(curve, shape, mask.area(), mask.seqlen_q, mask.seqlen_k,
+                                  shape.heads_q // size, direction))
+    a2a = _all_to_all_seconds(mask.seqlen_q // cp, shape, network, size, grad)
+    return compute + a2a, compute, compute
