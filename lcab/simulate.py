@@ -27,9 +27,8 @@ from lcab.comm import AlphaBeta
 from lcab.cp import DISPATCH_NAMES
 from lcab.experiments.sweep import parse_heads, parse_seqlen
 from lcab.flops import TIMED_DIRECTIONS
-from lcab.masks import canonical_name, make_mask
+from lcab.masks import FAMILIES_BY_NAME, canonical_name, make_mask
 from lcab.masks.doc_lengths import DISTRIBUTIONS
-from lcab.masks.factory import FAMILIES
 from lcab.model import (INFINIBAND_NDR, STRATEGIES, KernelCurve, Shape, network_from_comm,
                         predict)
 from lcab.model.validation import against_published, error_summary, predicted_vs_measured
@@ -84,16 +83,36 @@ flags.register_validator("strategies", lambda v: _check_list("strategies", v, ST
 flags.register_validator("dispatch", lambda v: _check_list("dispatch", v, DISPATCH_NAMES))
 flags.register_validator("directions",
                          lambda v: _check_list("directions", v, TIMED_DIRECTIONS))
-flags.register_validator("masks", lambda v: _check_list(
-    "masks", [canonical_name(m) if m in FAMILIES else m for m in v], tuple(FAMILIES)))
-flags.register_validator("cp", lambda v: all(x.isdigit() and int(x) >= 1 for x in v)
-                         or _check_list("cp", v, ["positive integers"]))
+
+
+def _check_masks(values):
+    try:
+        return all(canonical_name(name) for name in values)
+    except ValueError as exc:
+        raise flags.ValidationError(str(exc)) from exc
+
+
+def _check_cp(values):
+    bad = [v for v in values if not v.isdigit() or int(v) < 1]
+    if bad:
+        raise flags.ValidationError(f"--cp: {', '.join(bad)} are not GPU counts (1, 2, ...)")
+    return True
+
+
+flags.register_validator("masks", _check_masks)
+flags.register_validator("cp", _check_cp)
+
+
+def _mask_params(name: str) -> dict:
+    """The document-length histogram, for the families that take one."""
+    takes = FAMILIES_BY_NAME[canonical_name(name)].params
+    return {"distribution": _DOC_DISTRIBUTION.value} if "distribution" in takes else {}
 
 
 def _predictions(curve, network, shape, seqlen_per_gpu) -> pd.DataFrame:
     records = []
-    for mask_name in _MASKS.value:
-        params = {"distribution": _DOC_DISTRIBUTION.value} if "document" in mask_name else {}
+    for mask_name in map(canonical_name, _MASKS.value):
+        params = _mask_params(mask_name)
         for cp in (int(c) for c in _CP.value):
             mask = make_mask(mask_name, seqlen_per_gpu * cp, seed=_MASK_SEED.value, **params)
             for dispatch in _DISPATCHES.value:

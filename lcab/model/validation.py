@@ -9,7 +9,7 @@ import re
 
 import pandas as pd
 
-from lcab.masks import make_mask
+from lcab.masks import FAMILIES_BY_NAME, make_mask
 from lcab.masks.mask import AttnMask
 from lcab.model.kernel_curve import KernelCurve
 from lcab.model.network import Network
@@ -117,7 +117,8 @@ def against_published(curve: KernelCurve, network: Network, shape: Shape,
     records = []
     for mask_name, who, strategy, dispatch, figures in PUBLISHED:
         for cp, published in figures.items():
-            params = {"distribution": distribution} if "document" in mask_name else {}
+            takes = FAMILIES_BY_NAME[mask_name].params
+            params = {"distribution": distribution} if "distribution" in takes else {}
             mask = make_mask(mask_name, seqlen_per_gpu * cp, seed=seed, **params)
             names = STRATEGIES if strategy == "best" else (strategy,)
             found = [predict(name, mask, cp, shape, curve, network, dispatch=dispatch)
