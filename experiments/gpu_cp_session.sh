@@ -12,6 +12,10 @@
 #   torch_cp2   torch: torch.flex (every mask) and torch.sdpa_cudnn (full,
 #               causal) on one GPU, then every torch strategy at cp 2
 #   torch_cp4   the same at cp 4
+#   profile     jax.cp_ring and jax.cp_allgather at cp 2, 64k, full and
+#               causal_document, each run once more under JAX's profiler:
+#               PART/overlap.md says how much of the transfers the compute hid
+#               (lcab.trace_overlap); the traces are copied to PART/ flat
 #
 # Four masks (full, causal, full_document, causal_document), 64:8 heads,
 # d=128, bf16, the balanced dispatch (experiments/cp_*.flags), one warm-up
@@ -61,7 +65,17 @@ for part in "$@"; do
     torch_cp4) lcab 360 "$dir" --flagfile=experiments/cp_torch.flags --cp_size=4 \
         --seqlens=32k,128k
       single torch 32k,128k "$dir" ;;
-    *) echo "unknown part $part (comm, jax_cp2, jax_cp4, torch_cp2, torch_cp4)"; exit 2 ;;
+    profile) lcab 300 "$dir" --flagfile=experiments/cp_jax.flags --cp_size=2 --seqlens=64k \
+        --masks=full,causal_document --backends=jax.cp_ring,jax.cp_allgather \
+        --profile_dir="$dir/traces"
+      python3 -m lcab.trace_overlap "$dir/traces" >"$dir/overlap.md" 2>&1
+      cat "$dir/overlap.md"
+      for trace in "$dir"/traces/*/plugins/profile/*/perfetto_trace.json.gz; do
+        case_dir=${trace#"$dir"/traces/}
+        cp "$trace" "$dir/${case_dir%%/*}.perfetto_trace.json.gz"
+      done ;;
+    *) echo "unknown part $part (comm, jax_cp2, jax_cp4, torch_cp2, torch_cp4, profile)"
+      exit 2 ;;
   esac
   python3 - "$dir" <<'EOF'
 import sys

@@ -26,7 +26,9 @@ maximum over processes.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
+import pathlib
 import platform
 import time
 
@@ -195,6 +197,15 @@ class JaxRuntime(Runtime):
         again = run({name: self.from_numpy(stored["inputs"][name], dtype) for name in names})
         return golden.normalised_error({n: self.to_numpy(x) for n, x in again.items()},
                                        stored["results"])
+
+    @contextlib.contextmanager
+    def profile(self, directory):
+        directory = pathlib.Path(directory)
+        if distributed.multi_process():
+            directory = directory / f"process{jax.process_index()}"
+        # perfetto_trace.json.gz lands under directory/plugins/profile/<time>/.
+        with jax.profiler.trace(str(directory), create_perfetto_trace=True):
+            yield
 
     def check_collective(self, op, ranks):
         from jax_backends import comm

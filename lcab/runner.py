@@ -14,8 +14,10 @@ import datetime
 import importlib
 import math
 import multiprocessing
+import pathlib
 import time
 import traceback
+import warnings
 from collections.abc import Callable, Iterable, Sequence
 
 from lcab import registry, results, validation
@@ -56,6 +58,7 @@ class Settings:
     isolate_timeout_s: float | None = None  # an isolated case running longer is killed
     backend_options: tuple[tuple[str, str, str], ...] = ()  # (backend, key, value)
     golden_dir: str | None = None  # save or compare outputs and gradients (orbax)
+    profile_dir: str | None = None  # one profiled call per case, after timing (traces)
 
     def options_for(self, backend: str) -> dict[str, str]:
         return {key: value for name, key, value in self.backend_options if name == backend}
@@ -272,6 +275,8 @@ class Runner:
             except Exception as exc:  # noqa: BLE001
                 runtime.cleanup()
                 failure = exc
+        if self.settings.profile_dir:
+            self._profile(case, runtime, fn, inputs, both is not None)
         golden = {}
         if self.settings.golden_dir:
             golden = self._golden(case, runtime, fn, inputs, both is not None, backend.layout)
@@ -291,6 +296,23 @@ class Runner:
         del inputs, fn
         runtime.cleanup()
         return rows
+
+    def _profile(self, case, runtime: Runtime, fn, inputs, with_gradients: bool) -> None:
+        """One more call of the timed function under the framework's profiler,
+        after the timed ones (whose times it does not touch); its trace goes
+        to profile_dir/<backend>_<mask>_<seqlen>[_cp<N>]/ (lcab.trace_overlap
+        reads it). A profiler that fails costs a warning, not the row."""
+        w = case.workload
+        cp = case.suite == "cp" and self.settings.options_for(case.backend).get("cp_size")
+        name = f"{case.backend}_{w.mask.name}_{w.seqlen_q}" + (f"_cp{cp}" if cp else "")
+        directory = pathlib.Path(self.settings.profile_dir) / name
+        try:
+            with runtime.profile(directory):
+                runtime.measure(fn, inputs if with_gradients else inputs[:3],
+                                backward=with_gradients, warmup=0, iters=1, flush_l2=False)
+        except Exception as exc:  # noqa: BLE001
+            warnings.warn(f"{name}: no profile: {_describe(exc)}")
+        runtime.cleanup()
 
     def _golden(self, case, runtime: Runtime, fn, inputs, with_gradients: bool,
                 layout: str) -> dict:

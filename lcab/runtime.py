@@ -101,6 +101,12 @@ class Runtime(abc.ABC):
     ) -> Timing:
         """Time fn(q, k, v) (backward=False) or fn plus its gradients (True)."""
 
+    def profile(self, directory):
+        """A context manager tracing what runs inside it into `directory`, in
+        the Chrome trace-event format lcab.trace_overlap reads. Runtimes
+        without a profiler raise NotImplementedError."""
+        raise NotImplementedError(f"{self.framework} has no profiler hook")
+
     def check_collective(self, op: str, ranks: int) -> None:
         """Run one `op` (lcab.comm.COMM_OPS) over `ranks` devices on known
         values and raise AssertionError if it moved the wrong ones. Runtimes

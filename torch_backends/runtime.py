@@ -15,8 +15,10 @@ timed sample is the maximum over ranks (the slowest rank sets the step).
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
+import pathlib
 import platform
 import time
 
@@ -214,6 +216,19 @@ class TorchRuntime(Runtime):
 
     def is_oom(self, exc):
         return isinstance(exc, torch.OutOfMemoryError) or super().is_oom(exc)
+
+    @contextlib.contextmanager
+    def profile(self, directory):
+        from torch.profiler import ProfilerActivity, profile
+
+        activities = [ProfilerActivity.CPU]
+        if torch.cuda.is_available():
+            activities.append(ProfilerActivity.CUDA)
+        with profile(activities=activities) as profiler:
+            yield
+        directory = pathlib.Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        profiler.export_chrome_trace(str(directory / f"rank{distributed.rank()}.trace.json"))
 
     def cleanup(self):
         gc.collect()

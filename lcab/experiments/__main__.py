@@ -94,6 +94,11 @@ _GOLDEN_DIR = flags.DEFINE_string(
     "Keep golden data here: the first run of a workload saves its inputs, outputs and "
     "gradients (orbax); later runs, of either framework, run on those inputs and are compared "
     "with them (golden_err column).")
+_PROFILE_DIR = flags.DEFINE_string(
+    "profile_dir", None,
+    "After timing each case, run it once more under the framework's profiler and write the "
+    "trace here (one folder per case); python -m lcab.trace_overlap reads how much "
+    "communication the compute hid.")
 _JAX_COORDINATOR = flags.DEFINE_string(
     "jax_coordinator", None, "Multi-process JAX: the coordinator's host:port (process 0's).")
 _JAX_NUM_PROCESSES = flags.DEFINE_integer(
@@ -274,6 +279,7 @@ def _settings(sweep: Sweep, run_id: str) -> Settings:
         plugin_modules=tuple(_BACKEND_MODULES.value),
         isolate_timeout_s=_ISOLATE_TIMEOUT.value,
         golden_dir=_GOLDEN_DIR.value,
+        profile_dir=_PROFILE_DIR.value,
         backend_options=_cp_options(sweep) + tuple(
             parse_backend_option(t) for t in _option_texts(_BACKEND_OPTIONS.value)),  # these win
     )

@@ -1,0 +1,151 @@
+"""python -m lcab.trace_overlap TRACE [TRACE ...]: how much of a CP run's
+communication its compute hides, read from a profiler trace.
+
+Both frameworks write the Chrome trace-event format: JAX's
+`jax.profiler.trace(..., create_perfetto_trace=True)` (perfetto_trace.json.gz)
+and torch.profiler's `export_chrome_trace`. Per GPU, the kernels are split
+into communication (NCCL kernels and XLA's collectives, by name) and
+compute (every other kernel); the busy time of each is the union of its
+kernels' intervals, and the hidden communication is the part of it during
+which a compute kernel also ran. A ring that overlaps well hides most of its
+transfers; an all-gather strategy hides none by design.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import json
+import pathlib
+import re
+import sys
+
+import numpy as np
+
+COMMUNICATION = re.compile(
+    r"nccl|sendrecv|allgather|all-gather|all_gather|alltoall|all-to-all|all_to_all|"
+    r"collective-permute|ppermute|reducescatter|reduce-scatter", re.IGNORECASE)
+# Processes that hold device activity: JAX/XLA's "/device:GPU:0", torch's
+# GPU streams (their kernels carry cat "kernel" instead).
+_DEVICE_PROCESS = re.compile(r"/device:(?:GPU|TPU):(\d+)")
+
+
+@dataclasses.dataclass(frozen=True)
+class Overlap:
+    device: str
+    compute_us: float
+    communication_us: float
+    hidden_us: float
+
+    @property
+    def hidden_fraction(self) -> float:
+        return self.hidden_us / self.communication_us if self.communication_us else float("nan")
+
+
+def load_events(path: str | pathlib.Path) -> list[dict]:
+    path = pathlib.Path(path)
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt") as f:
+        data = json.load(f)
+    return data["traceEvents"] if isinstance(data, dict) else data
+
+
+def _union(intervals: list[tuple[float, float]]) -> np.ndarray:
+    """Sorted, disjoint [start, end) intervals covering the given ones."""
+    merged: list[list[float]] = []
+    for start, end in sorted(intervals):
+        if merged and start <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], end)
+        else:
+            merged.append([start, end])
+    return np.array(merged, dtype=np.float64).reshape(-1, 2)
+
+
+def _length(intervals: np.ndarray) -> float:
+    return float(np.sum(intervals[:, 1] - intervals[:, 0])) if len(intervals) else 0.0
+
+
+def _intersection(a: np.ndarray, b: np.ndarray) -> float:
+    total, i, j = 0.0, 0, 0
+    while i < len(a) and j < len(b):
+        low, high = max(a[i, 0], b[j, 0]), min(a[i, 1], b[j, 1])
+        total += max(0.0, high - low)
+        if a[i, 1] < b[j, 1]:
+            i += 1
+        else:
+            j += 1
+    return total
+
+
+def device_kernels(events: list[dict]) -> dict[str, list[dict]]:
+    """Complete ("X") device events per device name."""
+    process_names = {e["pid"]: e["args"]["name"] for e in events
+                     if e.get("ph") == "M" and e.get("name") == "process_name"}
+    found: dict[str, list[dict]] = {}
+    for event in events:
+        if event.get("ph") != "X" or not event.get("dur"):
+            continue
+        process = str(process_names.get(event.get("pid"), ""))
+        match = _DEVICE_PROCESS.search(process)
+        if match:
+            device = f"GPU {match.group(1)}"
+        elif event.get("cat") == "kernel":
+            device = f"GPU {event.get('args', {}).get('device', event.get('pid'))}"
+        else:
+            continue
+        found.setdefault(device, []).append(event)
+    return found
+
+
+def overlap(events: list[dict]) -> list[Overlap]:
+    out = []
+    for device, kernels in sorted(device_kernels(events).items()):
+        spans = {True: [], False: []}
+        for kernel in kernels:
+            start = float(kernel["ts"])
+            spans[bool(COMMUNICATION.search(kernel.get("name", "")))].append(
+                (start, start + float(kernel["dur"])))
+        communication, compute = _union(spans[True]), _union(spans[False])
+        out.append(Overlap(device, _length(compute), _length(communication),
+                           _intersection(communication, compute)))
+    return out
+
+
+def table(overlaps: list[Overlap]) -> str:
+    lines = ["| device | compute ms | communication ms | hidden ms | hidden |",
+             "|:--|--:|--:|--:|--:|"]
+    for o in overlaps:
+        lines.append(f"| {o.device} | {o.compute_us / 1e3:.2f} | {o.communication_us / 1e3:.2f} "
+                     f"| {o.hidden_us / 1e3:.2f} | {o.hidden_fraction:.0%} |")
+    return "\n".join(lines)
+
+
+def find_traces(path: str | pathlib.Path) -> list[pathlib.Path]:
+    """A trace file, or every trace under a directory (--profile_dir's
+    folders): JAX's perfetto_trace.json.gz (not the TensorBoard copy beside
+    it) and torch's rank<N>.trace.json."""
+    path = pathlib.Path(path)
+    if path.is_file():
+        return [path]
+    perfetto = sorted(path.rglob("perfetto_trace.json.gz"))
+    beside = {trace.parent for trace in perfetto}
+    others = [t for t in sorted(path.rglob("*.trace.json*")) if t.parent not in beside]
+    return perfetto + others
+
+
+def main(argv: list[str]) -> int:
+    paths = [trace for given in argv for trace in find_traces(given)]
+    if not paths:
+        print("usage: python -m lcab.trace_overlap TRACE_OR_DIRECTORY [...] (no traces found)",
+              file=sys.stderr)
+        return 2
+    for path in paths:
+        found = overlap(load_events(path))
+        print(f"{path}\n")
+        print(table(found) if found else "no device kernels in this trace (a CPU run?)")
+        print()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
