@@ -7,6 +7,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable
 
+import numpy as np
+
 from lcab import registry
 from lcab.comm import comm_row, rounded_bytes
 from lcab.status import Status
@@ -59,7 +61,7 @@ def run_comm(framework: str, sweep: CommSweep, write: Callable[[dict], None], *,
                         reason=f"{type(exc).__name__}: {exc}"[:500])
                     runtime.cleanup()
                     continue
-                if sorted(samples)[len(samples) // 2] <= 0:
+                if np.median(samples) <= 0:
                     # Too fast to tell apart from the host's own noise (CPU).
                     row(op, nbytes, ranks, samples, status=Status.ERROR.value,
                         reason="not measurable: median <= 0 after the empty loop's time",

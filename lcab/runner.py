@@ -312,7 +312,6 @@ class Runner:
                                 backward=with_gradients, warmup=0, iters=1, flush_l2=False)
         except Exception as exc:  # noqa: BLE001
             warnings.warn(f"{name}: no profile: {_describe(exc)}")
-        runtime.cleanup()
 
     def _golden(self, case, runtime: Runtime, fn, inputs, with_gradients: bool,
                 layout: str) -> dict:
