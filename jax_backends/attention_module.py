@@ -22,6 +22,7 @@ from collections.abc import Callable, Mapping
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec
 
 from lcab import flops as flops_lib
 from lcab import registry
@@ -66,8 +67,8 @@ class _AttentionFunctions:
         support = self.support(self.workload(batch, seqlen))
         return support.directions or self.backend.directions
 
-    def get(self, batch: int, seqlen: int) -> Callable:
-        """f(q, k, v) -> out in (batch, seq, heads, dim), built once per shape."""
+    def built(self, batch: int, seqlen: int):
+        """The backend's own function for this shape, built once."""
         key = (batch, seqlen)
         if key not in self._built:
             workload = self.workload(batch, seqlen)
@@ -76,9 +77,33 @@ class _AttentionFunctions:
             # that build() puts on the device (jax.xla's dense mask) must be
             # concrete arrays, not tracers that a later trace would leak.
             with jax.ensure_compile_time_eval():
-                attend = self.backend.build(workload)
-            self._built[key] = _in_bshd(attend, self.backend.layout)
+                self._built[key] = self.backend.build(workload)
         return self._built[key]
+
+    def get(self, batch: int, seqlen: int, dispatched: bool = False) -> Callable:
+        """f(q, k, v) -> out in (batch, seq, heads, dim). dispatched: a CP
+        strategy's inputs come in its dispatch order, split over its mesh
+        (see `place`), and its output leaves the same way."""
+        attend = self.built(batch, seqlen)
+        if dispatched:
+            attend = getattr(attend, "timed", attend)
+        return _in_bshd(attend, self.backend.layout)
+
+    def place(self, arrays: list) -> list:
+        """(batch, seq, ...) arrays in a CP strategy's dispatch order, split
+        over its mesh, as its `timed` function takes them; unchanged for a
+        single-device kernel."""
+        batch, seqlen = arrays[0].shape[:2]
+        attend = self.built(batch, seqlen)
+        return attend.timed_inputs(arrays) if hasattr(attend, "timed_inputs") else arrays
+
+    def place_params(self, params):
+        """params replicated over the mesh the built strategy shards on, if any."""
+        built = next(iter(self._built.values()), None)
+        sharding = getattr(built, "sharding", None)
+        if sharding is None:
+            return params
+        return jax.device_put(params, NamedSharding(sharding.mesh, PartitionSpec()))
 
 
 def _in_bshd(attend: Callable, layout: str) -> Callable:
@@ -113,10 +138,14 @@ class LcabAttention(nnx.Module):
     def __init__(self, d_model: int, heads_q: int, heads_kv: int, head_dim: int, *,
                  backend: str, mask: AttnMask, rngs: nnx.Rngs,
                  backend_options: Mapping[str, str] | None = None,
-                 dtype: str = "bfloat16"):
+                 dtype: str = "bfloat16", dispatched: bool = False):
         dtype = canonical_dtype(dtype)
         self.heads_q, self.heads_kv, self.head_dim = heads_q, heads_kv, head_dim
         self.dtype = dtype
+        # As in a CP model: x arrives in the strategy's dispatch order, split
+        # over its mesh (place_inputs), so the projections run on each rank's
+        # own tokens and no layer permutes; y leaves in that order.
+        self.dispatched = dispatched
 
         def linear(inputs, outputs):
             return nnx.Linear(inputs, outputs, use_bias=False, dtype=_JNP_DTYPES[dtype],
@@ -134,7 +163,7 @@ class LcabAttention(nnx.Module):
 
     def __call__(self, x):
         batch, seqlen, _ = x.shape
-        attend = self.attention.get(batch, seqlen)
+        attend = self.attention.get(batch, seqlen, self.dispatched)
         q = self._heads(self.q_proj(x), self.heads_q)
         k = self._heads(self.k_proj(x), self.heads_kv)
         v = self._heads(self.v_proj(x), self.heads_kv)
@@ -144,6 +173,17 @@ class LcabAttention(nnx.Module):
     def _heads(self, projected, heads: int):
         batch, seqlen, _ = projected.shape
         return projected.reshape(batch, seqlen, heads, self.head_dim)
+
+    def place_inputs(self, arrays: list) -> list:
+        """Natural-order (batch, seq, ...) arrays as a dispatched layer takes
+        them (and gives y and dx back): in the CP strategy's dispatch order,
+        split over its mesh. Unchanged for a single-device kernel."""
+        return self.attention.place(arrays)
+
+    def place_params(self, params):
+        """Parameters beside dispatched inputs: whole on every device of the
+        CP strategy's mesh (a single-device kernel's stay where they are)."""
+        return self.attention.place_params(params)
 
     def directions(self, batch: int) -> tuple[str, ...]:
         """The directions ("fwd", "bwd") the backend runs this mask in."""

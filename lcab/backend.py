@@ -127,6 +127,11 @@ class Backend(abc.ABC):
         (Support.how is, and the correctness probe must share it)."""
         return ""
 
+    def flops(self, workload: Workload, direction: str) -> int:
+        """The FLOPs a row's TFLOP/s counts: the attention's (exact mask
+        area); a backend timing more than attention (jax.module) adds its own."""
+        return workload.flops(direction)
+
     def probe_heads_kv(self, workload: Workload) -> int:
         """K/V heads of the correctness probe (few, to keep it small)."""
         return min(workload.heads_kv, 2)

@@ -18,14 +18,14 @@ from lcab.runtime import Runtime
 @dataclasses.dataclass(frozen=True)
 class Entry:
     target: str  # "package.module:ClassName"
-    suite: str = "kernel"  # "kernel" or "cp"
+    suite: str = "kernel"  # "kernel", "cp" or "module"
 
     def load(self):
         module_name, attribute = self.target.split(":")
         return getattr(importlib.import_module(module_name), attribute)
 
 
-SUITES = ("kernel", "cp")
+SUITES = ("kernel", "cp", "module")
 
 _BUILTIN_BACKENDS = {
     "jax.xla": Entry("jax_backends.xla:XlaBackend"),
@@ -48,6 +48,7 @@ _BUILTIN_BACKENDS = {
     "jax.cp_ulysses": Entry("jax_backends.context_parallel:UlyssesBackend", "cp"),
     "jax.cp_usp": Entry("jax_backends.context_parallel:UspBackend", "cp"),
     "jax.cp_double_ring": Entry("jax_backends.context_parallel:DoubleRingBackend", "cp"),
+    "jax.module": Entry("jax_backends.module_backend:ModuleBackend", "module"),
     "torch.sdpa_math": Entry("torch_backends.sdpa:SdpaMathBackend"),
     "torch.sdpa_cudnn": Entry("torch_backends.sdpa:SdpaCudnnBackend"),
     "torch.sdpa_flash": Entry("torch_backends.sdpa:SdpaFlashBackend"),

@@ -87,6 +87,7 @@ class Runner:
         device = fields.pop("device_info", None)
         versions = fields.pop("versions", None)
         cp_size = fields.pop("cp_size", 1)
+        flops = fields.pop("flops_of", {}).get(direction) or w.flops(direction)
         row = results.make_row(
             framework=framework,
             backend=case.backend,
@@ -106,7 +107,7 @@ class Runner:
             direction=direction,
             status=status.value,
             reason=fields.pop("reason", ""),
-            flops=w.flops(direction),
+            flops=flops,
             device=device.name if device else None,
             n_devices=device.count if device else None,
             cp_size=cp_size,
@@ -163,7 +164,8 @@ class Runner:
             rows += self._rows_for_all(case, Status.UNAVAILABLE, reason=str(exc),
                                        cp_size=cp_size, **context)
             return
-        context.update(cp_size=backend.cp_size, strategy=backend.strategy)
+        context.update(cp_size=backend.cp_size, strategy=backend.strategy,
+                       flops_of={d: backend.flops(case.workload, d) for d in case.directions})
         directions = [d for d in case.directions if d in backend.directions]
         missing = [d for d in case.directions if d not in backend.directions]
         if missing:
@@ -356,7 +358,7 @@ class Runner:
                 reason="not measurable: fwd+bwd median <= fwd median", **fields,
             )
         tflops = tflops_per_second(
-            case.workload.flops(direction), timing.median_ms / 1e3, context["cp_size"]
+            context["flops_of"][direction], timing.median_ms / 1e3, context["cp_size"]
         )
         return self._row(case, direction, Status.OK, tflops=tflops, **fields)
 

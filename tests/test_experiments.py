@@ -198,7 +198,7 @@ def test_every_named_sweep_parses(flagfile):
     flags.FLAGS.unparse_flags()
     try:
         flags.FLAGS(["lcab.experiments", f"--flagfile={flagfile}"])
-        assert flags.FLAGS["suite"].value in ("kernel", "cp")
+        assert flags.FLAGS["suite"].value in ("kernel", "cp", "module", "comm")
     finally:
         flags.FLAGS.unparse_flags()
 

@@ -84,7 +84,8 @@ _BACKEND_OPTIONS = flags.DEFINE_multi_string(
     "Constructor options of a backend, BACKEND:KEY=VALUE (repeat or comma-separate), e.g. "
     "jax.pallas_flex:block_k=128. Each backend lists its options in the error of a bad one.")
 _CP_SIZE = flags.DEFINE_integer(
-    "cp_size", None, "Context-parallel size of every --suite=cp backend (default 2).",
+    "cp_size", None, "Context-parallel size of every --suite=cp backend, and of jax.module's CP inner "
+    "strategy (default 2).",
     lower_bound=1)
 _DISPATCH = flags.DEFINE_enum(
     "dispatch", None, list(DISPATCH_NAMES),
@@ -290,7 +291,7 @@ def _cp_options(sweep: Sweep) -> tuple[tuple[str, str, str], ...]:
     chosen = {"cp_size": _CP_SIZE.value, "dispatch": _DISPATCH.value}
     return tuple(
         (name, key, str(value))
-        for name in sweep.backends if registry.suite_of(name) == "cp"
+        for name in sweep.backends if registry.suite_of(name) in ("cp", "module")
         for key, value in chosen.items() if value is not None
     )
 
@@ -298,7 +299,7 @@ def _cp_options(sweep: Sweep) -> tuple[tuple[str, str, str], ...]:
 def _host_devices_for_cp() -> None:
     """Without a GPU, JAX's CP backends run on host devices, made from
     XLA_FLAGS before JAX starts (the flag is read once, when it does)."""
-    if _SUITE.value not in ("cp", COMM_SUITE) or presets.has_gpu() or "device_count" in \
+    if _SUITE.value not in ("cp", "module", COMM_SUITE) or presets.has_gpu() or "device_count" in \
             os.environ.get("XLA_FLAGS", ""):
         return
     wanted = max([_CP_SIZE.value or 2, *(_parse_ranks(r) for r in _COMM_RANKS.value)])

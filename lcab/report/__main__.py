@@ -11,6 +11,7 @@ reduced to the newest row of each measurement. DIR receives:
   cp_cross_framework.md, .csv     best JAX vs best PyTorch CP strategy per cell
   cp_vs_single.md, .csv           CP per-GPU TFLOP/s over its inner kernel's
                                   single-GPU TFLOP/s on the same workload
+  module.md, module.csv           per-GPU TFLOP/s of jax.module rows (if any)
   comm.md, comm.csv               the comm suite: bus bandwidth per collective,
                                   rank count and size, alpha-beta fit (if any)
   figures/kernel_<mask>.png       one per mask with kernel rows
@@ -204,6 +205,9 @@ def write_report(paths: list[str], out: pathlib.Path) -> list[pathlib.Path]:
                  "(per-GPU TFLOP/s / single-GPU TFLOP/s, same workload and device)",
                  _per_setting(frame[frame["suite"].isin(["cp", "kernel"])],
                               _cp_vs_single_or_empty))
+    module = frame[frame["suite"] == "module"]
+    writer.table("module", "Attention module (projections + attention, jax.module): per-GPU "
+                 "TFLOP/s", _per_setting(module, lambda group: tables.cp_table(group, "module")))
     if not comm.empty:
         writer.table("comm", "Collectives alone: bus bandwidth (GB/s) by bytes per rank; "
                      "alpha-beta fit", [("every collective", comm)])

@@ -297,12 +297,12 @@ def _cross_record(first: tuple[str, float] | None, second: tuple[str, float] | N
     return [*side(first), *side(second), ratio]
 
 
-def cp_table(frame: pd.DataFrame) -> pd.DataFrame:
-    """Per-GPU TFLOP/s of CP rows.
+def cp_table(frame: pd.DataFrame, suite: str = "cp") -> pd.DataFrame:
+    """Per-GPU TFLOP/s of CP rows (or of jax.module's, suite="module").
 
     Index (mask, seqlen, direction, cp_size); one column per strategy/backend.
     """
-    rows = suite_rows(frame, "cp")
+    rows = suite_rows(frame, suite)
     if not rows.empty:
         single_setting(rows, "cp_table")
     rows = with_line(rows)
@@ -470,11 +470,13 @@ def short_table(frame: pd.DataFrame) -> str:
             present, table = _by_direction(kernel, KERNEL_INDEX, "backend", backend_order(kernel))
             title = f"**Kernels, TFLOP/s {' / '.join(present)}: {label}**"
             parts += [title, "", to_markdown(table), ""]
-        cp = with_line(group[group["suite"] == "cp"])
-        if not cp.empty:
-            present, table = _by_direction(cp, CP_SHORT_INDEX, "line", line_order(cp))
-            title = f"**Context parallel, per-GPU TFLOP/s {' / '.join(present)}: {label}**"
-            parts += [title, "", to_markdown(table), ""]
+        for suite, what in (("cp", "Context parallel"),
+                            ("module", "Attention module (projections + attention)")):
+            rows = with_line(group[group["suite"] == suite])
+            if not rows.empty:
+                present, table = _by_direction(rows, CP_SHORT_INDEX, "line", line_order(rows))
+                title = f"**{what}, per-GPU TFLOP/s {' / '.join(present)}: {label}**"
+                parts += [title, "", to_markdown(table), ""]
     if not parts:
         parts = ["_(no result rows)_", ""]
     parts += [f"Legend: {LEGEND}", f"Device: {', '.join(devices(newest)) or 'unknown'}"]
