@@ -13,7 +13,7 @@
 #                         native strategy on full and causal)
 #   module:CP             jax.module, the seed's and the paper's layer
 #                         (experiments/module_*.flags), 8k tokens per GPU
-#   comm                  the collectives alone over 2 and 4 GPUs (JAX)
+#   comm                  the collectives alone over 2 and 4 GPUs (JAX, torch)
 #   profile               jax.cp_ring and jax.cp_allgather at cp 2, 64k, full
 #                         and causal_document, once more under JAX's profiler:
 #                         PART/overlap.md says how much of the transfers the
@@ -80,7 +80,8 @@ for part in "$@"; do
         --seqlens="$(global_lengths "$cp" 8k)"
       lcab 250 "$dir" --flagfile=experiments/module_paper.flags --cp_size="$cp" \
         --seqlens="$(global_lengths "$cp" 8k)" ;;
-    comm) lcab 60 "$dir" --suite=comm --framework=jax --comm_ranks=2,4 ;;
+    comm) lcab 60 "$dir" --suite=comm --framework=jax --comm_ranks=2,4
+      lcab 90 "$dir" --suite=comm --framework=torch --comm_ranks=2,4 ;;
     profile) lcab 300 "$dir" --flagfile=experiments/cp_jax.flags --cp_size=2 --seqlens=64k \
         --masks=full,causal_document --backends=jax.cp_ring,jax.cp_allgather \
         --profile_dir="$dir/traces"

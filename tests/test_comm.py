@@ -111,3 +111,20 @@ def test_more_ranks_than_devices_is_unavailable_not_a_crash():
              rows.append, git_commit="t", run_id="r", flags="{}")
     assert [r["status"] for r in rows] == ["UNAVAILABLE"]
     assert "64 ranks" in rows[0]["reason"]
+
+
+def test_torch_times_the_same_collectives_under_torchrun(tmp_path):
+    command = [sys.executable, "-m", "lcab.experiments", "--suite=comm", "--framework=torch",
+               "--comm_ranks=2,4", "--comm_sizes=4k,64k", "--iters=3", f"--out={tmp_path}",
+               "--git_commit=test"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = results.read_rows([tmp_path / "comm_torch.jsonl"])
+    # Each op was checked on known values over 2 and 4 gloo processes first.
+    assert {(r["op"], r["ranks"]) for r in rows} == {
+        (op, ranks) for op in comm.COMM_OPS for ranks in (2, 4)}
+    for row in rows:
+        assert row["status"] == "OK" or "not measurable" in row["reason"], row["reason"]
+        assert row["framework"] == "torch" and row["device"] == "cpu"
+        assert "gloo" in row["notes"] or row["status"] != "OK"
+    assert "| torch" in done.stdout

@@ -217,6 +217,18 @@ class TorchRuntime(Runtime):
     def is_oom(self, exc):
         return isinstance(exc, torch.OutOfMemoryError) or super().is_oom(exc)
 
+    def check_collective(self, op, ranks):
+        from torch_backends import comm
+
+        comm.check_result(op, ranks)
+
+    def time_collective(self, op, nbytes, ranks, *, warmup, iters):
+        from torch_backends import comm
+
+        samples, chain = comm.measure(op, nbytes, ranks, warmup=warmup, iters=iters)
+        backend = "gloo" if distributed.uses_gloo() else "NCCL"
+        return samples, f"torch.distributed ({backend}), {chain} chained per timed loop, bf16"
+
     @contextlib.contextmanager
     def profile(self, directory):
         from torch.profiler import ProfilerActivity, profile

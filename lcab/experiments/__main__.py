@@ -343,11 +343,12 @@ def _needs_launcher(framework: str) -> bool:
             and processes.torchrun_rank() is None)
 
 
-def _launch_ranks(framework: str, run_id: str) -> tuple[pathlib.Path, bool]:
+def _launch_ranks(framework: str, run_id: str, ranks: int | None = None
+                  ) -> tuple[pathlib.Path, bool]:
     """Run this command again under torchrun, one process per rank on this
     host (multi-node runs call torchrun themselves: experiments/slurm_torch_cp.sh)."""
     argv = _without_flags(sys.argv[1:], valued=("framework", "run_id"), boolean=("summary",))
-    ranks = _CP_SIZE.value or 2
+    ranks = ranks or _CP_SIZE.value or 2
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                f"--nproc_per_node={ranks}", "-m", "lcab.experiments", *argv,
                f"--framework={framework}", f"--run_id={run_id}", "--nosummary"]
@@ -356,6 +357,8 @@ def _launch_ranks(framework: str, run_id: str) -> tuple[pathlib.Path, bool]:
     if status != 0:
         print(f"lcab.experiments: torchrun ({ranks} ranks) exited with {status}",
               file=sys.stderr)
+        if _SUITE.value == COMM_SUITE:  # no cases to mark: the rows written stand
+            return path, False
         sweep = _sweep(framework)
         fill_missing(sweep.cases(), results.Writer(path), _settings(sweep, run_id),
                      reason=f"torchrun ({ranks} ranks) exited with {status} before this case")
@@ -482,9 +485,13 @@ def main(argv):
     )
     if _SUITE.value == COMM_SUITE:
         frameworks = FRAMEWORKS if _FRAMEWORK.value == "all" else (_FRAMEWORK.value,)
-        paths = [_run_comm(f, run_id)[0] for f in frameworks]
+        done = [_launch_ranks(f, run_id, max(_parse_ranks(r) for r in _COMM_RANKS.value))
+                if f in PROCESS_PER_RANK and processes.torchrun_rank() is None
+                else _run_comm(f, run_id) for f in frameworks]
         if _SUMMARY.value and not _launched_rank():
-            _print_comm_summary(paths)
+            _print_comm_summary([path for path, _ in done])
+        if not all(ok for _, ok in done):
+            sys.exit(1)
         return
     backends = _BACKENDS.value or registry.backend_names(suite=_SUITE.value)
     if not backends:
