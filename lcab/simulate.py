@@ -203,7 +203,7 @@ def main(argv):
         measured = results.read_rows(_VALIDATE.value)
         checked = predicted_vs_measured(measured, network_from_comm(
             measured, gpus_per_node=_GPUS_PER_NODE.value, inter=inter))
-        print("\nModel against measured rows (cp 1 rows are the curve's own points):\n")
+        print("\nModel against measured rows (a cp 1 row is left out of its own curve):\n")
         print(to_markdown(error_summary(checked)))
         print("\nModel against published figures (forward, 8k tokens per GPU):\n")
         print(to_markdown(against_published(curve, network, shape).set_index(

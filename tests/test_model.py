@@ -146,15 +146,17 @@ def test_the_model_against_the_measured_h100_rows():
     rows = results.read_rows([MEASURED])
     checked = predicted_vs_measured(rows, network_from_comm(rows))
     jax = checked[checked["backend"].str.startswith("jax.")]
-    # cp 1 rows are the curve's own points.
-    assert (checked[checked["cp"] == 1]["error_pct"].abs() < 1e-9).all()
     summary = error_summary(jax)
     assert set(summary.index.get_level_values("cp")) == {1, 2, 4}
     # What the README reports for JAX (H100, 2026-11-26): median |error|
+    # under 10 % at cp 1 (each single-GPU row left out of its own curve),
     # under 7 % at cp 2 and 4, the largest under 35 %.
+    assert (summary.loc[("jax", 1)]["median |error| %"] < 10).all()
     for cp in (2, 4):
         assert (summary.loc[("jax", cp)]["median |error| %"] < 7).all()
         assert (summary.loc[("jax", cp)]["max |error| %"] < 35).all()
+    single = checked[checked["cp"] == 1]
+    assert (single["predicted"] != single["measured"]).any()  # not its own point
     # Torch's ring has per-step costs the model leaves out: it errs more.
     torch = error_summary(checked[checked["backend"] == "torch.cp_ring_flex"])
     assert (torch.loc[("torch", 2)]["max |error| %"] > 100).all()
