@@ -16,6 +16,7 @@ output is a model, not a measurement: label it so wherever it is shown.
 
 from __future__ import annotations
 
+import dataclasses
 import pathlib
 import sys
 
@@ -65,6 +66,13 @@ _INTER_ALPHA_US = flags.DEFINE_float("inter_alpha_us", INFINIBAND_NDR.alpha_s * 
                                      "Latency of a collective between nodes (us).")
 _INTER_GBPS = flags.DEFINE_float("inter_gbps", INFINIBAND_NDR.beta_bytes_per_s / 1e9,
                                  "Bus bandwidth per GPU between nodes (GB/s).")
+_NVLINK_ALPHA_US = flags.DEFINE_float(
+    "nvlink_alpha_us", None, "Latency of a collective inside a node (us); default: fitted to "
+    "--comm_results per collective.")
+_NVLINK_GBPS = flags.DEFINE_float(
+    "nvlink_gbps", None, "Bus bandwidth per GPU inside a node (GB/s); default: fitted to "
+    "--comm_results per collective (NVLink 4's published 450 GB/s per direction is the "
+    "ceiling).")
 _ULYSSES_SIZE = flags.DEFINE_integer("ulysses_size", None, "USP's Ulysses group (default: the "
                                      "largest dividing cp and the K/V heads within a node).")
 _VALIDATE = flags.DEFINE_list("validate_against", [],
@@ -179,6 +187,17 @@ def _figures(frame: pd.DataFrame, out: pathlib.Path) -> list[pathlib.Path]:
     return written
 
 
+def _with_nvlink(network):
+    """--nvlink_alpha_us / --nvlink_gbps, where given, for every collective."""
+    if _NVLINK_ALPHA_US.value is None and _NVLINK_GBPS.value is None:
+        return network
+    intra = {op: AlphaBeta(
+        ab.alpha_s if _NVLINK_ALPHA_US.value is None else _NVLINK_ALPHA_US.value * 1e-6,
+        ab.beta_bytes_per_s if _NVLINK_GBPS.value is None else _NVLINK_GBPS.value * 1e9)
+        for op, ab in network.intra.items()}
+    return dataclasses.replace(network, intra=intra)
+
+
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
@@ -192,8 +211,9 @@ def main(argv):
         raise app.UsageError(f"--kernel={_KERNEL.value}: {exc} in "
                              f"{', '.join(_KERNEL_RESULTS.value)}") from exc
     inter = AlphaBeta(_INTER_ALPHA_US.value * 1e-6, _INTER_GBPS.value * 1e9)
-    network = network_from_comm(results.read_rows(_COMM_RESULTS.value) if _COMM_RESULTS.value
-                                else [], gpus_per_node=_GPUS_PER_NODE.value, inter=inter)
+    network = _with_nvlink(network_from_comm(
+        results.read_rows(_COMM_RESULTS.value) if _COMM_RESULTS.value else [],
+        gpus_per_node=_GPUS_PER_NODE.value, inter=inter))
     frame = _predictions(curve, network, shape, parse_seqlen(_SEQLEN_PER_GPU.value))
     print(f"Model (not a measurement): kernel {curve.backend} on {curve.device}; "
           f"{_GPUS_PER_NODE.value} GPUs per node; cells: per-GPU TFLOP/s "

@@ -177,3 +177,21 @@ def test_the_cli_prints_the_model_table_and_writes_its_files(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "lcab.simulate", "--strategies=ring,magic"],
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode != 0 and "ring, allgather, ulysses, usp" in bad.stderr
+
+
+def test_the_nvlink_flags_override_the_fitted_links(tmp_path):
+    import pandas as pd
+
+    def allgather_ms(*flags):
+        out = tmp_path / str(len(flags))
+        done = subprocess.run([sys.executable, "-m", "lcab.simulate", "--cp=2",
+                               "--masks=full", "--strategies=allgather", f"--out={out}", *flags],
+                              capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-2000:]
+        return pd.read_csv(out / "predictions.csv")["exposed_comm_ms"].iloc[0]
+
+    fitted = allgather_ms()
+    slow = allgather_ms("--nvlink_gbps=1", "--nvlink_alpha_us=100")
+    # 2 x 16k tokens x 8 K/V heads x 128 x 2 bytes gathered, half of it moved, at 1 GB/s.
+    assert slow == pytest.approx(0.1 + 0.5 * 2 * 16384 * 8 * 128 * 2 / 1e9 * 1e3, rel=1e-6)
+    assert fitted < slow
