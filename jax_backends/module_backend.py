@@ -52,12 +52,15 @@ class ModuleBackend(Backend):
         self.inner_name, self.inner_options, self.d_model = inner, forwarded, d_model
         self._inner = None
 
+    def load_dependencies(self) -> None:
+        # Not in __init__, which the CLI calls to check options: loading a CP
+        # strategy starts JAX, which must first learn its host devices.
+        self._inner = registry.load_backend(self.inner_name, self.inner_options)
+
     @property
     def inner(self) -> Backend:
-        # Loaded on first use, not when the CLI checks the options: loading a
-        # CP strategy starts JAX, which must first learn its host devices.
         if self._inner is None:
-            self._inner = registry.load_backend(self.inner_name, self.inner_options)
+            self.load_dependencies()
         return self._inner
 
     # The probe, the timer and the row see the inner backend's shapes and limits.

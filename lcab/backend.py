@@ -100,6 +100,12 @@ class Backend(abc.ABC):
         """Override to require a device or version; None when fine."""
         return None
 
+    def load_dependencies(self) -> None:
+        """Load what this instance runs on (jax.module: its inner backend);
+        raise lcab.registry.Unavailable with the reason if it cannot. The
+        registry calls it after construction; constructing alone, as the
+        CLI does to check options, must not start a framework."""
+
     def supports(self, workload: Workload) -> Support:
         """Shape checks shared by every backend, then the backend's mask check."""
         if workload.dtype not in self.dtypes:

@@ -137,7 +137,9 @@ def load_backend(name: str, options: dict[str, str] | None = None) -> Backend:
         reason = cls.unavailable_reason()
         if reason:
             raise Unavailable(reason)
-        return cls(**cls.parse_options(options or {}))
+        backend = cls(**cls.parse_options(options or {}))
+        backend.load_dependencies()
+        return backend
     except Unavailable:
         raise
     except Exception as exc:  # noqa: BLE001 - a backend that cannot start is unavailable

@@ -88,3 +88,18 @@ def test_the_cli_times_the_layer_and_counts_its_flops(tmp_path):
         assert "projections around inner jax.cp_allgather" in row["notes"]
         assert ["jax.module", "cp_size", "2"] in json.loads(row["flags"])["backend_options"]
     assert ModuleBackend.suite == "module"
+
+
+def test_an_unavailable_inner_backend_makes_the_module_unavailable():
+    try:
+        registry.load_backend("jax.cudnn")
+    except registry.Unavailable as exc:
+        reason = str(exc)
+    else:
+        pytest.skip("jax.cudnn runs here")
+    with pytest.raises(registry.Unavailable) as raised:
+        registry.load_backend("jax.module", {"inner": "jax.cudnn"})
+    assert reason in str(raised.value)
+    # Constructing alone (the CLI's option check) loads nothing.
+    cls = registry.all_backends()["jax.module"].load()
+    assert cls(inner="jax.cudnn")._inner is None
