@@ -50,6 +50,8 @@ COLUMNS: dict[str, str] = {
     "n_devices": "devices visible to the process",
     "cp_size": "context-parallel size (1 for kernel rows)",
     "strategy": "CP strategy (None for kernel rows)",
+    "options": "the backend's constructor options in this run (JSON: --backend_options, "
+               "--cp_size, --dispatch); part of what makes two rows the same measurement",
     "notes": "how the backend expressed the mask and shape",
     "versions": "framework and library versions (JSON)",
     "git_commit": "commit of the LCAB checkout (+dirty when modified)",
@@ -60,7 +62,17 @@ COLUMNS: dict[str, str] = {
     "warmup": "untimed calls before timing",
     "iters": "timed repeats",
 }
-JSON_COLUMNS = ("mask_params", "versions")
+JSON_COLUMNS = ("mask_params", "versions", "options")
+
+
+def options_key(options) -> str:
+    """Backend options as compared between rows: sorted compact JSON ("{}"
+    for none, also for rows written before the column existed)."""
+    if isinstance(options, str):
+        options = json.loads(options) if options else {}
+    if not isinstance(options, Mapping):  # None, or a missing value (NaN) in a frame
+        options = {}
+    return json.dumps(dict(options), sort_keys=True)
 
 
 def make_row(**fields) -> dict:
@@ -72,8 +84,10 @@ def make_row(**fields) -> dict:
 
 
 def row_key(row: Mapping) -> tuple:
-    """What --resume compares: one measurement of one backend on one workload."""
-    return (row["suite"], row["backend"], row["workload_key"], row["direction"])
+    """What --resume compares: one measurement of one backend, with its
+    options, on one workload."""
+    return (row["suite"], row["backend"], row["workload_key"], row["direction"],
+            options_key(row.get("options")))
 
 
 class Writer:
@@ -185,6 +199,7 @@ def load(paths):
             lambda value: value if isinstance(value, str) or value is None
             else json.dumps(value, sort_keys=True)
         )
+    frame["options"] = frame["options"].map(options_key)
     for column in ("median_ms", "p20_ms", "p80_ms", "tflops", "max_err", "golden_err",
                    "compile_s"):
         frame[column] = pd.to_numeric(frame[column], errors="coerce")

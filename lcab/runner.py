@@ -38,9 +38,11 @@ class Case:
     directions: tuple[str, ...] = ("fwd", "bwd")
     suite: str = "kernel"
 
-    def keys(self) -> list[tuple]:
+    def keys(self, options: dict[str, str] | None = None) -> list[tuple]:
+        """results.row_key of each direction's row, run with `options`."""
         return [
-            (self.suite, self.backend, self.workload.key(), direction)
+            (self.suite, self.backend, self.workload.key(), direction,
+             results.options_key(options))
             for direction in self.directions
         ]
 
@@ -108,6 +110,7 @@ class Runner:
             status=status.value,
             reason=fields.pop("reason", ""),
             flops=flops,
+            options=self.settings.options_for(case.backend),
             device=device.name if device else None,
             n_devices=device.count if device else None,
             cp_size=cp_size,
@@ -383,7 +386,8 @@ class Runner:
             child.kill()
             child.join()
         written = results.done_keys([self.writer.path])
-        lost = [d for d, key in zip(case.directions, case.keys()) if key not in written]
+        keys = case.keys(self.settings.options_for(case.backend))
+        lost = [d for d, key in zip(case.directions, keys) if key not in written]
         if lost:
             code = child.exitcode
             how = f"signal {-code}" if code is not None and code < 0 else f"exit code {code}"
@@ -401,7 +405,8 @@ def fill_missing(cases: Sequence[Case], writer: results.Writer, settings: Settin
     done = results.done_keys([writer.path])
     count = 0
     for case in cases:
-        lost = [d for d, key in zip(case.directions, case.keys()) if key not in done]
+        keys = case.keys(settings.options_for(case.backend))
+        lost = [d for d, key in zip(case.directions, keys) if key not in done]
         count += len(runner._rows_for_all(case, Status.ERROR, lost, reason=reason)) if lost else 0
     return count
 
@@ -435,7 +440,8 @@ def run_cases(
     """Run every case not already done (all of its keys in `skip`)."""
     runner = Runner(writer, settings)
     for case in cases:
-        todo = [d for d, key in zip(case.directions, case.keys()) if key not in skip]
+        keys = case.keys(settings.options_for(case.backend))
+        todo = [d for d, key in zip(case.directions, keys) if key not in skip]
         if todo:
             case = dataclasses.replace(case, directions=tuple(todo))
             if isolate:

@@ -42,6 +42,16 @@ class ReferenceBackend(Backend):
         return _reference_fn(workload.mask, workload.dtype, delay_s=self.delay_s)
 
 
+class TunableBackend(ReferenceBackend):
+    """Correct, with a constructor option (rows record it)."""
+
+    name = "numpy.tunable"
+    options = {"variant": str}
+
+    def __init__(self, variant: str = "a"):
+        self.variant = variant
+
+
 class SlowBackend(ReferenceBackend):
     name = "numpy.slow"
     delay_s = 0.3
@@ -113,7 +123,8 @@ class MissingPackageBackend(ReferenceBackend):
     requires = ("a_package_that_is_not_installed",)
 
 
-for _cls in (ReferenceBackend, SlowBackend, OffByOneWindowBackend, OutOfMemoryBackend,
+for _cls in (ReferenceBackend, TunableBackend, SlowBackend, OffByOneWindowBackend,
+             OutOfMemoryBackend,
              RaisingBackend, CausalOnlyBackend, CrashingBackend, MissingPackageBackend):
     registry.register_backend(_cls.name, f"{__name__}:{_cls.__name__}")
 

@@ -266,6 +266,21 @@ def test_cp_cross_framework_table_pairs_the_best_strategies_per_cp_size():
     assert list(row) == ["jax.cp_allgather", "390", "torch.cp_native", "330", "1.18"]
 
 
+def test_runs_with_other_options_are_other_lines_not_hidden_rows():
+    frame = _cp_sample()
+    ring = frame["backend"] == "jax.cp_ring"
+    frame.loc[ring, "options"] = '{"cp_size": "2", "dispatch": "zigzag"}'
+    contiguous = frame[ring].assign(options='{"cp_size": "2", "dispatch": "contiguous"}',
+                                    tflops=100.0)
+    both = pd.concat([frame, contiguous], ignore_index=True)
+    assert len(latest(both)) == len(both)  # two measurements, not a rerun
+    table = tables.cp_table(both)
+    row = table.loc[("causal", 8192, "fwd", 2)]
+    assert row["ring/jax.cp_ring [dispatch=contiguous]"] == "100"
+    assert row["ring/jax.cp_ring [dispatch=zigzag]"] == "380"
+    assert row["allgather/jax.cp_allgather"] == "390"  # one option set: no suffix
+
+
 def test_cp_over_single_gpu_uses_each_strategys_own_inner_kernel():
     table = tables.cp_vs_single_table(_cp_sample())
     cell = table.loc[("causal", 8192, "fwd", 2)]

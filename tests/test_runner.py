@@ -166,6 +166,21 @@ def test_resume_retries_errors_but_not_settled_rows(tmp_path):
     assert [r["backend"] for r in rows].count("numpy.reference") == 2  # not
 
 
+def test_rows_record_their_options_and_resume_tells_option_sets_apart(tmp_path):
+    path = tmp_path / "rows.jsonl"
+    case = Case("numpy.tunable", workload("causal"))
+    runs = {v: dataclasses.replace(SETTINGS, backend_options=(("numpy.tunable", "variant", v),))
+            for v in "ab"}
+    run_cases([case], results.Writer(path), runs["a"])
+    run_cases([case], results.Writer(path), runs["a"], skip=results.done_keys([path]))
+    run_cases([case], results.Writer(path), runs["b"], skip=results.done_keys([path]))
+    rows = results.read_rows([path])
+    # "a" ran once (its second run was resumed past); "b" is another measurement.
+    assert [r["options"] for r in rows] == [{"variant": "a"}] * 2 + [{"variant": "b"}] * 2
+    assert all(r["status"] == "OK" or "not measurable" in r["reason"] for r in rows)
+    assert len({results.row_key(r) for r in rows}) == 4
+
+
 def test_isolation_kills_a_case_that_hangs(tmp_path):
     settings = Settings(warmup=0, iters=1, isolate_timeout_s=2.0)
     path = tmp_path / "rows.jsonl"

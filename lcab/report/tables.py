@@ -10,12 +10,14 @@ numbers from different shapes, dtypes or devices never share a table.
 
 from __future__ import annotations
 
+import json
 import re
 import warnings
 from collections.abc import Iterable, Iterator, Sequence
 
 import pandas as pd
 
+from lcab import results
 from lcab.flops import TIMED_DIRECTIONS
 from lcab.status import CODES, LEGEND, Status
 
@@ -27,7 +29,7 @@ FRAMEWORK_ORDER = ("jax", "torch")
 # the newest timestamp wins. Strategy and device are part of it so that two
 # strategies of one backend, or two GPUs, are never collapsed into one row.
 MEASUREMENT_KEY = (
-    "suite", "backend", "workload_key", "direction", "cp_size", "strategy", "device",
+    "suite", "backend", "workload_key", "direction", "cp_size", "strategy", "device", "options",
 )
 # Rows that may share one table. The device is a setting: an H100 and an
 # H200 number side by side would read as a comparison of kernels.
@@ -119,20 +121,41 @@ def line_label(strategy, backend: str) -> str:
     return f"{strategy}/{backend}" if pd.notna(strategy) and strategy != "" else str(backend)
 
 
+def varying_options(rows: pd.DataFrame) -> pd.Series:
+    """Per row, " [key=value, ...]" of the options that differ between the
+    rows of its backend (one dispatch against another, two inner kernels),
+    "" where a backend ran with one set: what tells its lines apart."""
+    if "options" not in rows or rows.empty:
+        return pd.Series("", index=rows.index, dtype=object)
+    parsed = rows["options"].map(lambda text: json.loads(results.options_key(text)))
+    suffixes = pd.Series("", index=rows.index, dtype=object)
+    for _, group in parsed.groupby(rows["backend"]):
+        keys = sorted({k for options in group for k in options})
+        varying = [k for k in keys if len({str(o.get(k)) for o in group}) > 1]
+        if varying:
+            suffixes[group.index] = [
+                " [" + ", ".join(f"{k}={o.get(k, '-')}" for k in varying) + "]" for o in group]
+    return suffixes
+
+
 def with_line(rows: pd.DataFrame) -> pd.DataFrame:
-    """Rows with a "line" column naming their CP curve (see line_label)."""
-    return rows.assign(line=[line_label(s, b) for s, b in zip(rows["strategy"], rows["backend"])])
+    """Rows with a "line" column naming their CP curve (see line_label),
+    the options that tell a backend's runs apart appended."""
+    suffixes = varying_options(rows)
+    return rows.assign(line=[line_label(s, b) + x for s, b, x in
+                             zip(rows["strategy"], rows["backend"], suffixes)])
 
 
 def line_order(rows: pd.DataFrame) -> list[str]:
-    """CP lines in backend order, then by strategy."""
+    """CP lines in backend order, then by strategy, then by options."""
+    rows = rows if "line" in rows else with_line(rows)
     backends = backend_order(rows)
-    pairs = rows[["backend", "strategy"]].drop_duplicates()
+    triples = rows[["backend", "strategy", "line"]].drop_duplicates()
     ranked = sorted(
-        pairs.itertuples(index=False),
-        key=lambda pair: (backends.index(pair[0]), str(pair[1])),
+        triples.itertuples(index=False),
+        key=lambda triple: (backends.index(triple[0]), str(triple[1]), triple[2]),
     )
-    return [line_label(strategy, backend) for backend, strategy in ranked]
+    return list(dict.fromkeys(line for _, _, line in ranked))
 
 
 def _sort_rank(column: pd.Series, masks: Sequence[str]) -> pd.Series:
@@ -326,8 +349,10 @@ def cp_vs_single_table(frame: pd.DataFrame) -> pd.DataFrame:
     cp = with_line(suite_rows(frame, "cp"))
     cp = cp[cp["status"] == Status.OK.value]
     kernel = suite_rows(frame, "kernel")
-    single = kernel[kernel["status"] == Status.OK.value].set_index(
-        ["backend", "workload_key", "direction", "device"])["tflops"]
+    baseline_key = ["backend", "workload_key", "direction", "device"]
+    # One baseline per key: the newest, where a kernel ran with several options.
+    single = _oldest_first(kernel[kernel["status"] == Status.OK.value]).drop_duplicates(
+        baseline_key, keep="last").set_index(baseline_key)["tflops"]
     if not cp.empty:
         single_setting(cp, "cp_vs_single_table")
     records = {}
