@@ -279,6 +279,9 @@ def test_runs_with_other_options_are_other_lines_not_hidden_rows():
     assert row["ring/jax.cp_ring [dispatch=contiguous]"] == "100"
     assert row["ring/jax.cp_ring [dispatch=zigzag]"] == "380"
     assert row["allgather/jax.cp_allgather"] == "390"  # one option set: no suffix
+    # The cp size is a table column already: another cp size is not another line.
+    cp4 = frame[ring].assign(options='{"cp_size": "4", "dispatch": "zigzag"}', cp_size=4)
+    assert "ring/jax.cp_ring" in tables.cp_table(pd.concat([frame, cp4], ignore_index=True))
 
 
 def test_cp_over_single_gpu_uses_each_strategys_own_inner_kernel():

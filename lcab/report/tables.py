@@ -130,7 +130,8 @@ def varying_options(rows: pd.DataFrame) -> pd.Series:
     parsed = rows["options"].map(lambda text: json.loads(results.options_key(text)))
     suffixes = pd.Series("", index=rows.index, dtype=object)
     for _, group in parsed.groupby(rows["backend"]):
-        keys = sorted({k for options in group for k in options})
+        # cp_size has its own column in every CP table.
+        keys = sorted({k for options in group for k in options} - {"cp_size"})
         varying = [k for k in keys if len({str(o.get(k)) for o in group}) > 1]
         if varying:
             suffixes[group.index] = [
