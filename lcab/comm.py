@@ -23,6 +23,8 @@ import re
 
 import numpy as np
 
+from lcab.runtime import Timing
+
 COMM_OPS = ("ppermute", "all_gather", "all_to_all")
 
 _SIZE = re.compile(r"^(\d+)([kmg]?)(i?b)?$", re.IGNORECASE)
@@ -95,14 +97,15 @@ def comm_row(*, framework: str, op: str, nbytes: int, ranks: int, samples_ms: li
     """One comm result row (its own schema: comm_<framework>.jsonl)."""
     import datetime
 
-    median = float(np.median(samples_ms)) if samples_ms else None
+    timing = Timing(tuple(samples_ms)) if samples_ms else None
+    median = timing.median_ms if timing else None
     algbw = nbytes / (median * 1e-3) / 1e9 if median and median > 0 else None
     return {
         "framework": framework, "suite": "comm", "op": op, "bytes": int(nbytes),
         "ranks": int(ranks), "status": status, "reason": reason,
         "median_ms": median,
-        "p20_ms": float(np.percentile(samples_ms, 20)) if samples_ms else None,
-        "p80_ms": float(np.percentile(samples_ms, 80)) if samples_ms else None,
+        "p20_ms": timing.p20_ms if timing else None,
+        "p80_ms": timing.p80_ms if timing else None,
         "samples_ms": [float(s) for s in samples_ms],
         "algbw_gbps": algbw,
         "busbw_gbps": algbw * bus_factor(op, ranks) if algbw else None,

@@ -7,10 +7,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable
 
-import numpy as np
-
 from lcab import registry
 from lcab.comm import comm_row, rounded_bytes
+from lcab.runtime import Timing
 from lcab.status import Status
 
 
@@ -61,7 +60,7 @@ def run_comm(framework: str, sweep: CommSweep, write: Callable[[dict], None], *,
                         reason=f"{type(exc).__name__}: {exc}"[:500])
                     runtime.cleanup()
                     continue
-                if np.median(samples) <= 0:
+                if Timing(tuple(samples)).median_ms <= 0:
                     # Too fast to tell apart from the host's own noise (CPU).
                     row(op, nbytes, ranks, samples, status=Status.ERROR.value,
                         reason="not measurable: median <= 0 after the empty loop's time",

@@ -28,10 +28,9 @@ from lcab.comm import AlphaBeta
 from lcab.cp import DISPATCH_NAMES
 from lcab.experiments.sweep import parse_heads, parse_seqlen
 from lcab.flops import TIMED_DIRECTIONS
-from lcab.masks import FAMILIES_BY_NAME, canonical_name, make_mask
+from lcab.masks import canonical_name, make_mask, taken_params
 from lcab.masks.doc_lengths import DISTRIBUTIONS
-from lcab.model import (INFINIBAND_NDR, STRATEGIES, KernelCurve, Shape, network_from_comm,
-                        predict)
+from lcab.model import INFINIBAND_NDR, STRATEGIES, KernelCurve, Shape, network_from_comm, predict
 from lcab.model.validation import against_published, error_summary, predicted_vs_measured
 from lcab.report.tables import to_markdown
 
@@ -113,8 +112,7 @@ flags.register_validator("cp", _check_cp)
 
 def _mask_params(name: str) -> dict:
     """The document-length histogram, for the families that take one."""
-    takes = FAMILIES_BY_NAME[canonical_name(name)].params
-    return {"distribution": _DOC_DISTRIBUTION.value} if "distribution" in takes else {}
+    return taken_params(name, distribution=_DOC_DISTRIBUTION.value)
 
 
 def _predictions(curve, network, shape, seqlen_per_gpu) -> pd.DataFrame:

@@ -10,7 +10,7 @@ from lcab import registry, results
 from lcab.masks import AttnMask, AttnSlice, small_mask
 from lcab.runner import Case, Settings, run_cases
 from lcab.workloads import Workload
-from tests.test_jax_cp import DISPATCHES, STRATEGIES, check
+from tests.test_jax_cp import DISPATCHES, STRATEGIES, check, ring_rows
 
 pytestmark = pytest.mark.skipif(jax.device_count() < 4, reason="needs 4 JAX devices")
 
@@ -106,13 +106,7 @@ def test_an_inner_unavailable_here_makes_unavailable_rows_that_say_why(tmp_path)
 
 
 def test_rows_of_the_xla_inner_pass_the_gate_and_name_it(tmp_path):
-    mask = small_mask("causal_document", 128)
-    case = Case("jax.cp_ring", Workload(1, 128, 128, 4, 2, 16, "float32", mask))
-    settings = Settings(warmup=1, iters=5, git_commit="t", backend_options=(
-        ("jax.cp_ring", "cp_size", "4"), ("jax.cp_ring", "inner", "jax.xla")))
-    path = tmp_path / "rows.jsonl"
-    run_cases([case], results.Writer(path), settings)
-    rows = results.read_rows([path])
+    rows = ring_rows(tmp_path, inner="jax.xla")
     assert [r["status"] for r in rows] == ["OK", "OK"], [r["reason"] for r in rows]
     assert all("; inner jax.xla: dense boolean mask per rank and step" in r["notes"]
                for r in rows)

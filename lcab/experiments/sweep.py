@@ -5,9 +5,10 @@ from __future__ import annotations
 import dataclasses
 
 from lcab import registry
-from lcab.masks import FAMILIES_BY_NAME, canonical_name, make_mask
+from lcab.masks import canonical_name, make_mask, taken_params
 from lcab.runner import Case
 from lcab.workloads import Workload, canonical_dtype, format_seqlen, parse_seqlen  # noqa: F401
+
 
 def parse_heads(text: str) -> tuple[int, int]:
     """'64:8' -> (64, 8); '16' -> (16, 16)."""
@@ -43,9 +44,7 @@ class Sweep:
 
     def mask_params(self, name: str) -> dict:
         """The sweep-wide parameters that this family takes."""
-        offered = {"window": self.window, "distribution": self.doc_distribution}
-        takes = FAMILIES_BY_NAME[name].params
-        return {k: v for k, v in offered.items() if k in takes and v is not None}
+        return taken_params(name, window=self.window, distribution=self.doc_distribution)
 
     def cases(self) -> list[Case]:
         cases = []

@@ -5,7 +5,7 @@
     mask.area(), mask.cu_seqlens(), mask.block_schedule(128, 128)
 """
 
-from lcab.masks.factory import ALIASES, MASK_NAMES, canonical_name, make_mask
+from lcab.masks.factory import ALIASES, MASK_NAMES, canonical_name, make_mask, taken_params
 from lcab.masks.families import FAMILIES as FAMILIES_BY_NAME
 from lcab.masks.mask import DENSE_LIMIT, AttnMask, Documents
 from lcab.masks.schedule import BlockSchedule
@@ -24,5 +24,6 @@ __all__ = [
     "Documents",
     "canonical_name",
     "make_mask",
+    "taken_params",
     "small_mask",
 ]

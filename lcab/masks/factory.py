@@ -25,6 +25,13 @@ def canonical_name(name: str) -> str:
     )
 
 
+def taken_params(name: str, **offered) -> dict:
+    """The offered parameters that family `name` takes, None ones left out:
+    what a sweep-wide setting (window, distribution) means for one family."""
+    takes = FAMILIES[canonical_name(name)].params
+    return {k: v for k, v in offered.items() if k in takes and v is not None}
+
+
 def make_mask(name: str, seqlen: int, *, seed: int = 0, **params) -> AttnMask:
     """The mask of family `name` over a (seqlen x seqlen) grid.
 

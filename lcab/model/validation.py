@@ -9,11 +9,12 @@ import re
 
 import pandas as pd
 
-from lcab.masks import FAMILIES_BY_NAME, make_mask
+from lcab.masks import make_mask, taken_params
 from lcab.masks.mask import AttnMask
 from lcab.model.kernel_curve import KernelCurve
 from lcab.model.network import Network
 from lcab.model.strategies import STRATEGIES, Shape, predict
+from lcab.report.tables import inner_kernel
 
 # MagiAttention's CP figures (../shared/docs/anchors.md: H100, 8k tokens per
 # GPU, forward, per-GPU TFLOP/s, bars read by eye +-10), beside the model of
@@ -37,11 +38,6 @@ def mask_of(row) -> AttnMask:
     if row.get("mask_fingerprint") and mask.fingerprint() != row["mask_fingerprint"]:
         raise ValueError(f"{row['mask']} {row['seqlen']}: rebuilt mask differs from the row's")
     return mask
-
-
-def _inner(notes: str) -> str | None:
-    found = re.search(r"\binner ((?:jax|torch)\.\w+)", notes or "")
-    return found.group(1) if found else None
 
 
 def _dispatch(notes: str) -> str:
@@ -75,7 +71,7 @@ def predicted_vs_measured(rows, network: Network) -> pd.DataFrame:
             continue
         cp_row = row["suite"] == "cp"
         strategy = row.get("strategy") if cp_row else "ring"
-        backend = _inner(row.get("notes")) if cp_row else row["backend"]
+        backend = inner_kernel(row.get("notes")) if cp_row else row["backend"]
         if strategy not in STRATEGIES or not backend:
             continue
         kernel = curve(backend, row, None if cp_row else row)
@@ -121,9 +117,8 @@ def against_published(curve: KernelCurve, network: Network, shape: Shape,
     records = []
     for mask_name, who, strategy, dispatch, figures in PUBLISHED:
         for cp, published in figures.items():
-            takes = FAMILIES_BY_NAME[mask_name].params
-            params = {"distribution": distribution} if "distribution" in takes else {}
-            mask = make_mask(mask_name, seqlen_per_gpu * cp, seed=seed, **params)
+            mask = make_mask(mask_name, seqlen_per_gpu * cp, seed=seed,
+                             **taken_params(mask_name, distribution=distribution))
             names = STRATEGIES if strategy == "best" else (strategy,)
             found = [predict(name, mask, cp, shape, curve, network, dispatch=dispatch)
                      for name in names]
