@@ -4,13 +4,19 @@
 #
 #   experiments/gpu_cp_session.sh OUT PART [PART ...]
 #
-# Parts (rows land in OUT/<part, with ':' and ',' as '_'>/):
+# Parts (rows land in OUT/<part, with ':' ',' '+' as '_'>/):
 #   FRAMEWORK:CP:TOKENS   e.g. jax:2:8k,32k or torch:4:8k -- the single-GPU
 #                         kernels at the global lengths (TOKENS per GPU x CP),
 #                         then every strategy of experiments/cp_FRAMEWORK.flags
 #                         at cp CP (JAX: jax.pallas_flex inside and alone;
 #                         torch: torch.flex, and torch.sdpa_cudnn for the
 #                         native strategy on full and causal)
+#   FRAMEWORK:CP:TOKENS:BACKENDS[:MASKS]
+#                         only these strategies ('+' between names) on these
+#                         masks (default: the flagfile's four), no single-GPU
+#                         rows, e.g. jax:4:32k:jax.cp_usp+jax.cp_double_ring
+#   single:FRAMEWORK:LENGTHS[:MASKS]
+#                         the single-GPU kernels alone at these global lengths
 #   module:CP             jax.module, the seed's and the paper's layer
 #                         (experiments/module_*.flags), 8k tokens per GPU
 #   comm                  the collectives alone over 2 and 4 GPUs (JAX, torch)
@@ -25,7 +31,7 @@
 # session's device time). Each run has a time limit; a run past it keeps
 # the rows it wrote. Set LCAB_COMMIT to the commit being measured;
 # LCAB_EXTRA_ARGS is appended to every run (a CPU dry run: "--seqlens=512
-# --heads=4:2"). The torch parts need yunchang (experiments/cp_torch.flags
+# --heads=4:2"); LCAB_LIMIT (seconds) replaces every run's own time limit. The torch parts need yunchang (experiments/cp_torch.flags
 # says how to carry it).
 set -u
 out=$1
@@ -44,6 +50,10 @@ lcab() {  # LIMIT_SECONDS DIR ARGS...: one CLI run, its output in DIR/log
   echo "   exit $? after $SECONDS s"
 }
 
+limit_for() {  # DEFAULT_SECONDS: LCAB_LIMIT (seconds) overrides a part's limit
+  echo "${LCAB_LIMIT:-$1}"
+}
+
 global_lengths() {  # CP TOKENS_PER_GPU_LIST -> global lengths, e.g. 2 8k,32k -> 16k,64k
   local cp=$1 out="" tokens
   for tokens in ${2//,/ }; do
@@ -52,37 +62,47 @@ global_lengths() {  # CP TOKENS_PER_GPU_LIST -> global lengths, e.g. 2 8k,32k ->
   echo "${out#,}"
 }
 
-strategies() {  # FRAMEWORK CP TOKENS DIR
-  local lengths
-  lengths=$(global_lengths "$2" "$3")
+singles() {  # FRAMEWORK GLOBAL_LENGTHS DIR [MASKS]: the kernels CP is compared with
+  local masks=(${4:+--masks="$4"})
   if [ "$1" = jax ]; then
-    lcab 150 "$4" --flagfile=experiments/cp_jax.flags --suite=kernel \
-      --backends=jax.pallas_flex --seqlens="$lengths"
-    lcab 400 "$4" --flagfile=experiments/cp_jax.flags --cp_size="$2" --seqlens="$lengths"
+    lcab "$(limit_for 150)" "$3" --flagfile=experiments/cp_jax.flags --suite=kernel \
+      --backends=jax.pallas_flex --seqlens="$2" "${masks[@]}"
   else
-    lcab 120 "$4" --flagfile=experiments/cp_torch.flags --suite=kernel \
-      --backends=torch.flex --seqlens="$lengths"
-    lcab 40 "$4" --flagfile=experiments/cp_torch.flags --suite=kernel \
-      --backends=torch.sdpa_cudnn --masks=full,causal --seqlens="$lengths"
-    lcab 400 "$4" --flagfile=experiments/cp_torch.flags --cp_size="$2" --seqlens="$lengths"
+    lcab "$(limit_for 120)" "$3" --flagfile=experiments/cp_torch.flags --suite=kernel \
+      --backends=torch.flex --seqlens="$2" "${masks[@]}"
+    lcab "$(limit_for 40)" "$3" --flagfile=experiments/cp_torch.flags --suite=kernel \
+      --backends=torch.sdpa_cudnn --masks=full,causal --seqlens="$2"
   fi
 }
 
+strategies() {  # FRAMEWORK CP TOKENS DIR [BACKENDS [MASKS]]
+  local lengths extra=()
+  lengths=$(global_lengths "$2" "$3")
+  [ -z "${5:-}" ] && singles "$1" "$lengths" "$4"
+  [ -n "${5:-}" ] && extra+=(--backends="${5//+/,}")
+  [ -n "${6:-}" ] && extra+=(--masks="$6")
+  lcab "$(limit_for 400)" "$4" --flagfile="experiments/cp_$1.flags" --cp_size="$2" \
+    --seqlens="$lengths" "${extra[@]}"
+}
+
 for part in "$@"; do
-  dir=$out/$(echo "$part" | tr ':,' '__')
+  dir=$out/$(echo "$part" | tr ':,+' '___')
   case $part in
+    single:*)
+      IFS=: read -r _ framework lengths masks <<<"$part"
+      singles "$framework" "$lengths" "$dir" "$masks" ;;
     jax:*:* | torch:*:*)
-      IFS=: read -r framework cp tokens <<<"$part"
-      strategies "$framework" "$cp" "$tokens" "$dir" ;;
+      IFS=: read -r framework cp tokens backends masks <<<"$part"
+      strategies "$framework" "$cp" "$tokens" "$dir" "$backends" "$masks" ;;
     module:*)
       cp=${part#module:}
-      lcab 250 "$dir" --flagfile=experiments/module_seed.flags --cp_size="$cp" \
+      lcab "$(limit_for 250)" "$dir" --flagfile=experiments/module_seed.flags --cp_size="$cp" \
         --seqlens="$(global_lengths "$cp" 8k)"
-      lcab 250 "$dir" --flagfile=experiments/module_paper.flags --cp_size="$cp" \
+      lcab "$(limit_for 250)" "$dir" --flagfile=experiments/module_paper.flags --cp_size="$cp" \
         --seqlens="$(global_lengths "$cp" 8k)" ;;
-    comm) lcab 60 "$dir" --suite=comm --framework=jax --comm_ranks=2,4
-      lcab 90 "$dir" --suite=comm --framework=torch --comm_ranks=2,4 ;;
-    profile) lcab 300 "$dir" --flagfile=experiments/cp_jax.flags --cp_size=2 --seqlens=64k \
+    comm) lcab "$(limit_for 60)" "$dir" --suite=comm --framework=jax --comm_ranks=2,4
+      lcab "$(limit_for 90)" "$dir" --suite=comm --framework=torch --comm_ranks=2,4 ;;
+    profile) lcab "$(limit_for 300)" "$dir" --flagfile=experiments/cp_jax.flags --cp_size=2 --seqlens=64k \
         --masks=full,causal_document --backends=jax.cp_ring,jax.cp_allgather \
         --profile_dir="$dir/traces"
       python3 -m lcab.trace_overlap "$dir/traces" >"$dir/overlap.md" 2>&1
@@ -91,7 +111,7 @@ for part in "$@"; do
         case_dir=${trace#"$dir"/traces/}
         cp "$trace" "$dir/${case_dir%%/*}.perfetto_trace.json.gz"
       done ;;
-    *) echo "unknown part $part (FRAMEWORK:CP:TOKENS, module:CP, comm, profile)"
+    *) echo "unknown part $part (FRAMEWORK:CP:TOKENS[:BACKENDS[:MASKS]], single:FRAMEWORK:LENGTHS[:MASKS], module:CP, comm, profile)"
       exit 2 ;;
   esac
   python3 - "$dir" <<'EOF'
