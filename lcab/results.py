@@ -83,6 +83,24 @@ def make_row(**fields) -> dict:
     return {column: fields.get(column) for column in COLUMNS}
 
 
+# Rows that measure the same thing: reruns and merged files repeat them, and
+# the newest timestamp wins. Strategy and device are part of it so that two
+# strategies of one backend, or two GPUs, are never collapsed into one row.
+MEASUREMENT_KEY = (
+    "suite", "backend", "workload_key", "direction", "cp_size", "strategy", "device", "options",
+)
+
+
+def newest_rows(rows: Iterable[Mapping]) -> list[Mapping]:
+    """The newest row (by timestamp) of each measurement (MEASUREMENT_KEY),
+    for readers of raw rows that must not count a rerun twice."""
+    newest = {}
+    for row in sorted(rows, key=lambda row: str(row.get("timestamp") or "")):
+        newest[tuple(options_key(row.get(column)) if column == "options" else row.get(column)
+                     for column in MEASUREMENT_KEY)] = row
+    return list(newest.values())
+
+
 def row_key(row: Mapping) -> tuple:
     """What --resume compares: one measurement of one backend, with its
     options, on one workload."""
@@ -158,10 +176,31 @@ def read_rows(paths: Iterable[str | pathlib.Path]) -> list[dict]:
             if not line.strip():
                 continue
             try:
-                rows.append(json.loads(line))
+                row = json.loads(line)
             except json.JSONDecodeError:
                 warnings.warn(f"{path}:{number}: skipping a truncated or corrupt row")
+                continue
+            if isinstance(row, dict) and "options" not in row:
+                row["options"] = _options_from_flags(row)
+            rows.append(row)
     return rows
+
+
+def _options_from_flags(row: Mapping) -> dict[str, str]:
+    """A row written before the options column existed: its backend's
+    options are the run's --backend_options for that backend, which the
+    row's flags record holds, so old and new rows of one measurement share
+    a key."""
+    flags = row.get("flags")
+    if isinstance(flags, str):
+        try:
+            flags = json.loads(flags)
+        except json.JSONDecodeError:
+            return {}
+    if not isinstance(flags, Mapping):
+        return {}
+    return {key: str(value) for name, key, value in flags.get("backend_options") or ()
+            if name == row.get("backend")}
 
 
 # Statuses that depend on this machine's state rather than on the kernel:

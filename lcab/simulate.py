@@ -34,7 +34,8 @@ from lcab.model import INFINIBAND_NDR, STRATEGIES, KernelCurve, Shape, network_f
 from lcab.model.validation import against_published, error_summary, predicted_vs_measured
 from lcab.report.tables import to_markdown
 
-_MEASURED = "results/gpu/2026-11-26-h100x4-cp"
+# The 4 x H100 sessions: the comm rows are in the first, kernel and CP rows in both.
+_MEASURED = ["results/gpu/2026-11-26-h100x4-cp", "results/gpu/2026-11-26-h100x4-cp2"]
 
 _STRATEGIES = flags.DEFINE_list("strategies", list(STRATEGIES),
                                 f"CP strategies: {', '.join(STRATEGIES)}.")
@@ -53,11 +54,11 @@ _MASK_SEED = flags.DEFINE_integer("mask_seed", 0, "Seed of random mask parameter
 _KERNEL = flags.DEFINE_string("kernel", "jax.pallas_flex",
                               "The backend whose measured speed the ranks' calls run at.")
 _KERNEL_RESULTS = flags.DEFINE_list(
-    "kernel_results", [_MEASURED, "results/gpu/2026-11-26-h100-seed-kernels"],
+    "kernel_results", [*_MEASURED, "results/gpu/2026-11-26-h100-seed-kernels"],
     "Result files or directories holding --kernel's kernel rows.")
 _DEVICE = flags.DEFINE_string("device", None, "Device of the kernel rows (default: the one "
                               "with most rows of --kernel).")
-_COMM_RESULTS = flags.DEFINE_list("comm_results", [_MEASURED],
+_COMM_RESULTS = flags.DEFINE_list("comm_results", _MEASURED[:1],
                                   "Comm-suite rows the intra-node links are fitted to.")
 _GPUS_PER_NODE = flags.DEFINE_integer("gpus_per_node", 8, "GPUs joined by NVLink.",
                                       lower_bound=1)
@@ -201,7 +202,7 @@ def main(argv):
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     heads_q, heads_kv = parse_heads(_HEADS.value)
     shape = Shape(heads_q, heads_kv, _HEAD_DIM.value, _DTYPE.value)
-    kernel_rows = results.read_rows(_KERNEL_RESULTS.value)
+    kernel_rows = results.newest_rows(results.read_rows(_KERNEL_RESULTS.value))
     try:
         curve = KernelCurve.from_rows(kernel_rows, _KERNEL.value, _DEVICE.value,
                                       head_dim=_HEAD_DIM.value, dtype=_DTYPE.value)
@@ -218,7 +219,7 @@ def main(argv):
           "(compute / imbalance / exposed comm, ms)\n")
     print(to_markdown(_wide(frame)))
     if _VALIDATE.value:
-        measured = results.read_rows(_VALIDATE.value)
+        measured = results.newest_rows(results.read_rows(_VALIDATE.value))
         checked = predicted_vs_measured(measured, network_from_comm(
             measured, gpus_per_node=_GPUS_PER_NODE.value, inter=inter))
         print("\nModel against measured rows (a cp 1 row is left out of its own curve):\n")

@@ -181,6 +181,32 @@ def test_rows_record_their_options_and_resume_tells_option_sets_apart(tmp_path):
     assert len({results.row_key(r) for r in rows}) == 4
 
 
+def test_rows_from_before_the_options_column_take_their_options_from_their_flags(tmp_path):
+    path = tmp_path / "rows.jsonl"
+    settings = dataclasses.replace(SETTINGS, backend_options=(("numpy.tunable", "variant", "a"),))
+    run_cases([Case("numpy.tunable", workload("causal"))], results.Writer(path), settings)
+    new = results.read_rows([path])
+    flags = {"backend_options": [["numpy.tunable", "variant", "a"], ["other", "variant", "b"]]}
+    legacy = [{k: v for k, v in row.items() if k != "options"} | {"flags": json.dumps(flags)}
+              for row in new]
+    legacy += [{"backend": "numpy.tunable", "flags": None}]  # no record: no options
+    path.write_text("".join(json.dumps(row) + "\n" for row in legacy))
+    rows = results.read_rows([path])
+    assert [r["options"] for r in rows] == [{"variant": "a"}] * 2 + [{}]
+    assert [results.row_key(r) for r in rows[:2]] == [results.row_key(r) for r in new]
+
+
+def test_newest_rows_keeps_the_last_measurement_of_each_key():
+    row = {"suite": "cp", "backend": "b", "workload_key": "w", "direction": "fwd",
+           "cp_size": 2, "strategy": "ring", "device": "gpu"}
+    old = row | {"timestamp": "2026-11-26T10:00:00+00:00", "tflops": 1.0, "options": None}
+    new = row | {"timestamp": "2026-11-26T13:00:00+00:00", "tflops": 2.0, "options": {}}
+    other = new | {"options": {"dispatch": "zigzag"}, "tflops": 3.0}
+    kept = results.newest_rows([new, other, old])
+    # No options and empty options are one measurement; another option set is another.
+    assert sorted(r["tflops"] for r in kept) == [2.0, 3.0]
+
+
 def test_isolation_kills_a_case_that_hangs(tmp_path):
     settings = Settings(warmup=0, iters=1, isolate_timeout_s=2.0)
     path = tmp_path / "rows.jsonl"

@@ -19,18 +19,13 @@ import pandas as pd
 
 from lcab import results
 from lcab.flops import TIMED_DIRECTIONS
+from lcab.results import MEASUREMENT_KEY
 from lcab.status import CODES, LEGEND, Status
 
 DIRECTIONS = TIMED_DIRECTIONS
 # Column order of every table: these frameworks first, in this order, then any
 # other framework alphabetically; backends alphabetically inside a framework.
 FRAMEWORK_ORDER = ("jax", "torch")
-# Rows that measure the same thing: reruns and merged files repeat them, and
-# the newest timestamp wins. Strategy and device are part of it so that two
-# strategies of one backend, or two GPUs, are never collapsed into one row.
-MEASUREMENT_KEY = (
-    "suite", "backend", "workload_key", "direction", "cp_size", "strategy", "device", "options",
-)
 # Rows that may share one table. The device is a setting: an H100 and an
 # H200 number side by side would read as a comparison of kernels.
 SETTING_COLUMNS = ("batch", "heads_q", "heads_kv", "head_dim", "dtype", "device")
