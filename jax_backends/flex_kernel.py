@@ -51,6 +51,10 @@ class Lowering:
     num_stages: int = 2
     backward_num_warps: int = 8
     backward_num_stages: int = 2
+    # One backward pass instead of two: the dK/dV programs also add each
+    # tile's dQ share into a float32 buffer with atomics, so P is computed
+    # once per tile rather than twice (FA2's original scheme).
+    fused_backward: bool = False
 
     def params(self, backward: bool = False):
         if self.interpret:
@@ -163,8 +167,12 @@ def _dq_kernel(*refs, scale: float, block_q: int, block_k: int):
     dq_ref[...] = (dq * scale).astype(dq_ref.dtype)
 
 
-def _dkv_kernel(*refs, scale: float, block_q: int, block_k: int, group: int):
-    *tables, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dk_ref, dv_ref = refs
+def _dkv_kernel(*refs, scale: float, block_q: int, block_k: int, group: int,
+                fused: bool = False):
+    if fused:  # dq_ref: the group's float32 dQ, aliased to zeros, added to atomically
+        *tables, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, _, dk_ref, dv_ref, dq_ref = refs
+    else:
+        *tables, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dk_ref, dv_ref = refs
     kj = pl.program_id(0)
     k, v = k_ref[...], v_ref[...]
     qk_scale = scale * _LOG2E
@@ -177,6 +185,9 @@ def _dkv_kernel(*refs, scale: float, block_q: int, block_k: int, group: int):
             p = _probabilities(q, k, lse_ref[head, span], visible, qk_scale)
             dv = dv + plgpu.dot(p.astype(do.dtype).T, do)
             ds = p * (plgpu.dot(do, v.T) - delta_ref[head, span][:, None])
+            if fused:
+                plgpu.atomic_add(dq_ref, (span, head, slice(None)),
+                                 plgpu.dot(ds.astype(k.dtype), k) * scale)
             return dk + plgpu.dot(ds.astype(q.dtype).T, q), dv
 
         return _walk(tables, kj, step, carry, 0, kj * block_k, block_q, block_k, by_k=True)
@@ -233,15 +244,58 @@ def _backward(q, k, v, delta, lse2, dout, plan: Geometry, tables, lowering: Lowe
     group = heads // kv_heads
     bq, bk = plan.block_q, plan.block_k
     scale = 1.0 / math.sqrt(head_dim)
-    rows = lambda i, h, b: (b, i, h, 0)  # noqa: E731
-    q_spec = pl.BlockSpec((None, bq, None, head_dim), rows)
+    fused = lowering.fused_backward
+    dq = None if fused else _dq(q, k, v, delta, lse2, dout, plan, tables, lowering, scale)
+
+    by_k = _walk_tables(tables, "by_k")
+    kv_block = pl.BlockSpec((None, bk, None, head_dim), lambda j, g, b: (b, j, g, 0))
+    group_rows = pl.BlockSpec((None, plan.padded_q, group, head_dim),
+                              lambda j, g, b: (b, 0, g, 0))
+    group_lse = pl.BlockSpec((None, group, plan.padded_q), lambda j, g, b: (b, g, 0))
+    inputs = [*by_k, q, k, v, dout, lse2, delta]
+    in_specs = [*map(_whole, by_k), group_rows, kv_block, kv_block, group_rows,
+                group_lse, group_lse]
+    out_specs = [kv_block, kv_block]
+    out_shape = [jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)]
+    aliases = {}
+    if fused:
+        aliases = {len(inputs): 2}  # the zeros become the dQ output, added to in place
+        inputs.append(jnp.zeros(q.shape, jnp.float32))
+        in_specs.append(group_rows)
+        out_specs.append(group_rows)
+        out_shape.append(jax.ShapeDtypeStruct(q.shape, jnp.float32))
+    grads = pl.pallas_call(
+        functools.partial(_dkv_kernel, scale=scale, block_q=bq, block_k=bk, group=group,
+                          fused=fused),
+        grid=(plan.num_k_blocks, kv_heads, batch),
+        in_specs=in_specs,
+        out_specs=out_specs,
+        out_shape=out_shape,
+        input_output_aliases=aliases,
+        interpret=lowering.interpret,
+        compiler_params=lowering.params(backward=True),
+        name="lcab_flex_dkv_dq" if fused else "lcab_flex_dkv",
+    )(*inputs)
+    if fused:
+        dk, dv, dq = grads
+        return dq.astype(q.dtype), dk, dv
+    dk, dv = grads
+    return dq, dk, dv
+
+
+def _dq(q, k, v, delta, lse2, dout, plan: Geometry, tables, lowering: Lowering, scale):
+    """dQ in its own pass over the q-block rows (the unfused backward)."""
+    group = q.shape[2] // k.shape[2]
+    head_dim = q.shape[3]
+    bq, bk = plan.block_q, plan.block_k
+    q_spec = pl.BlockSpec((None, bq, None, head_dim), lambda i, h, b: (b, i, h, 0))
     kv_whole = pl.BlockSpec((None, plan.padded_k, None, head_dim),
                             lambda i, h, b: (b, 0, h // group, 0))
     lse_spec = pl.BlockSpec((None, None, bq), lambda i, h, b: (b, h, i))
     by_q = _walk_tables(tables, "by_q")
-    dq = pl.pallas_call(
+    return pl.pallas_call(
         functools.partial(_dq_kernel, scale=scale, block_q=bq, block_k=bk),
-        grid=(plan.num_q_blocks, heads, batch),
+        grid=(plan.num_q_blocks, q.shape[2], q.shape[0]),
         in_specs=[*map(_whole, by_q), q_spec, kv_whole, kv_whole, q_spec, lse_spec, lse_spec],
         out_specs=q_spec,
         out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
@@ -249,25 +303,6 @@ def _backward(q, k, v, delta, lse2, dout, plan: Geometry, tables, lowering: Lowe
         compiler_params=lowering.params(backward=True),
         name="lcab_flex_dq",
     )(*by_q, q, k, v, dout, lse2, delta)
-
-    by_k = _walk_tables(tables, "by_k")
-    kv_block = pl.BlockSpec((None, bk, None, head_dim), lambda j, g, b: (b, j, g, 0))
-    group_rows = pl.BlockSpec((None, plan.padded_q, group, head_dim),
-                              lambda j, g, b: (b, 0, g, 0))
-    group_lse = pl.BlockSpec((None, group, plan.padded_q), lambda j, g, b: (b, g, 0))
-    dk, dv = pl.pallas_call(
-        functools.partial(_dkv_kernel, scale=scale, block_q=bq, block_k=bk, group=group),
-        grid=(plan.num_k_blocks, kv_heads, batch),
-        in_specs=[*map(_whole, by_k), group_rows, kv_block, kv_block, group_rows,
-                  group_lse, group_lse],
-        out_specs=[kv_block, kv_block],
-        out_shape=[jax.ShapeDtypeStruct(k.shape, k.dtype),
-                   jax.ShapeDtypeStruct(v.shape, v.dtype)],
-        interpret=lowering.interpret,
-        compiler_params=lowering.params(backward=True),
-        name="lcab_flex_dkv",
-    )(*by_k, q, k, v, dout, lse2, delta)
-    return dq, dk, dv
 
 
 def _pad(x, length):

@@ -38,9 +38,8 @@ class PallasFlexBackend(Backend):
     requires = ("jax", "jax.experimental.pallas", "jax.experimental.pallas.triton")
     options = {
         **{field.name: int for field in dataclasses.fields(Tiling)},
-        **{field.name: int for field in dataclasses.fields(flex_kernel.Lowering)
-           if field.name != "interpret"},
-        "interpret": bool,
+        **{field.name: bool if field.type in ("bool", bool) else int
+           for field in dataclasses.fields(flex_kernel.Lowering)},
     }
 
     def __init__(self, **options):

@@ -17,6 +17,7 @@ from lcab.runner import Case, Settings, run_cases
 from lcab.workloads import Workload
 
 INTERPRET = Lowering(interpret=True)
+FUSED = Lowering(interpret=True, fused_backward=True)  # dQ by atomics in the dK/dV pass
 
 
 def tile_mask(plan, program, j, row0, col0):
@@ -100,11 +101,12 @@ def inputs(seqlen, heads=(4, 2), head_dim=16, batch=2, seed=0):
     return q, k, v, dout
 
 
-def run_flex(mask, q, k, v, dout, blocks=(32, 16), backward_blocks=(16, 32), dtype=jnp.float32):
+def run_flex(mask, q, k, v, dout, blocks=(32, 16), backward_blocks=(16, 32), dtype=jnp.float32,
+             lowering=INTERPRET):
     forward_plan, backward_plan = make_plan(mask, *blocks), make_plan(mask, *backward_blocks)
     args = [jnp.asarray(x, dtype) for x in (q, k, v)]
     (out, lse), pullback = jax.vjp(
-        lambda q, k, v: flex_attention(q, k, v, forward_plan, backward_plan, INTERPRET), *args)
+        lambda q, k, v: flex_attention(q, k, v, forward_plan, backward_plan, lowering), *args)
     grads = pullback((jnp.asarray(dout, dtype), jnp.zeros_like(lse)))
     return [np.asarray(x, np.float64) for x in (out, lse, *grads)]
 
@@ -121,21 +123,24 @@ def assert_matches(mask, got, q, k, v, dout, tol):
         np.testing.assert_allclose(got_one / scale, want / scale, atol=tol, rtol=0)
 
 
+@pytest.mark.parametrize("lowering", [INTERPRET, FUSED], ids=["two_pass", "fused"])
 @pytest.mark.parametrize("name", MASK_NAMES)
-def test_every_family_matches_the_reference_forward_and_backward(name):
+def test_every_family_matches_the_reference_forward_and_backward(name, lowering):
     mask = small_mask(name, 100)  # odd length, GQA 4:2, batch 2
     q, k, v, dout = inputs(100)
-    assert_matches(mask, run_flex(mask, q, k, v, dout), q, k, v, dout, 1e-4)
+    assert_matches(mask, run_flex(mask, q, k, v, dout, lowering=lowering), q, k, v, dout, 1e-4)
 
 
 @settings(max_examples=8, deadline=None)
 @given(name=st.sampled_from(MASK_NAMES), seed=st.integers(0, 10_000),
-       seqlen=st.integers(40, 160), group=st.sampled_from([1, 2, 4]))
-def test_random_masks_lengths_and_groups(name, seed, seqlen, group):
+       seqlen=st.integers(40, 160), group=st.sampled_from([1, 2, 4]),
+       lowering=st.sampled_from([INTERPRET, FUSED]))
+def test_random_masks_lengths_and_groups(name, seed, seqlen, group, lowering):
     mask = make_mask(name, seqlen, seed=seed) if name != "block_causal_document" else \
         small_mask(name, seqlen)
     q, k, v, dout = inputs(seqlen, heads=(4, 4 // group), batch=1, seed=seed)
-    got = run_flex(mask, q, k, v, dout, blocks=(16, 32), backward_blocks=(32, 16))
+    got = run_flex(mask, q, k, v, dout, blocks=(16, 32), backward_blocks=(32, 16),
+                   lowering=lowering)
     assert_matches(mask, got, q, k, v, dout, 1e-4)
 
 
@@ -143,19 +148,21 @@ def test_bfloat16_inputs_accumulate_in_float32():
     mask = small_mask("causal_document", 128)
     # The reference sees the same bf16-rounded inputs as the kernel.
     q, k, v, dout = (np.asarray(jnp.asarray(x, jnp.bfloat16), np.float64) for x in inputs(128))
-    got = run_flex(mask, q, k, v, dout, dtype=jnp.bfloat16)
-    assert_matches(mask, got, q, k, v, dout, 3e-2)
+    for lowering in (INTERPRET, FUSED):
+        got = run_flex(mask, q, k, v, dout, dtype=jnp.bfloat16, lowering=lowering)
+        assert_matches(mask, got, q, k, v, dout, 3e-2)
 
 
 def test_rows_that_see_nothing_give_zero_and_minus_infinity():
     # Rows 32..47 see no key; the rest see a causal block.
     mask = AttnMask(64, 64, [AttnSlice(0, 32, 0, 32, "causal"), AttnSlice(48, 64, 0, 64)])
     q, k, v, dout = inputs(64, batch=1)
-    got = run_flex(mask, q, k, v, dout)
-    out, lse, dq, dk, dv = got
-    assert np.all(np.isneginf(lse[:, :, 32:48])) and np.all(out[:, 32:48] == 0)
-    assert all(np.isfinite(x).all() for x in (dq, dk, dv))
-    assert_matches(mask, got, q, k, v, dout, 1e-4)
+    for lowering in (INTERPRET, FUSED):
+        got = run_flex(mask, q, k, v, dout, lowering=lowering)
+        out, lse, dq, dk, dv = got
+        assert np.all(np.isneginf(lse[:, :, 32:48])) and np.all(out[:, 32:48] == 0)
+        assert all(np.isfinite(x).all() for x in (dq, dk, dv))
+        assert_matches(mask, got, q, k, v, dout, 1e-4)
 
 
 def test_the_lse_gradient_flows_for_context_parallel_merges():
@@ -178,9 +185,11 @@ def test_the_lse_gradient_flows_for_context_parallel_merges():
         return jax.grad(value, argnums=(0, 1, 2))(*(jnp.asarray(x, jnp.float32)
                                                     for x in (q, k, v)))
 
-    got = loss(lambda q, k, v: flex_attention(q, k, v, plan, plan, INTERPRET))
-    for a, b in zip(got, loss(dense)):
-        np.testing.assert_allclose(a, b, atol=1e-4)
+    want = loss(dense)
+    for lowering in (INTERPRET, FUSED):
+        got = loss(lambda q, k, v: flex_attention(q, k, v, plan, plan, lowering))
+        for a, b in zip(got, want):
+            np.testing.assert_allclose(a, b, atol=1e-4)
 
 
 def test_bad_shapes_are_refused_with_the_reason():
@@ -197,18 +206,17 @@ def test_the_kernels_lower_to_triton_for_a_gpu():
     would let through (ops the Triton lowering lacks, type clashes)."""
     mask = make_mask("causal_document", 1000)  # not a multiple of any block
     forward_plan, backward_plan = make_plan(mask, 128, 64), make_plan(mask, 64, 64)
-    lowering = Lowering()
-
-    def loss(q, k, v):
-        out, lse = flex_attention(q, k, v, forward_plan, backward_plan, lowering)
-        return out.astype(jnp.float32).sum() + lse.sum()
-
     q = jax.ShapeDtypeStruct((1, 1000, 8, 128), jnp.bfloat16)
     kv = jax.ShapeDtypeStruct((1, 1000, 2, 128), jnp.bfloat16)
-    text = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).trace(q, kv, kv).lower(
-        lowering_platforms=("cuda",)).as_text()
-    for kernel in ("lcab_flex_forward", "lcab_flex_dq", "lcab_flex_dkv"):
-        assert kernel in text
+    for lowering, kernels in ((Lowering(), ("lcab_flex_forward", "lcab_flex_dq", "lcab_flex_dkv")),
+                              (Lowering(fused_backward=True), ("lcab_flex_dkv_dq",))):
+        def loss(q, k, v, lowering=lowering):
+            out, lse = flex_attention(q, k, v, forward_plan, backward_plan, lowering)
+            return out.astype(jnp.float32).sum() + lse.sum()
+
+        text = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).trace(q, kv, kv).lower(
+            lowering_platforms=("cuda",)).as_text()
+        assert all(kernel in text for kernel in kernels)
 
 
 def test_the_backend_runs_through_the_correctness_gate(tmp_path):
@@ -240,8 +248,10 @@ def test_options_choose_blocks_and_lowering_and_rows_say_so(tmp_path):
     assert [r["status"] for r in rows] == ["OK", "OK"], [r["reason"] for r in rows]
     assert all("backward_block_q=32; block_k=32" in r["notes"] for r in rows)
     from lcab import registry
-    backend = registry.load_backend("jax.pallas_flex", {"block_k": "32", "num_stages": "3"})
+    backend = registry.load_backend("jax.pallas_flex", {"block_k": "32", "num_stages": "3",
+                                                        "fused_backward": "true"})
     assert backend.tiling.block_k == 32 and backend.lowering.num_stages == 3
+    assert backend.lowering.fused_backward is True
     with pytest.raises(ValueError, match="its options: backward_block_k, backward_block_q"):
         type(backend).parse_options({"block_size": "64"})
     with pytest.raises(ValueError, match="block_k='big' is not a int"):
