@@ -15,6 +15,8 @@ from lcab.cp import (
     make_dispatch,
     pair_areas,
     rank_areas,
+    ring_balanced,
+    ring_step_time,
     sub_mask,
     zigzag,
 )
@@ -172,6 +174,42 @@ def test_balanced_evens_out_documents():
     assert imbalance(mask, balanced(mask, 8)) < 1.1 < imbalance(mask, zigzag(1 << 17, 8))
 
 
+def _dense_ring_step_time(mask, dispatch):
+    """The ring's lockstep time counted from the dense mask: at step s,
+    rank r's rows against rank (r - s)'s columns; a step lasts its largest."""
+    dense, cp = mask.to_dense(), dispatch.cp
+    rows = [dispatch.rank_rows(r) for r in range(cp)]
+    return sum(max(dense[np.ix_(rows[r], rows[(r - s) % cp])].sum() for r in range(cp))
+               for s in range(cp))
+
+
+@settings(max_examples=30, deadline=None)
+@given(name=st.sampled_from(MASK_NAMES), cp=st.sampled_from([2, 3, 4]), seed=st.integers(0, 5))
+def test_ring_balanced_never_lengthens_the_ring_and_its_search_counts_exactly(name, cp, seed):
+    mask = small_mask(name, 192, seed=seed)
+    chunk = 4
+    start, found = balanced(mask, cp, chunk), ring_balanced(mask, cp, chunk)
+    assert sorted(found.order().tolist()) == list(range(192))  # a dispatch, same chunks
+    assert all(sum(b - a for a, b in rank) == 192 // cp for rank in found.ranges)
+    # The search's in-place updates agree with a dense recount.
+    assert ring_step_time(pair_areas(mask, found)) == _dense_ring_step_time(mask, found)
+    assert _dense_ring_step_time(mask, found) <= _dense_ring_step_time(mask, start)
+    assert ring_balanced(mask, cp, chunk) == found  # deterministic
+
+
+def test_ring_balanced_evens_the_ring_steps_of_documents():
+    """docs/context_parallel.md: causal_document, chatqa2 lengths, seed 0 --
+    the ring's lockstep time over its ideal (the mask's area / cp)."""
+    found = {}
+    for seqlen, cp in ((131072, 2), (131072, 4), (65536, 8)):
+        mask = make_mask("causal_document", seqlen, distribution="chatqa2_long_sft", seed=0)
+        ideal = mask.area() / cp
+        found[seqlen, cp] = tuple(round(ring_step_time(pair_areas(mask, make_dispatch(
+            name, mask, cp))) / ideal, 2) for name in ("balanced", "ring_balanced"))
+    assert found == {(131072, 2): (1.42, 1.01), (131072, 4): (1.61, 1.02),
+                     (65536, 8): (1.76, 1.02)}
+
+
 @settings(max_examples=40, deadline=None)
 @given(
     name=st.sampled_from(MASK_NAMES),
@@ -204,7 +242,7 @@ def test_empty_mask_is_balanced():
 
 def test_bad_names_and_sizes_explain_themselves():
     mask = small_mask("causal", 96)
-    with pytest.raises(ValueError, match="contiguous, zigzag, balanced"):
+    with pytest.raises(ValueError, match="contiguous, zigzag, balanced, ring_balanced"):
         make_dispatch("ring", mask, 2)
     with pytest.raises(ValueError, match=r"seqlen % cp == 0"):
         make_dispatch("contiguous", mask, 5)
@@ -212,7 +250,7 @@ def test_bad_names_and_sizes_explain_themselves():
         make_dispatch("zigzag", mask, 5)  # 96 % 10
     with pytest.raises(ValueError, match=r"seqlen % \(cp\*chunk\) == 0"):
         make_dispatch("balanced", mask, 2, chunk=32)
-    with pytest.raises(ValueError, match="balanced dispatch only"):
+    with pytest.raises(ValueError, match="balanced dispatches only"):
         make_dispatch("zigzag", mask, 2, chunk=8)
     with pytest.raises(ValueError, match="positive integer"):
         contiguous(96, 0)

@@ -13,7 +13,7 @@ from lcab.workloads import Workload
 
 STRATEGIES = ("jax.cp_allgather", "jax.cp_ring", "jax.cp_ulysses", "jax.cp_usp",
               "jax.cp_double_ring")
-DISPATCHES = ("contiguous", "zigzag", "balanced")
+DISPATCHES = ("contiguous", "zigzag", "balanced", "ring_balanced")
 
 pytestmark = pytest.mark.skipif(jax.device_count() < 4, reason="needs 4 JAX devices")
 

@@ -66,6 +66,15 @@ def test_every_family_at_cp4_balanced(tmp_path):
     assert imbalance < 1.1
 
 
+def test_the_ring_balanced_dispatch_runs_the_ring_and_the_all_gather(tmp_path):
+    rows = run_cp(tmp_path, "--masks=causal_document", "--heads=4:2",
+                  "--backends=torch.cp_ring_flex,torch.cp_allgather",
+                  "--dispatch=ring_balanced", *MATH_INNER)
+    assert_checked(rows)
+    assert len(rows) == 4
+    assert all("dispatch=ring_balanced; inner " in row["notes"] for row in rows)
+
+
 def test_contiguous_dispatch_and_what_cannot_run(tmp_path):
     rows = run_cp(tmp_path, "--masks=causal,causal_document", "--heads=4:1",
                   "--dispatch=contiguous", *MATH_INNER)

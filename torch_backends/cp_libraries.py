@@ -205,8 +205,8 @@ class RingFlashAttnBackend(_LibraryBackend):
                    "Llama-3 varlen all-gather for packed documents (contiguous)")
 
     def library_dispatch(self, workload):
-        if self.dispatch_name == "balanced":
-            return "ring-flash-attn lays tokens out contiguously or zigzag, not balanced"
+        if self.dispatch_name not in ("contiguous", "zigzag"):
+            return f"ring-flash-attn lays tokens out contiguously or zigzag, not {self.dispatch_name}"
         return super(_LibraryBackend, self).dispatch(workload)
 
     def ring_plan(self, workload: Workload) -> _RingFlashPlan | str:

@@ -17,6 +17,8 @@ from lcab.cp.dispatch import (
     make_dispatch,
     pair_areas,
     rank_areas,
+    ring_balanced,
+    ring_step_time,
     zigzag,
 )
 from lcab.cp.ranks import sub_workload, ulysses_heads_problem
@@ -33,6 +35,8 @@ __all__ = [
     "make_dispatch",
     "pair_areas",
     "rank_areas",
+    "ring_balanced",
+    "ring_step_time",
     "sub_mask",
     "sub_workload",
     "ulysses_heads_problem",

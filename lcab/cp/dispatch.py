@@ -4,8 +4,9 @@ Every rank holds the same number of tokens (its queries, and its keys and
 values for the ring). What differs between dispatches is the work: the
 visible pairs of a rank's query rows. `contiguous` splits the sequence in
 cp pieces, `zigzag` gives rank r chunks r and 2cp-1-r (the head-tail
-balance for causal masks), and `balanced` reads the mask and deals equal
-chunks greedily by their exact area.
+balance for causal masks), `balanced` reads the mask and deals equal
+chunks greedily by their exact area, and `ring_balanced` goes on from
+there to even every ring step, not only every rank's total.
 """
 
 from __future__ import annotations
@@ -18,10 +19,15 @@ import numpy as np
 from lcab.cp import intervals
 from lcab.masks.mask import AttnMask
 
-DISPATCH_NAMES = ("contiguous", "zigzag", "balanced")
+DISPATCH_NAMES = ("contiguous", "zigzag", "balanced", "ring_balanced")
 # balanced's default chunking: at least this many chunks per rank, so the
 # greedy has room to even out the areas.
 MIN_CHUNKS_PER_RANK = 4
+# ring_balanced's: finer, since it evens cp steps rather than one total.
+RING_CHUNKS_PER_RANK = 16
+# ring_balanced tries at most this many chunk swaps (about a second at cp 8):
+# at very large cp it stops before it converges, never worse than balanced.
+RING_SEARCH_SWAPS = 20_000
 
 Ranges = tuple[tuple[int, int], ...]
 
@@ -117,13 +123,14 @@ def zigzag(seqlen: int, cp: int) -> Dispatch:
     return Dispatch("zigzag", cp, seqlen, ranges)
 
 
-def default_chunk(seqlen: int, cp: int) -> int:
-    """Largest power of two <= seqlen / (4 cp) that divides seqlen / cp; >= 1."""
+def default_chunk(seqlen: int, cp: int, chunks_per_rank: int = MIN_CHUNKS_PER_RANK) -> int:
+    """Largest power of two <= seqlen / (chunks_per_rank cp) that divides
+    seqlen / cp; >= 1."""
     _check_cp(cp)
     _need_divisible("balanced", seqlen, cp, f"seqlen % cp == 0 (cp={cp})")
     per_rank = seqlen // cp
     chunk = 1
-    while chunk * 2 * MIN_CHUNKS_PER_RANK <= per_rank and per_rank % (chunk * 2) == 0:
+    while chunk * 2 * chunks_per_rank <= per_rank and per_rank % (chunk * 2) == 0:
         chunk *= 2
     return chunk
 
@@ -139,14 +146,96 @@ def balanced(mask: AttnMask, cp: int, chunk: int | None = None) -> Dispatch:
     boundaries), so the contiguous and zigzag chunkings compete too and
     the smallest largest-rank area wins (ties: greedy first).
     """
-    seqlen = _square_seqlen(mask, "balanced")
+    chunk, owner = _balanced_owners(mask, cp, chunk, MIN_CHUNKS_PER_RANK, "balanced")
+    return _from_owners("balanced", mask.seqlen_q, cp, chunk, owner)
+
+
+def ring_balanced(mask: AttnMask, cp: int, chunk: int | None = None) -> Dispatch:
+    """balanced's assignment at a finer chunking, then chunk swaps between
+    ranks that shorten a ring's lockstep time (deterministic).
+
+    At ring step s rank r attends its queries to the keys of rank
+    (r - s) mod cp, and each step's transfer pairs two ranks, so a step
+    lasts as long as its largest such area. balanced evens only the
+    ranks' totals; this swaps pairs of chunks between ranks, first
+    improvement, while the sum over steps of the largest area falls
+    (RING_SEARCH_SWAPS tries at most). The other strategies see an equally
+    balanced split: every rank's total is bounded by the ring's time.
+    """
+    chunk, owner = _balanced_owners(mask, cp, chunk, RING_CHUNKS_PER_RANK, "ring_balanced")
+    starts = np.arange(len(owner), dtype=np.int64) * chunk
+    chunk_pairs = intervals.rectangle_areas(mask.slice_table, starts, starts + chunk,
+                                            starts, starts + chunk).astype(np.int64)
+    owner = _even_ring_steps(chunk_pairs, owner, cp)
+    return _from_owners("ring_balanced", mask.seqlen_q, cp, chunk, owner)
+
+
+def ring_step_time(areas: np.ndarray) -> int:
+    """Sum over a ring's steps of the step's largest area, from (cp, cp)
+    pair areas: step s pairs rank r's queries with rank (r - s)'s keys."""
+    ranks = np.arange(len(areas))
+    steps = areas[ranks[:, None], (ranks[:, None] - ranks[None, :]) % len(areas)]
+    return int(steps.max(axis=0).sum())
+
+
+def _even_ring_steps(chunk_pairs: np.ndarray, owner: np.ndarray, cp: int) -> np.ndarray:
+    """Local search over swaps of two chunks of different ranks. A swap
+    changes two rows and two columns of the rank-pair areas, which are
+    updated in place of a recount (rank_keys / rank_queries: each chunk's
+    pairs with every rank's keys / queries)."""
+    owner = owner.copy()
+    one_hot = np.zeros((len(owner), cp), dtype=np.int64)
+    one_hot[np.arange(len(owner)), owner] = 1
+    rank_keys = chunk_pairs @ one_hot  # (chunks, cp)
+    rank_queries = one_hot.T @ chunk_pairs  # (cp, chunks)
+    areas = one_hot.T @ rank_keys
+    best = ring_step_time(areas)
+    swaps, improved = 0, True
+    while improved and swaps < RING_SEARCH_SWAPS:
+        improved = False
+        for a in range(len(owner)):
+            for b in range(a + 1, len(owner)):
+                x, y = owner[a], owner[b]
+                if x == y:
+                    continue
+                swaps += 1
+                row = rank_keys[a] - rank_keys[b]
+                column = rank_queries[:, a] - rank_queries[:, b]
+                both = (chunk_pairs[a, a] - chunk_pairs[a, b] - chunk_pairs[b, a]
+                        + chunk_pairs[b, b])
+                trial = areas.copy()
+                trial[y] += row
+                trial[x] -= row
+                trial[:, y] += column
+                trial[:, x] -= column
+                trial[[x, y], [x, y]] += both
+                trial[[x, y], [y, x]] -= both
+                time = ring_step_time(trial)
+                if time < best:
+                    best, areas, improved = time, trial, True
+                    owner[a], owner[b] = y, x
+                    moved = chunk_pairs[:, a] - chunk_pairs[:, b]
+                    rank_keys[:, y] += moved
+                    rank_keys[:, x] -= moved
+                    moved = chunk_pairs[a] - chunk_pairs[b]
+                    rank_queries[y] += moved
+                    rank_queries[x] -= moved
+                if swaps >= RING_SEARCH_SWAPS:
+                    return owner
+    return owner
+
+
+def _balanced_owners(mask: AttnMask, cp: int, chunk: int | None, chunks_per_rank: int,
+                     name: str) -> tuple[int, np.ndarray]:
+    """(chunk, rank of every chunk) of balanced's greedy deal."""
+    seqlen = _square_seqlen(mask, name)
     _check_cp(cp)
     if chunk is None:
-        chunk = default_chunk(seqlen, cp)
+        chunk = default_chunk(seqlen, cp, chunks_per_rank)
     if int(chunk) != chunk or chunk < 1:
         raise ValueError(f"chunk={chunk!r} must be a positive integer")
     _need_divisible(
-        "balanced", seqlen, cp * chunk, f"seqlen % (cp*chunk) == 0 (cp={cp}, chunk={chunk})"
+        name, seqlen, cp * chunk, f"seqlen % (cp*chunk) == 0 (cp={cp}, chunk={chunk})"
     )
     n_chunks = seqlen // chunk
     starts = np.arange(n_chunks, dtype=np.int64) * chunk
@@ -160,11 +249,15 @@ def balanced(mask: AttnMask, cp: int, chunk: int | None = None) -> Dispatch:
         group = np.arange(n_chunks) // (quota // 2)  # zigzag's 2cp chunks
         candidates.append(np.where(group < cp, group, 2 * cp - 1 - group))
     heaviest = [_loads(owner, areas, cp).max() for owner in candidates]
-    owner = candidates[int(np.argmin(heaviest))]
+    return chunk, candidates[int(np.argmin(heaviest))]
+
+
+def _from_owners(name: str, seqlen: int, cp: int, chunk: int, owner: np.ndarray) -> Dispatch:
+    starts = np.arange(len(owner), dtype=np.int64) * chunk
     ranges = tuple(
         _merge([(int(s), int(s) + chunk) for s in starts[owner == r]]) for r in range(cp)
     )
-    return Dispatch("balanced", cp, seqlen, ranges)
+    return Dispatch(name, cp, seqlen, ranges)
 
 
 def _greedy_owners(areas: np.ndarray, cp: int, quota: int) -> np.ndarray:
@@ -209,13 +302,14 @@ def _square_seqlen(mask: AttnMask, what: str) -> int:
 
 
 def make_dispatch(name: str, mask: AttnMask, cp: int, *, chunk: int | None = None) -> Dispatch:
-    """The dispatch called `name` for `mask` over cp ranks (`chunk`: balanced only)."""
+    """The dispatch called `name` for `mask` over cp ranks (`chunk`: the
+    balanced ones only)."""
     if name not in DISPATCH_NAMES:
         raise ValueError(f"unknown dispatch {name!r}; choose from {', '.join(DISPATCH_NAMES)}")
-    if name == "balanced":
-        return balanced(mask, cp, chunk)
+    if name in ("balanced", "ring_balanced"):
+        return (balanced if name == "balanced" else ring_balanced)(mask, cp, chunk)
     if chunk is not None:
-        raise ValueError(f"chunk={chunk} applies to the balanced dispatch only, not {name!r}")
+        raise ValueError(f"chunk={chunk} applies to the balanced dispatches only, not {name!r}")
     seqlen = _square_seqlen(mask, name)
     return contiguous(seqlen, cp) if name == "contiguous" else zigzag(seqlen, cp)
 
