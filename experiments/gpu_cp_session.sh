@@ -31,8 +31,9 @@
 # session's device time). Each run has a time limit; a run past it keeps
 # the rows it wrote. Set LCAB_COMMIT to the commit being measured;
 # LCAB_EXTRA_ARGS is appended to every run (a CPU dry run: "--seqlens=512
-# --heads=4:2"); LCAB_LIMIT (seconds) replaces every run's own time limit. The torch parts need yunchang (experiments/cp_torch.flags
-# says how to carry it).
+# --heads=4:2"); LCAB_LIMIT (seconds) replaces every run's own time limit.
+# The torch parts need yunchang (experiments/cp_torch.flags says how to
+# carry it).
 set -u
 out=$1
 shift

@@ -16,7 +16,7 @@ from lcab.cp import (
     pair_areas,
     rank_areas,
     ring_balanced,
-    ring_step_time,
+    ring_lockstep_area,
     sub_mask,
     zigzag,
 )
@@ -174,7 +174,7 @@ def test_balanced_evens_out_documents():
     assert imbalance(mask, balanced(mask, 8)) < 1.1 < imbalance(mask, zigzag(1 << 17, 8))
 
 
-def _dense_ring_step_time(mask, dispatch):
+def _dense_ring_lockstep_area(mask, dispatch):
     """The ring's lockstep time counted from the dense mask: at step s,
     rank r's rows against rank (r - s)'s columns; a step lasts its largest."""
     dense, cp = mask.to_dense(), dispatch.cp
@@ -192,8 +192,8 @@ def test_ring_balanced_never_lengthens_the_ring_and_its_search_counts_exactly(na
     assert sorted(found.order().tolist()) == list(range(192))  # a dispatch, same chunks
     assert all(sum(b - a for a, b in rank) == 192 // cp for rank in found.ranges)
     # The search's in-place updates agree with a dense recount.
-    assert ring_step_time(pair_areas(mask, found)) == _dense_ring_step_time(mask, found)
-    assert _dense_ring_step_time(mask, found) <= _dense_ring_step_time(mask, start)
+    assert ring_lockstep_area(pair_areas(mask, found)) == _dense_ring_lockstep_area(mask, found)
+    assert _dense_ring_lockstep_area(mask, found) <= _dense_ring_lockstep_area(mask, start)
     assert ring_balanced(mask, cp, chunk) == found  # deterministic
 
 
@@ -204,7 +204,7 @@ def test_ring_balanced_evens_the_ring_steps_of_documents():
     for seqlen, cp in ((131072, 2), (131072, 4), (65536, 8)):
         mask = make_mask("causal_document", seqlen, distribution="chatqa2_long_sft", seed=0)
         ideal = mask.area() / cp
-        found[seqlen, cp] = tuple(round(ring_step_time(pair_areas(mask, make_dispatch(
+        found[seqlen, cp] = tuple(round(ring_lockstep_area(pair_areas(mask, make_dispatch(
             name, mask, cp))) / ideal, 2) for name in ("balanced", "ring_balanced"))
     assert found == {(131072, 2): (1.42, 1.01), (131072, 4): (1.61, 1.02),
                      (65536, 8): (1.76, 1.02)}

@@ -18,7 +18,7 @@ from lcab.cp.dispatch import (
     pair_areas,
     rank_areas,
     ring_balanced,
-    ring_step_time,
+    ring_lockstep_area,
     zigzag,
 )
 from lcab.cp.ranks import sub_workload, ulysses_heads_problem
@@ -36,7 +36,7 @@ __all__ = [
     "pair_areas",
     "rank_areas",
     "ring_balanced",
-    "ring_step_time",
+    "ring_lockstep_area",
     "sub_mask",
     "sub_workload",
     "ulysses_heads_problem",

@@ -159,8 +159,8 @@ def ring_balanced(mask: AttnMask, cp: int, chunk: int | None = None) -> Dispatch
     lasts as long as its largest such area. balanced evens only the
     ranks' totals; this swaps pairs of chunks between ranks, first
     improvement, while the sum over steps of the largest area falls
-    (RING_SEARCH_SWAPS tries at most). The other strategies see an equally
-    balanced split: every rank's total is bounded by the ring's time.
+    (RING_SEARCH_SWAPS tries at most). Every rank's total is at most that
+    sum, so the ranks stay balanced for the other strategies too.
     """
     chunk, owner = _balanced_owners(mask, cp, chunk, RING_CHUNKS_PER_RANK, "ring_balanced")
     starts = np.arange(len(owner), dtype=np.int64) * chunk
@@ -170,9 +170,10 @@ def ring_balanced(mask: AttnMask, cp: int, chunk: int | None = None) -> Dispatch
     return _from_owners("ring_balanced", mask.seqlen_q, cp, chunk, owner)
 
 
-def ring_step_time(areas: np.ndarray) -> int:
+def ring_lockstep_area(areas: np.ndarray) -> int:
     """Sum over a ring's steps of the step's largest area, from (cp, cp)
-    pair areas: step s pairs rank r's queries with rank (r - s)'s keys."""
+    pair areas: step s pairs rank r's queries with rank (r - s)'s keys. The
+    ring's time if every step waits for its slowest rank."""
     ranks = np.arange(len(areas))
     steps = areas[ranks[:, None], (ranks[:, None] - ranks[None, :]) % len(areas)]
     return int(steps.max(axis=0).sum())
@@ -189,7 +190,7 @@ def _even_ring_steps(chunk_pairs: np.ndarray, owner: np.ndarray, cp: int) -> np.
     rank_keys = chunk_pairs @ one_hot  # (chunks, cp)
     rank_queries = one_hot.T @ chunk_pairs  # (cp, chunks)
     areas = one_hot.T @ rank_keys
-    best = ring_step_time(areas)
+    best = ring_lockstep_area(areas)
     swaps, improved = 0, True
     while improved and swaps < RING_SEARCH_SWAPS:
         improved = False
@@ -210,9 +211,9 @@ def _even_ring_steps(chunk_pairs: np.ndarray, owner: np.ndarray, cp: int) -> np.
                 trial[:, x] -= column
                 trial[[x, y], [x, y]] += both
                 trial[[x, y], [y, x]] -= both
-                time = ring_step_time(trial)
-                if time < best:
-                    best, areas, improved = time, trial, True
+                lockstep = ring_lockstep_area(trial)
+                if lockstep < best:
+                    best, areas, improved = lockstep, trial, True
                     owner[a], owner[b] = y, x
                     moved = chunk_pairs[:, a] - chunk_pairs[:, b]
                     rank_keys[:, y] += moved
