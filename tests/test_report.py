@@ -284,6 +284,19 @@ def test_runs_with_other_options_are_other_lines_not_hidden_rows():
     assert "ring/jax.cp_ring" in tables.cp_table(pd.concat([frame, cp4], ignore_index=True))
 
 
+def test_a_kernel_run_with_other_options_is_another_column(frame):
+    xla = frame["backend"] == "jax.xla"
+    tuned = frame[xla].assign(options='{"block": "64"}', tflops=frame[xla]["tflops"] * 2)
+    both = pd.concat([frame.assign(options=frame["options"].where(~xla, '{"block": "128"}')),
+                      tuned], ignore_index=True)
+    table = kernel_table(both, "fwd")
+    assert list(table.columns) == ["jax.cudnn", "jax.xla [block=128]", "jax.xla [block=64]",
+                                   "torch.flex", "torch.sdpa_math"]
+    assert table.loc[("full", 4096), "jax.xla [block=128]"] == "101"
+    assert table.loc[("full", 4096), "jax.xla [block=64]"] == "203"  # 2 x 101.4
+    assert list(kernel_table(frame, "fwd").columns) == BACKENDS  # one set: plain names
+
+
 def test_cp_over_single_gpu_uses_each_strategys_own_inner_kernel():
     table = tables.cp_vs_single_table(_cp_sample())
     cell = table.loc[("causal", 8192, "fwd", 2)]

@@ -118,8 +118,9 @@ def line_label(strategy, backend: str) -> str:
 
 def varying_options(rows: pd.DataFrame) -> pd.Series:
     """Per row, " [key=value, ...]" of the options that differ between the
-    rows of its backend (one dispatch against another, two inner kernels),
-    "" where a backend ran with one set: what tells its lines apart."""
+    rows of its backend (one dispatch against another, two inner kernels,
+    two block sizes), "" where a backend ran with one set: what tells its
+    lines or columns apart."""
     if "options" not in rows or rows.empty:
         return pd.Series("", index=rows.index, dtype=object)
     parsed = rows["options"].map(lambda text: json.loads(results.options_key(text)))
@@ -243,7 +244,9 @@ def _check_direction(direction: str) -> None:
 
 
 def kernel_table(frame: pd.DataFrame, direction: str) -> pd.DataFrame:
-    """TFLOP/s of every kernel backend: index (mask, seqlen), one column per backend.
+    """TFLOP/s of every kernel backend: index (mask, seqlen), one column per
+    backend, or per option set where a backend ran with several
+    ("jax.pallas_flex [fused_backward=true]").
 
     Rows and columns cover every direction, so the fwd and bwd tables line up.
     """
@@ -251,9 +254,13 @@ def kernel_table(frame: pd.DataFrame, direction: str) -> pd.DataFrame:
     rows = suite_rows(frame, "kernel")
     if not rows.empty:
         single_setting(rows, "kernel_table")
+    rows = rows.assign(column=rows["backend"] + varying_options(rows))
+    backends = backend_order(rows)
+    columns = sorted(rows[["backend", "column"]].drop_duplicates().itertuples(index=False),
+                     key=lambda pair: (backends.index(pair[0]), pair[1]))
     return cell_table(
-        rows[rows["direction"] == direction], KERNEL_INDEX, "backend",
-        backend_order(rows), sorted_index(rows, KERNEL_INDEX),
+        rows[rows["direction"] == direction], KERNEL_INDEX, "column",
+        list(dict.fromkeys(column for _, column in columns)), sorted_index(rows, KERNEL_INDEX),
     )
 
 
