@@ -82,8 +82,13 @@ strategies() {  # FRAMEWORK CP TOKENS DIR [BACKENDS [MASKS]]
   [ -z "${5:-}" ] && singles "$1" "$lengths" "$4"
   [ -n "${5:-}" ] && extra+=(--backends="${5//+/,}")
   [ -n "${6:-}" ] && extra+=(--masks="$6")
-  lcab "$(limit_for 400)" "$4" --flagfile="experiments/cp_$1.flags" --cp_size="$2" \
-    --seqlens="$lengths" "${extra[@]}"
+  if [ "$1" = jax ]; then
+    lcab "$(limit_for 400)" "$4" --flagfile=experiments/cp_jax.flags --cp_size="$2" \
+      --seqlens="$lengths" "${extra[@]}"
+  else
+    lcab "$(limit_for 400)" "$4" --flagfile=experiments/cp_torch.flags --cp_size="$2" \
+      --seqlens="$lengths" "${extra[@]}"
+  fi
 }
 
 for part in "$@"; do
