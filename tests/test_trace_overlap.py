@@ -12,6 +12,19 @@ from lcab import results
 from lcab.trace_overlap import find_traces, load_events, main, overlap
 
 
+def test_the_committed_h100_ring_profile():
+    """README and docs/context_parallel.md: the GPU tracks of jax.cp_ring at
+    cp 2, 64k (4 x H100, 2026-11-26), two training steps each."""
+    profile = "results/gpu/2026-11-26-h100x4-cp2/call1/profile"
+    full = overlap(load_events(f"{profile}/jax.cp_ring_full_65536_cp2.gpu_trace.json.gz"))
+    documents = overlap(load_events(
+        f"{profile}/jax.cp_ring_causal_document_65536_cp2.gpu_trace.json.gz"))
+    assert [round(o.hidden_fraction * 100) for o in full] == [49, 52]
+    assert all(3e3 < o.communication_us < 7e3 and 2.7e6 < o.compute_us < 2.8e6 for o in full)
+    assert [round(o.communication_us / 1e3) for o in documents] == [32, 55]
+    assert all(o.hidden_fraction < 0.07 for o in documents)
+
+
 def jax_like(tmp_path):
     """Two GPUs in XLA's naming: GPU 0's 4 ms of transfer, 3 of them under
     compute; GPU 1's transfer alone."""
