@@ -315,3 +315,18 @@ def test_the_report_writes_the_cp_comparisons(tmp_path):
     text = (tmp_path / "report" / "cp_vs_single.md").read_text()
     assert "380 / 400 = 0.95" in text
     assert (tmp_path / "report" / "cp_cross_framework.csv").exists()
+
+
+def test_the_readme_cp_targets_come_from_the_committed_h100_rows():
+    """README, issue #7's targets: the JAX ring at cp 2 over jax.pallas_flex
+    on one GPU (4 x H100, two sessions, 2026-11-26)."""
+    frame = results.load([ROOT / "results/gpu/2026-11-26-h100x4-cp",
+                          ROOT / "results/gpu/2026-11-26-h100x4-cp2"])
+    table = tables.cp_vs_single_table(frame)
+    ring = table["ring/jax.cp_ring"]
+    assert ring.loc[("full", 131072, "fwd", 2)] == "394 / 397 = 0.99"
+    assert ring.loc[("full", 131072, "bwd", 2)] == "144 / 145 = 0.99"
+    assert ring.loc[("causal_document", 131072, "fwd", 2)] == "395 / 425 = 0.93"
+    assert ring.loc[("causal_document", 131072, "bwd", 2)] == "127 / 161 = 0.79"
+    assert ring.loc[("causal_document", 65536, "bwd", 2)] == "143 / 164 = 0.87"
+    assert ring.loc[("causal_document", 16384, "fwd", 2)] == "141 / 202 = 0.70"
