@@ -19,6 +19,7 @@ from lcab.cp.dispatch import (
     rank_areas,
     ring_balanced,
     ring_lockstep_area,
+    ring_step_areas,
     zigzag,
 )
 from lcab.cp.ranks import sub_workload, ulysses_heads_problem
@@ -37,6 +38,7 @@ __all__ = [
     "rank_areas",
     "ring_balanced",
     "ring_lockstep_area",
+    "ring_step_areas",
     "sub_mask",
     "sub_workload",
     "ulysses_heads_problem",

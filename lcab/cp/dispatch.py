@@ -170,13 +170,17 @@ def ring_balanced(mask: AttnMask, cp: int, chunk: int | None = None) -> Dispatch
     return _from_owners("ring_balanced", mask.seqlen_q, cp, chunk, owner)
 
 
+def ring_step_areas(areas: np.ndarray) -> np.ndarray:
+    """(cp, cp) pair areas rearranged by ring step: [r, s] is rank r's area
+    at step s, its queries against the keys of rank (r - s) mod cp."""
+    ranks = np.arange(len(areas))
+    return areas[ranks[:, None], (ranks[:, None] - ranks[None, :]) % len(areas)]
+
+
 def ring_lockstep_area(areas: np.ndarray) -> int:
     """Sum over a ring's steps of the step's largest area, from (cp, cp)
-    pair areas: step s pairs rank r's queries with rank (r - s)'s keys. The
-    ring's time if every step waits for its slowest rank."""
-    ranks = np.arange(len(areas))
-    steps = areas[ranks[:, None], (ranks[:, None] - ranks[None, :]) % len(areas)]
-    return int(steps.max(axis=0).sum())
+    pair areas: the ring's time if every step waits for its slowest rank."""
+    return int(ring_step_areas(areas).max(axis=0).sum())
 
 
 def _even_ring_steps(chunk_pairs: np.ndarray, owner: np.ndarray, cp: int) -> np.ndarray:
@@ -339,7 +343,8 @@ def rank_areas(mask: AttnMask, dispatch: Dispatch) -> np.ndarray:
 @functools.lru_cache(maxsize=16)
 def cached_dispatch(name: str, mask: AttnMask, cp: int) -> Dispatch:
     """make_dispatch, remembered: a CP backend's supports(), notes and build
-    of one case all ask, and the balanced dispatch scores every chunk."""
+    of one case all ask, as does the model for every strategy and direction,
+    and the balanced dispatches score every chunk (ring_balanced searches)."""
     return make_dispatch(name, mask, cp)
 
 

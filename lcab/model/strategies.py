@@ -32,7 +32,7 @@ import dataclasses
 
 import numpy as np
 
-from lcab.cp import make_dispatch, pair_areas, rank_areas
+from lcab.cp import cached_dispatch, pair_areas, rank_areas, ring_step_areas
 from lcab.flops import attention_flops
 from lcab.masks.mask import AttnMask
 from lcab.model.kernel_curve import KernelCurve
@@ -88,10 +88,8 @@ def _ring(mask: AttnMask, dispatch_name: str, ranks: int, heads_q: int, heads_kv
           shape: Shape, curve: KernelCurve, network: Network, direction: str,
           span: int) -> tuple[float, float, float]:
     """(total, mean compute, max compute) of a ring of `ranks` over `span` GPUs."""
-    dispatch = make_dispatch(dispatch_name, mask, ranks)
-    areas = pair_areas(mask, dispatch)
+    steps = ring_step_areas(pair_areas(mask, cached_dispatch(dispatch_name, mask, ranks)))
     local = mask.seqlen_q // ranks
-    steps = np.array([[areas[i, (i - s) % ranks] for s in range(ranks)] for i in range(ranks)])
     compute = _call_seconds(curve, shape, steps, local, local, heads_q, direction)
     shard = 2 * local * shape.token_bytes(heads_kv) * (2 if direction == "bwd" else 1)
     transfer = network.seconds("ppermute", shard, span)
@@ -133,7 +131,7 @@ def predict(strategy: str, mask: AttnMask, cp: int, shape: Shape, curve: KernelC
             return refuse(str(exc))
     if strategy == "allgather":
         try:
-            areas = rank_areas(mask, make_dispatch(dispatch, mask, cp))
+            areas = rank_areas(mask, cached_dispatch(dispatch, mask, cp))
         except ValueError as exc:
             return refuse(str(exc))
         compute = _call_seconds(curve, shape, areas, local, seqlen, shape.heads_q, direction)
