@@ -254,13 +254,10 @@ def kernel_table(frame: pd.DataFrame, direction: str) -> pd.DataFrame:
     rows = suite_rows(frame, "kernel")
     if not rows.empty:
         single_setting(rows, "kernel_table")
-    rows = rows.assign(column=rows["backend"] + varying_options(rows))
-    backends = backend_order(rows)
-    columns = sorted(rows[["backend", "column"]].drop_duplicates().itertuples(index=False),
-                     key=lambda pair: (backends.index(pair[0]), pair[1]))
+    rows = with_line(rows)  # kernels have no strategy: the backend, options appended
     return cell_table(
-        rows[rows["direction"] == direction], KERNEL_INDEX, "column",
-        list(dict.fromkeys(column for _, column in columns)), sorted_index(rows, KERNEL_INDEX),
+        rows[rows["direction"] == direction], KERNEL_INDEX, "line", line_order(rows),
+        sorted_index(rows, KERNEL_INDEX),
     )
 
 
