@@ -34,8 +34,9 @@ from lcab.model import INFINIBAND_NDR, STRATEGIES, KernelCurve, Shape, network_f
 from lcab.model.validation import against_published, error_summary, predicted_vs_measured
 from lcab.report.tables import to_markdown
 
-# The 4 x H100 sessions: the comm rows are in the first, kernel and CP rows in both.
-_MEASURED = ["results/gpu/2026-11-26-h100x4-cp", "results/gpu/2026-11-26-h100x4-cp2"]
+# The 4 x H100 sessions: the comm rows are in the first, kernel and CP rows in all three.
+_MEASURED = ["results/gpu/2026-11-26-h100x4-cp", "results/gpu/2026-11-26-h100x4-cp2",
+             "results/gpu/2026-11-26-h100x4-cp3"]
 
 _STRATEGIES = flags.DEFINE_list("strategies", list(STRATEGIES),
                                 f"CP strategies: {', '.join(STRATEGIES)}.")

@@ -21,6 +21,7 @@ from lcab.model.validation import error_summary, predicted_vs_measured
 
 MEASURED = "results/gpu/2026-11-26-h100x4-cp"
 SECOND_SESSION = "results/gpu/2026-11-26-h100x4-cp2"
+THIRD_SESSION = "results/gpu/2026-11-26-h100x4-cp3"
 SHAPE = Shape(heads_q=64, heads_kv=8, head_dim=128)
 
 
@@ -144,19 +145,28 @@ def test_intra_node_links_fit_the_committed_comm_rows():
 
 
 def test_the_model_against_the_measured_h100_rows():
-    # Both 4 x H100 sessions; a case measured in both counts once.
-    rows = results.newest_rows(results.read_rows([MEASURED, SECOND_SESSION]))
+    # The three 4 x H100 sessions; a case measured twice counts once.
+    rows = results.newest_rows(results.read_rows([MEASURED, SECOND_SESSION, THIRD_SESSION]))
     checked = predicted_vs_measured(rows, network_from_comm(rows))
     jax = checked[checked["backend"].str.startswith("jax.")]
     summary = error_summary(jax)
     assert set(summary.index.get_level_values("cp")) == {1, 2, 4}
     # What the README reports for JAX (H100, 2026-11-26): median |error|
     # under 10 % at cp 1 (each single-GPU row left out of its own curve),
-    # under 7 % at cp 2 and 4, the largest under 35 %.
+    # under 7 % at cp 2 and 4; under the balanced dispatch the largest is
+    # under 35 %.
     assert (summary.loc[("jax", 1)]["median |error| %"] < 10).all()
     for cp in (2, 4):
         assert (summary.loc[("jax", cp)]["median |error| %"] < 7).all()
-        assert (summary.loc[("jax", cp)]["max |error| %"] < 35).all()
+    balanced = error_summary(jax[jax["dispatch"].isin(["balanced", "-"])])
+    cp_rows = balanced[balanced.index.get_level_values("cp") > 1]
+    assert len(cp_rows) == 4 and (cp_rows["max |error| %"] < 35).all()
+    # ring_balanced: close from 32k tokens per GPU on, too optimistic at 8k,
+    # where the ring's forward pays per-step costs the model leaves out.
+    ring = jax[(jax["dispatch"] == "ring_balanced") & (jax["mask"] == "causal_document")]
+    long, short = ring[ring["seqlen"] // ring["cp"] >= 32768], ring[ring["seqlen"] // ring["cp"] == 8192]
+    assert (long["error_pct"].abs() < 15).all() and len(long) == 6
+    assert (short["error_pct"] > 25).all() and len(short) == 4
     single = checked[checked["cp"] == 1]
     assert (single["predicted"] != single["measured"]).any()  # not its own point
     # Torch's ring has per-step costs the model leaves out: it errs more.

@@ -186,6 +186,8 @@ def test_cli_writes_every_table_figure_and_the_index(tmp_path):
         "kernel_fwd.md", "kernel_fwd.csv", "kernel_bwd.md", "kernel_bwd.csv",
         "kernel.md", "kernel.csv", "cross_framework.md", "cross_framework.csv", "cp.md", "cp.csv",
         "cp_cross_framework.md", "cp_cross_framework.csv", "README.md",
+        "cp_beside_single_jax.md", "cp_beside_single_jax.csv",
+        "cp_beside_single_torch.md", "cp_beside_single_torch.csv",
         "figures/kernel_full.png", "figures/kernel_causal.png",
         "figures/kernel_causal_document.png", "figures/cp_causal.png",
     }
@@ -305,6 +307,38 @@ def test_cp_over_single_gpu_uses_each_strategys_own_inner_kernel():
     assert "native/torch.cp_native" not in table.columns  # names no inner kernel
 
 
+def test_cp_over_single_gpu_compares_with_the_inner_kernel_the_cp_run_ran():
+    frame = _cp_sample()
+    flex = frame[frame["backend"] == "jax.pallas_flex"]
+    # A newer single-GPU run of a variant (an option the CP rows lack) is not the baseline...
+    variant = flex.assign(options='{"fused_backward": "true"}', tflops=57.0,
+                          timestamp="2099-01-01T00:00:00+00:00")
+    table = tables.cp_vs_single_table(pd.concat([frame, variant], ignore_index=True))
+    assert table.loc[("causal", 8192, "bwd", 2), "ring/jax.cp_ring"] == "380 / 400 = 0.95"
+    # ...but it is for a CP run that handed the same option to its inner kernel.
+    ring = frame[frame["backend"] == "jax.cp_ring"].assign(
+        options='{"cp_size": "2", "fused_backward": "true"}', tflops=114.0)
+    table = tables.cp_vs_single_table(pd.concat([flex, variant, ring], ignore_index=True))
+    assert table.loc[("causal", 8192, "bwd", 2), "ring/jax.cp_ring"] == "114 / 57 = 2.00"
+
+
+def test_cp_beside_single_puts_each_frameworks_lines_after_its_inner_kernels():
+    frame = _cp_sample()
+    variant = frame[frame["backend"] == "jax.pallas_flex"].assign(
+        options='{"fused_backward": "true"}', tflops=57.0)
+    jax = tables.cp_beside_single_table(pd.concat([frame, variant], ignore_index=True), "jax")
+    assert jax.index.names == ["mask", "seqlen", "cp_size"]
+    assert list(jax.columns) == ["1 GPU jax.pallas_flex", "allgather/jax.cp_allgather",
+                                 "ring/jax.cp_ring"]
+    assert list(jax.loc[("causal", 8192, 2)]) == ["400 / 400", "390 / 390", "380 / 380"]
+    torch = tables.cp_beside_single_table(frame, "torch")
+    # cp_native names no inner kernel: no single-GPU column of its own.
+    assert list(torch.columns) == ["1 GPU torch.flex", "native/torch.cp_native",
+                                   "ring/torch.cp_ring_flex"]
+    assert torch.loc[("causal", 8192, 2), "ring/torch.cp_ring_flex"] == "240 / 240"
+    assert tables.cp_beside_single_table(frame[frame["suite"] == "kernel"], "jax").empty
+
+
 def test_the_report_writes_the_cp_comparisons(tmp_path):
     path = tmp_path / "rows.jsonl"
     writer = results.Writer(path)
@@ -319,14 +353,25 @@ def test_the_report_writes_the_cp_comparisons(tmp_path):
 
 def test_the_readme_cp_targets_come_from_the_committed_h100_rows():
     """README, issue #7's targets: the JAX ring at cp 2 over jax.pallas_flex
-    on one GPU (4 x H100, two sessions, 2026-11-26)."""
+    on one GPU (4 x H100, three sessions, 2026-11-26), under the balanced
+    and the ring_balanced dispatch."""
     frame = results.load([ROOT / "results/gpu/2026-11-26-h100x4-cp",
-                          ROOT / "results/gpu/2026-11-26-h100x4-cp2"])
+                          ROOT / "results/gpu/2026-11-26-h100x4-cp2",
+                          ROOT / "results/gpu/2026-11-26-h100x4-cp3"])
     table = tables.cp_vs_single_table(frame)
-    ring = table["ring/jax.cp_ring"]
+    ring = table["ring/jax.cp_ring [dispatch=balanced]"]
+    even = table["ring/jax.cp_ring [dispatch=ring_balanced]"]
     assert ring.loc[("full", 131072, "fwd", 2)] == "394 / 397 = 0.99"
     assert ring.loc[("full", 131072, "bwd", 2)] == "144 / 145 = 0.99"
     assert ring.loc[("causal_document", 131072, "fwd", 2)] == "395 / 425 = 0.93"
     assert ring.loc[("causal_document", 131072, "bwd", 2)] == "127 / 161 = 0.79"
-    assert ring.loc[("causal_document", 65536, "bwd", 2)] == "143 / 164 = 0.87"
-    assert ring.loc[("causal_document", 16384, "fwd", 2)] == "141 / 202 = 0.70"
+    assert ring.loc[("causal_document", 65536, "bwd", 2)] == "143 / 165 = 0.87"
+    assert ring.loc[("causal_document", 16384, "fwd", 2)] == "141 / 200 = 0.70"
+    assert even.loc[("causal_document", 65536, "fwd", 2)] == "412 / 435 = 0.95"
+    assert even.loc[("causal_document", 65536, "bwd", 2)] == "159 / 165 = 0.96"
+    assert even.loc[("causal_document", 131072, "fwd", 2)] == "412 / 425 = 0.97"
+    assert even.loc[("causal_document", 131072, "bwd", 2)] == "159 / 161 = 0.99"
+    assert even.loc[("causal_document", 16384, "fwd", 2)] == "140 / 200 = 0.70"
+    assert even.loc[("causal_document", 16384, "bwd", 2)] == "84 / 106 = 0.79"
+    # The fused-backward single-GPU rows of the third session are not the baseline.
+    assert ring.loc[("full", 16384, "bwd", 2)] == "154 / 156 = 0.99"

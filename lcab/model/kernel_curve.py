@@ -17,6 +17,7 @@ from collections import Counter
 import numpy as np
 
 from lcab.flops import TIMED_DIRECTIONS
+from lcab.results import options_key
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,11 +31,15 @@ class KernelCurve:
     def from_rows(cls, rows, backend: str, device: str | None = None, *,
                   heads_q: int | None = None, head_dim: int | None = None,
                   dtype: str | None = None) -> "KernelCurve":
-        """The OK kernel rows of `backend` (on `device`; default: the device
-        with most such rows), optionally of one head count, head_dim, dtype."""
+        """The OK kernel rows of `backend` run with its default options (on
+        `device`; default: the device with most such rows), optionally of one
+        head count, head_dim, dtype. A row with backend options measured a
+        variant (e.g. pallas_flex's fused_backward), not the kernel a CP
+        strategy runs inside."""
         def wanted(row):
             return (row.get("suite") == "kernel" and row.get("backend") == backend
                     and row.get("status") == "OK" and row.get("tflops")
+                    and options_key(row.get("options")) == "{}"
                     and (heads_q is None or row.get("heads_q") == heads_q)
                     and (head_dim is None or row.get("head_dim") == head_dim)
                     and (dtype is None or row.get("dtype") == dtype))

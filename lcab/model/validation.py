@@ -15,6 +15,7 @@ from lcab.model.kernel_curve import KernelCurve
 from lcab.model.network import Network
 from lcab.model.strategies import STRATEGIES, Shape, predict
 from lcab.report.tables import inner_kernel
+from lcab.results import options_key
 
 # MagiAttention's CP figures (../shared/docs/anchors.md: H100, 8k tokens per
 # GPU, forward, per-GPU TFLOP/s, bars read by eye +-10), beside the model of
@@ -70,6 +71,8 @@ def predicted_vs_measured(rows, network: Network) -> pd.DataFrame:
         if row.get("status") != "OK" or row.get("suite") not in ("kernel", "cp"):
             continue
         cp_row = row["suite"] == "cp"
+        if not cp_row and options_key(row.get("options")) != "{}":
+            continue  # a kernel variant (an option set): the curve is the default kernel's
         strategy = row.get("strategy") if cp_row else "ring"
         backend = inner_kernel(row.get("notes")) if cp_row else row["backend"]
         if strategy not in STRATEGIES or not backend:
@@ -80,15 +83,16 @@ def predicted_vs_measured(rows, network: Network) -> pd.DataFrame:
         shape = Shape(row["heads_q"], row["heads_kv"], row["head_dim"], row["dtype"],
                       row["batch"])
         cp = int(row["cp_size"] or 1) if cp_row else 1
+        dispatch = _dispatch(row.get("notes")) if cp_row else "contiguous"
         found = predict(strategy, mask_of(row), cp, shape, kernel, network,
-                        dispatch=_dispatch(row.get("notes")) if cp_row else "contiguous",
-                        direction=row["direction"])
+                        dispatch=dispatch, direction=row["direction"])
         if found.problem:
             continue
         measured = float(row["tflops"])
         records.append({
             "backend": row["backend"], "strategy": strategy if cp_row else "-",
-            "inner": backend, "mask": row["mask"], "seqlen": row["seqlen"], "cp": cp,
+            "dispatch": dispatch if cp_row else "-", "inner": backend,
+            "mask": row["mask"], "seqlen": row["seqlen"], "cp": cp,
             "direction": row["direction"], "measured": measured,
             "predicted": found.tflops_per_gpu,
             "error_pct": 100.0 * (found.tflops_per_gpu - measured) / measured,

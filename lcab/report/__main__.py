@@ -205,6 +205,13 @@ def write_report(paths: list[str], out: pathlib.Path) -> list[pathlib.Path]:
                  "(per-GPU TFLOP/s / single-GPU TFLOP/s, same workload and device)",
                  _per_setting(frame[frame["suite"].isin(["cp", "kernel"])],
                               _cp_vs_single_or_empty))
+    for framework in tables.FRAMEWORK_ORDER:
+        writer.table(f"cp_beside_single_{framework}",
+                     f"Context parallel ({framework}) beside the single-GPU kernels it runs "
+                     "inside, fwd / bwd: per-GPU TFLOP/s",
+                     _per_setting(frame[frame["suite"].isin(["cp", "kernel"])],
+                                  lambda group, f=framework: tables.cp_beside_single_table(
+                                      group, f)))
     module = frame[frame["suite"] == "module"]
     writer.table("module", "Attention module (projections + attention, jax.module): per-GPU "
                  "TFLOP/s", _per_setting(module, lambda group: tables.cp_table(group, "module")))

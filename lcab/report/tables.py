@@ -335,8 +335,25 @@ def cp_table(frame: pd.DataFrame, suite: str = "cp") -> pd.DataFrame:
 def inner_kernel(notes: str) -> str | None:
     """The inner kernel a CP row names in its notes ("... inner NAME ..."),
     when it is a registered backend name."""
-    found = re.search(r"\binner ((?:jax|torch)\.\w+)", notes or "")
+    found = re.search(r"\binner ((?:jax|torch)\.\w+)", notes if isinstance(notes, str) else "")
     return found.group(1) if found else None
+
+
+def _options(value) -> dict:
+    return json.loads(results.options_key(value))
+
+
+def _inner_baseline(singles: Sequence[tuple[dict, float]], cp_options: dict) -> float | None:
+    """The single-GPU TFLOP/s a CP row is compared with: its inner kernel run
+    with options the CP row also set (a strategy hands its inner kernel's
+    options through; a kernel row with an option the CP run lacked, e.g.
+    fused_backward=true, measured a different kernel). Where several match,
+    the one that set the most options, then the newest."""
+    best, best_size = None, -1
+    for options, tflops in singles:  # oldest first: a tie goes to the newer
+        if options.items() <= cp_options.items() and len(options) >= best_size:
+            best, best_size = float(tflops), len(options)
+    return best
 
 
 def cp_vs_single_table(frame: pd.DataFrame) -> pd.DataFrame:
@@ -349,17 +366,17 @@ def cp_vs_single_table(frame: pd.DataFrame) -> pd.DataFrame:
     cp = with_line(suite_rows(frame, "cp"))
     cp = cp[cp["status"] == Status.OK.value]
     kernel = suite_rows(frame, "kernel")
-    baseline_key = ["backend", "workload_key", "direction", "device"]
-    # One baseline per key: the newest, where a kernel ran with several options.
-    single = _oldest_first(kernel[kernel["status"] == Status.OK.value]).drop_duplicates(
-        baseline_key, keep="last").set_index(baseline_key)["tflops"]
+    singles = {}  # (backend, workload_key, direction, device) -> [(options, tflops)], oldest first
+    for _, row in _oldest_first(kernel[kernel["status"] == Status.OK.value]).iterrows():
+        key = (row["backend"], row["workload_key"], row["direction"], row["device"])
+        singles.setdefault(key, []).append((_options(row.get("options")), row["tflops"]))
     if not cp.empty:
         single_setting(cp, "cp_vs_single_table")
     records = {}
     for _, row in cp.iterrows():
         key = (inner_kernel(row["notes"]), row["workload_key"], row["direction"], row["device"])
-        if key in single.index:
-            baseline = float(single.loc[key])
+        baseline = _inner_baseline(singles.get(key, ()), _options(row.get("options")))
+        if baseline is not None:
             records[tuple(row[c] for c in CP_INDEX), row["line"]] = (
                 f"{row['tflops']:.0f} / {baseline:.0f} = {row['tflops'] / baseline:.2f}")
     index = sorted_index(cp, CP_INDEX)
@@ -368,6 +385,46 @@ def cp_vs_single_table(frame: pd.DataFrame) -> pd.DataFrame:
     table = pd.DataFrame(cells, index=index, columns=columns, dtype=object)
     filled = table != ""
     return table.loc[filled.any(axis=1), filled.any(axis=0)]
+
+
+def cp_beside_single_table(frame: pd.DataFrame, framework: str) -> pd.DataFrame:
+    """One framework's CP lines beside the single-GPU kernels they run inside.
+
+    Index (mask, seqlen, cp_size); cells "fwd / bwd" per-GPU TFLOP/s (status
+    codes for rows that are not OK, empty where never measured). First a
+    "1 GPU NAME" column per inner kernel: its rows without backend options
+    on the same workload (what a strategy runs inside by default), then one
+    column per CP line.
+    """
+    cp = with_line(suite_rows(frame, "cp"))
+    cp = cp[cp["framework"] == framework]
+    if cp.empty:
+        return pd.DataFrame()
+    single_setting(cp, "cp_beside_single_table")
+    inners = sorted({name for name in map(inner_kernel, cp["notes"]) if name})
+    kernel = suite_rows(frame, "kernel")
+    kernel = kernel[kernel["backend"].isin(inners)
+                    & kernel["workload_key"].isin(set(cp["workload_key"]))
+                    & (kernel["options"].map(results.options_key) == "{}")]
+    row_index = sorted_index(cp, CP_SHORT_INDEX)
+    lines = line_order(cp)
+    pairs = []
+    for direction in DIRECTIONS:
+        of_cp = cp[cp["direction"] == direction]
+        cp_cells = cell_table(of_cp, CP_SHORT_INDEX, "line", lines, row_index)
+        singles = kernel[kernel["direction"] == direction]
+        single_index = pd.MultiIndex.from_tuples(
+            sorted({key[:2] for key in row_index}), names=["mask", "seqlen"])
+        single_cells = cell_table(singles, ["mask", "seqlen"], "backend", inners, single_index)
+        beside = pd.DataFrame([single_cells.loc[key[:2]].tolist() for key in row_index],
+                              index=row_index, columns=[f"1 GPU {name}" for name in inners])
+        pairs.append(pd.concat([beside, cp_cells], axis=1))
+    forward, backward = pairs
+    joined = forward.combine(backward, lambda f, b: pd.Series(
+        [f"{x} / {y}" if x or y else "" for x, y in zip(f, b)], index=f.index))
+    joined = joined[list(forward.columns)]
+    filled = joined != ""
+    return joined.loc[filled.any(axis=1), filled.any(axis=0)]
 
 
 def _size_text(nbytes: int) -> str:
