@@ -47,6 +47,35 @@ def test_two_processes_share_one_cp_mesh_and_write_rows_once(tmp_path):
         assert row["n_devices"] == 4 and row["cp_size"] == 4
 
 
+@pytest.mark.slow
+def test_the_attention_module_runs_across_two_processes(tmp_path):
+    """jax.module around jax.cp_ring at cp 4 over two processes: each
+    process builds the layer's weights from the same seed and places them
+    on the shared mesh; the attention inside passes the reference."""
+    port = free_port()
+    environment = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+    command = [sys.executable, "-m", "lcab.experiments", "--framework=jax", "--suite=module",
+               "--backends=jax.module", "--backend_options=jax.module:inner=jax.cp_ring",
+               "--cp_size=4", "--dispatch=balanced", "--masks=causal_document",
+               "--seqlens=256", "--heads=4:2", "--head_dim=16", "--dtype=float32",
+               "--warmup=1", "--iters=3", f"--out={tmp_path}", "--noprogress",
+               "--git_commit=t", f"--jax_coordinator=localhost:{port}",
+               "--jax_num_processes=2"]
+    running = [subprocess.Popen(command + [f"--jax_process_id={i}"], env=environment,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+               for i in range(2)]
+    outputs = [p.communicate(timeout=600) for p in running]
+    for process, (out, err) in zip(running, outputs):
+        assert process.returncode == 0, err[-3000:]
+    rows = results.read_rows([tmp_path / "module_jax.jsonl"])
+    assert sorted(row["direction"] for row in rows) == ["bwd", "fwd"]  # process 0 alone
+    for row in rows:
+        unmeasurable = row["status"] == "ERROR" and row["reason"].startswith("not measurable")
+        assert row["status"] == "OK" or unmeasurable, row["reason"]
+        assert row["max_err"] < 1e-4
+        assert row["n_devices"] == 4 and row["cp_size"] == 4 and row["strategy"] == "ring"
+
+
 @pytest.mark.parametrize("flags, message", [
     ((None, 2, 0, False), "needs all of --jax_coordinator"),
     (("h:1", 2, 2, False), "--jax_process_id 2 is not in [0, 2)"),
