@@ -30,7 +30,8 @@ from lcab.experiments.sweep import parse_heads, parse_seqlen
 from lcab.flops import TIMED_DIRECTIONS
 from lcab.masks import canonical_name, make_mask, taken_params
 from lcab.masks.doc_lengths import DISTRIBUTIONS
-from lcab.model import INFINIBAND_NDR, STRATEGIES, KernelCurve, Shape, network_from_comm, predict
+from lcab.model import (HBM_H100, INFINIBAND_NDR, STRATEGIES, KernelCurve, Shape,
+                        network_from_comm, predict)
 from lcab.model.validation import against_published, error_summary, predicted_vs_measured
 from lcab.report.tables import to_markdown
 
@@ -74,6 +75,10 @@ _NVLINK_GBPS = flags.DEFINE_float(
     "nvlink_gbps", None, "Bus bandwidth per GPU inside a node (GB/s); default: fitted to "
     "--comm_results per collective (NVLink 4's published 450 GB/s per direction is the "
     "ceiling).")
+_HBM_GBPS = flags.DEFINE_float(
+    "hbm_gbps", HBM_H100 / 1e9, "Memory bandwidth each GPU's ring merges stream at (GB/s; "
+    "default: 90 % of an H100 SXM's 3350). The validation keeps the default: its rows ran "
+    "on H100s.", lower_bound=1.0)
 _ULYSSES_SIZE = flags.DEFINE_integer("ulysses_size", None, "USP's Ulysses group (default: the "
                                      "largest dividing cp and the K/V heads within a node).")
 _VALIDATE = flags.DEFINE_list("validate_against", [],
@@ -128,7 +133,8 @@ def _predictions(curve, network, shape, seqlen_per_gpu) -> pd.DataFrame:
                     for strategy in _STRATEGIES.value:
                         found = predict(strategy, mask, cp, shape, curve, network,
                                         dispatch=dispatch, direction=direction,
-                                        ulysses_size=_ULYSSES_SIZE.value)
+                                        ulysses_size=_ULYSSES_SIZE.value,
+                                        memory_bytes_per_s=_HBM_GBPS.value * 1e9)
                         records.append({
                             "mask": mask_name, "dispatch": dispatch, "direction": direction,
                             "cp": cp, "strategy": strategy,

@@ -109,10 +109,11 @@ def test_per_rank_areas_sum_to_the_mask_area(name, dispatch):
         assert int(pair_areas(mask, split).sum()) == mask.area()
 
 
-def test_the_breakdown_adds_up_and_the_limits_are_stated():
+@pytest.mark.parametrize("direction", ["fwd", "bwd"])
+def test_the_breakdown_adds_up_and_the_limits_are_stated(direction):
     mask = doc_mask(8192 * 16)
     for strategy in STRATEGIES:
-        found = predict(strategy, mask, 16, SHAPE, CURVE, Network(), direction="bwd")
+        found = predict(strategy, mask, 16, SHAPE, CURVE, Network(), direction=direction)
         if strategy == "ulysses":
             assert "8 K/V heads do not divide by 16" in found.problem
             assert np.isnan(found.tflops_per_gpu)
@@ -120,8 +121,27 @@ def test_the_breakdown_adds_up_and_the_limits_are_stated():
         assert found.compute_s + found.imbalance_s + found.exposed_comm_s == pytest.approx(
             found.seconds)
         assert found.compute_s > 0 and found.tflops_per_gpu > 0
+        assert min(found.imbalance_s, found.exposed_comm_s) >= 0
     with pytest.raises(ValueError, match="ring, allgather, ulysses, usp"):
         predict("magic", mask, 16, SHAPE, CURVE, Network())
+
+
+@pytest.mark.parametrize("direction, element_bytes", [
+    ("fwd", 64 * (4 + 4 + 2)),  # float32 running output read and written, bf16 step output
+    ("bwd", (64 + 2 * 8) * 12),  # dQ, dK, dV: float32 accumulator and step gradient
+])
+def test_each_ring_step_pays_its_merge_at_memory_speed(direction, element_bytes):
+    mask, cp, local = make_mask("full", 4096 * 4), 4, 4096
+    fast_links = Network().with_bandwidth(1e6)  # transfers never the bottleneck
+    found = {bandwidth: predict("ring", mask, cp, SHAPE, CURVE, fast_links, dispatch="contiguous",
+                                direction=direction, memory_bytes_per_s=bandwidth)
+             for bandwidth in (1e12, 1e30)}
+    merge_s = local * 128 * element_bytes / 1e12
+    assert found[1e12].seconds - found[1e30].seconds == pytest.approx(cp * merge_s, rel=1e-9)
+    # A ring of one GPU is the kernel alone.
+    one = [predict("ring", make_mask("full", 4096), 1, SHAPE, CURVE, fast_links,
+                   direction=direction, memory_bytes_per_s=b).seconds for b in (1e12, 1e30)]
+    assert one[0] == one[1]
 
 
 def test_the_network_crosses_nodes_at_the_network_rate():
@@ -153,20 +173,12 @@ def test_the_model_against_the_measured_h100_rows():
     assert set(summary.index.get_level_values("cp")) == {1, 2, 4}
     # What the README reports for JAX (H100, 2026-11-26): median |error|
     # under 10 % at cp 1 (each single-GPU row left out of its own curve),
-    # under 7 % at cp 2 and 4; under the balanced dispatch the largest is
-    # under 35 %.
+    # under 7 % at cp 2 and 4, the largest under 30 %, under both dispatches.
     assert (summary.loc[("jax", 1)]["median |error| %"] < 10).all()
-    for cp in (2, 4):
-        assert (summary.loc[("jax", cp)]["median |error| %"] < 7).all()
-    balanced = error_summary(jax[jax["dispatch"].isin(["balanced", "-"])])
-    cp_rows = balanced[balanced.index.get_level_values("cp") > 1]
-    assert len(cp_rows) == 4 and (cp_rows["max |error| %"] < 35).all()
-    # ring_balanced: close from 32k tokens per GPU on, too optimistic at 8k,
-    # where the ring's forward pays per-step costs the model leaves out.
-    ring = jax[(jax["dispatch"] == "ring_balanced") & (jax["mask"] == "causal_document")]
-    long, short = ring[ring["seqlen"] // ring["cp"] >= 32768], ring[ring["seqlen"] // ring["cp"] == 8192]
-    assert (long["error_pct"].abs() < 15).all() and len(long) == 6
-    assert (short["error_pct"] > 25).all() and len(short) == 4
+    cp_rows = summary[summary.index.get_level_values("cp") > 1]
+    assert len(cp_rows) == 4 and (cp_rows["median |error| %"] < 7).all()
+    assert (cp_rows["max |error| %"] < 30).all()
+    assert set(jax["dispatch"]) == {"-", "balanced", "ring_balanced"}
     single = checked[checked["cp"] == 1]
     assert (single["predicted"] != single["measured"]).any()  # not its own point
     # Torch's ring has per-step costs the model leaves out: it errs more.

@@ -7,9 +7,10 @@ the exact per-rank mask areas and an alpha-beta network model.
 
 from lcab.model.kernel_curve import KernelCurve
 from lcab.model.network import INFINIBAND_NDR, NVLINK_H100, Network, network_from_comm
-from lcab.model.strategies import STRATEGIES, Prediction, Shape, predict
+from lcab.model.strategies import HBM_H100, STRATEGIES, Prediction, Shape, predict
 
 __all__ = [
+    "HBM_H100",
     "INFINIBAND_NDR",
     "NVLINK_H100",
     "STRATEGIES",

@@ -6,10 +6,17 @@ time comes from a measured kernel curve; each collective's from the
 network's alpha-beta model. How the strategies overlap, as the real ones do:
 
 - ring: cp steps; at step s rank i meets the keys of rank (i - s) mod cp
-  while the next shard is in flight, so a step lasts max(compute, transfer),
-  and ranks move in step (the slowest rank sets each step). Empty steps
-  compute nothing but still pass the shard on. Backward: the same steps,
-  the shard and its dK/dV rotate together (twice the bytes).
+  while the next shard is in flight, so a step lasts max(compute + merge,
+  transfer). Forward: each rank runs its steps back to back (the K/V it
+  passes on do not wait for its compute), so the slowest rank's sum sets
+  the time. Backward: the shard and its dK/dV rotate together (twice the
+  bytes) and a step waits for the neighbour's previous one, so ranks move
+  in lockstep (the slowest rank sets each step). Empty steps compute
+  nothing but still pass the shard on.
+  The merge is what each step does outside the kernel, memory-bound at
+  the GPU's memory bandwidth: the log-sum-exp merge of the step's output
+  into the float32 running output (forward), the step's dQ, dK and dV
+  added to their float32 accumulators (backward).
 - allgather: all-gather K/V (exposed), then each rank's rows against every
   key in one call. Backward: the dK/dV reduce-scatter (as many bytes,
   exposed) and the backward call.
@@ -22,8 +29,8 @@ network's alpha-beta model. How the strategies overlap, as the real ones do:
 
 The breakdown adds up to the total: compute (the mean rank's kernel time),
 imbalance (the slowest rank's extra kernel time), exposed communication
-(the rest). Not modelled: the log-sum-exp merges, memory copies and
-launch gaps between steps.
+(the rest); the ring's merges count as compute. Not modelled: other memory
+copies and launch gaps between steps.
 """
 
 from __future__ import annotations
@@ -40,6 +47,9 @@ from lcab.model.network import Network
 
 STRATEGIES = ("ring", "allgather", "ulysses", "usp")
 _BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+# An H100 SXM's HBM3 moves 3.35 TB/s (NVIDIA's figure); streaming
+# elementwise kernels reach about 90 % of it.
+HBM_H100 = 0.9 * 3.35e12
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,23 +94,48 @@ def _call_seconds(curve: KernelCurve, shape: Shape, area, rows, cols, heads: int
     return np.vectorize(lambda f, d: curve.seconds(f, d, direction))(flops, density)
 
 
+def _merge_bytes(local: int, heads_q: int, heads_kv: int, shape: Shape, direction: str) -> int:
+    """HBM bytes one ring step moves outside its kernel. Forward: the float32
+    running output read and written, the step's output read. Backward: dQ's
+    float32 accumulator read and written with the step's float32 dQ read,
+    and the same for dK and dV on the K/V heads."""
+    elements = shape.batch * local * shape.head_dim
+    if direction == "fwd":
+        return elements * heads_q * (4 + 4 + _BYTES[shape.dtype])
+    return elements * (heads_q + 2 * heads_kv) * 12
+
+
 def _ring(mask: AttnMask, dispatch_name: str, ranks: int, heads_q: int, heads_kv: int,
           shape: Shape, curve: KernelCurve, network: Network, direction: str,
-          span: int) -> tuple[float, float, float]:
+          span: int, memory_bytes_per_s: float) -> tuple[float, float, float]:
     """(total, mean compute, max compute) of a ring of `ranks` over `span` GPUs."""
     steps = ring_step_areas(pair_areas(mask, cached_dispatch(dispatch_name, mask, ranks)))
     local = mask.seqlen_q // ranks
-    compute = _call_seconds(curve, shape, steps, local, local, heads_q, direction)
+    # A ring of one rank is the kernel alone: nothing to merge.
+    merge = (_merge_bytes(local, heads_q, heads_kv, shape, direction) / memory_bytes_per_s
+             if ranks > 1 else 0.0)
+    compute = _call_seconds(curve, shape, steps, local, local, heads_q, direction) + merge
     shard = 2 * local * shape.token_bytes(heads_kv) * (2 if direction == "bwd" else 1)
     transfer = network.seconds("ppermute", shard, span)
     in_flight = np.array([transfer if s < ranks - 1 else 0.0 for s in range(ranks)])
-    total = float(np.sum(np.maximum(compute.max(axis=0), in_flight)))
-    return total, float(compute.mean(axis=0).sum()), float(compute.max(axis=0).sum())
+    if direction == "fwd":
+        # Nothing a forward step sends depends on its compute (K/V only), so
+        # each rank runs its steps back to back, as the profile of jax.cp_ring
+        # shows; the slowest rank's sum sets the time.
+        total = float(np.max(np.sum(np.maximum(compute, in_flight), axis=1)))
+        slowest = float(compute.sum(axis=1).max())
+    else:
+        # dK/dV travel with K/V: a step starts when the neighbour's previous
+        # one is done, so the slowest rank of each step sets it (lockstep).
+        total = float(np.sum(np.maximum(compute.max(axis=0), in_flight)))
+        slowest = float(compute.max(axis=0).sum())
+    return total, float(compute.sum(axis=1).mean()), slowest
 
 
 def predict(strategy: str, mask: AttnMask, cp: int, shape: Shape, curve: KernelCurve,
             network: Network, *, dispatch: str = "balanced", direction: str = "fwd",
-            ulysses_size: int | None = None) -> Prediction:
+            ulysses_size: int | None = None,
+            memory_bytes_per_s: float = HBM_H100) -> Prediction:
     if strategy not in STRATEGIES:
         raise ValueError(f"strategy {strategy!r} is not one of {', '.join(STRATEGIES)}")
     seqlen = mask.seqlen_q
@@ -126,7 +161,7 @@ def predict(strategy: str, mask: AttnMask, cp: int, shape: Shape, curve: KernelC
     if strategy == "ring":
         try:
             return done(*_ring(mask, dispatch, cp, shape.heads_q, shape.heads_kv, shape, curve,
-                               network, direction, cp))
+                               network, direction, cp, memory_bytes_per_s))
         except ValueError as exc:  # a dispatch that cannot split this length
             return refuse(str(exc))
     if strategy == "allgather":
@@ -152,7 +187,7 @@ def predict(strategy: str, mask: AttnMask, cp: int, shape: Shape, curve: KernelC
     try:
         total, mean, slowest = _ring(mask, dispatch, ranks, shape.heads_q // size,
                                      shape.heads_kv // size, shape, curve, network, direction,
-                                     cp if ranks > 1 else size)
+                                     cp if ranks > 1 else size, memory_bytes_per_s)
     except ValueError as exc:
         return refuse(str(exc))
     return done(total + a2a, mean, slowest)
