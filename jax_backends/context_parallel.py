@@ -44,6 +44,7 @@ from lcab.cp import (DISPATCH_NAMES, cached_dispatch, imbalance, sub_mask, sub_w
 from lcab.workloads import Workload
 
 AXIS = "cp"
+MERGES = ("separate", "in_kernel")  # RingBackend's merge option
 _SHARDED = PartitionSpec(AXIS)
 _SEQUENCE = PartitionSpec(None, AXIS)  # (batch, seq, heads, dim) split on seq
 _USP_SEQUENCE = PartitionSpec(None, ("ring", "ulysses"))  # ring-major, then Ulysses
@@ -254,6 +255,20 @@ class RingBackend(ContextParallelBackend):
     strategy = "ring"
     description = ("ring attention: K/V rotate over cp with ppermute, log-sum-exp merge, "
                    "dK/dV rotate in the backward (inner kernel with a log-sum-exp inside)")
+    # How a step's partial result joins the running one: "separate", an XLA
+    # log-sum-exp merge pass over the float32 output after each step's
+    # kernel; "in_kernel", the kernel starts from the running output and
+    # log-sum-exp (inner jax.pallas_flex), so that pass is gone.
+    options = {**ContextParallelBackend.options, "merge": str}
+
+    def __init__(self, merge: str = "separate", **options):
+        super().__init__(**options)
+        if merge not in MERGES:
+            raise ValueError(f"merge={merge!r} is not one of {', '.join(MERGES)}")
+        if merge == "in_kernel" and self.inner_name not in cp_inner.MERGES_IN_KERNEL:
+            raise ValueError(f"merge=in_kernel needs inner="
+                             f"{' or '.join(cp_inner.MERGES_IN_KERNEL)}, not {self.inner_name}")
+        self.merge = merge
 
     def schedule(self, ranks: int) -> "Schedule":
         return ring_schedule(ranks)
@@ -279,7 +294,8 @@ class RingBackend(ContextParallelBackend):
         holds the K/V shard of rank schedule.sources[s][r]."""
         cp = dispatch.cp
         kernel, tables = cp_inner.ring_kernel(self.inner_name, self.inner,
-                                              _step_masks(mask, dispatch, schedule.sources))
+                                              _step_masks(mask, dispatch, schedule.sources),
+                                              merge_in_kernel=self.merge == "in_kernel")
         by_rank = lambda t: t.reshape(cp, cp, *t.shape[1:])  # noqa: E731
         return kernel, jax.tree.map(by_rank, tables)
 
@@ -374,8 +390,12 @@ def _ring_forward(axis, schedule, kernel, q, k, v, tables):
         # compute depends on it, so the two can overlap.
         arriving = jax.lax.ppermute(kv, axis, schedule.moves[s]) if s < len(schedule.moves) \
             else None
-        step_out, step_lse = kernel.attend(q, *kv, _step(tables, s))
-        out, lse = _merge(out, lse, step_out, step_lse)
+        if kernel.merge_in_kernel:
+            partial = None if out is None else (out, lse)
+            out, lse = kernel.attend_onto(q, *kv, partial, _step(tables, s))
+        else:
+            step_out, step_lse = kernel.attend(q, *kv, _step(tables, s))
+            out, lse = _merge(out, lse, step_out, step_lse)
         kv = arriving
     return out.astype(q.dtype), lse
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable, Sequence
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -150,6 +151,9 @@ class PallasRing:
     forward_geometry: flex_plan.Geometry
     backward_geometry: flex_plan.Geometry
     lowering: flex_kernel.Lowering
+    # Each step continues from the running (out, lse) inside the kernel
+    # (attend_onto) instead of a separate log-sum-exp merge pass.
+    merge_in_kernel: bool = False
 
     @classmethod
     def for_masks(cls, inner: Backend, masks: Sequence[AttnMask]):
@@ -169,6 +173,12 @@ class PallasRing:
             q, k, v, self.forward_geometry, forward_tables, self.backward_geometry,
             backward_tables, self.lowering)
 
+    def attend_onto(self, q, k, v, partial, tables):
+        """(out float32, lse) of the rows over these keys and those of
+        `partial` ((out, lse) so far, None at the first step)."""
+        return flex_kernel.flex_attention_onto(q, k, v, partial, self.forward_geometry,
+                                               tables[0], self.lowering)
+
     def gradients(self, q, k, v, out, lse, dout, tables):
         return flex_kernel.block_gradients(q, k, v, out, lse, dout, self.backward_geometry,
                                            tables[1], self.lowering)
@@ -180,6 +190,7 @@ class DenseRing:
 
     how = ("dense boolean mask per rank and step (O(S^2/cp^2) memory a step), out and lse "
            "from XLA einsums in float32; GQA unrepeated")
+    merge_in_kernel: ClassVar[bool] = False  # XLA merges after each step
 
     @classmethod
     def for_masks(cls, inner: Backend, masks: Sequence[AttnMask]):
@@ -193,11 +204,19 @@ class DenseRing:
 
 
 _RING_KERNELS = {PALLAS: PallasRing, DENSE: DenseRing}
+MERGES_IN_KERNEL = (PALLAS,)  # ring kernels that can continue from a running (out, lse)
 
 
-def ring_kernel(name: str, inner: Backend, masks: Sequence[AttnMask]):
+def ring_kernel(name: str, inner: Backend, masks: Sequence[AttnMask],
+                merge_in_kernel: bool = False):
     """(kernel, tables stacked on axis 0) of a ring-capable inner."""
-    return _RING_KERNELS[name].for_masks(inner, masks)
+    kernel, tables = _RING_KERNELS[name].for_masks(inner, masks)
+    if merge_in_kernel:
+        if name not in MERGES_IN_KERNEL:
+            raise ValueError(f"merge=in_kernel needs inner={' or '.join(MERGES_IN_KERNEL)}; "
+                             f"inner {name} merges after each step")
+        kernel = dataclasses.replace(kernel, merge_in_kernel=True)
+    return kernel, tables
 
 
 def no_gradients(tables):

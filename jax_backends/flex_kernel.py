@@ -108,8 +108,13 @@ def _walk(tables, program, step, carry, row0, col0, block_q, block_k, by_k=False
     return lax.fori_loop(0, partials[program], partial, carry)
 
 
-def _forward_kernel(*refs, scale: float, block_q: int, block_k: int):
-    *tables, q_ref, k_ref, v_ref, o_ref, lse_ref = refs
+def _forward_kernel(*refs, scale: float, block_q: int, block_k: int, onto: bool = False):
+    # onto: the rows' partial result over other keys comes in (o_in float32,
+    # lse_in base 2) and the kernel continues from it (a ring's merge).
+    if onto:
+        *tables, q_ref, k_ref, v_ref, o_in_ref, lse_in_ref, o_ref, lse_ref = refs
+    else:
+        *tables, q_ref, k_ref, v_ref, o_ref, lse_ref = refs
     qi = pl.program_id(0)
     head_dim = q_ref.shape[-1]
     q = q_ref[...]
@@ -129,9 +134,15 @@ def _forward_kernel(*refs, scale: float, block_q: int, block_k: int):
         acc = acc * correction[:, None] + plgpu.dot(p.astype(v.dtype), v)
         return acc, m_next, l_prev * correction + jnp.sum(p, axis=1)
 
-    acc = jnp.zeros((block_q, head_dim), jnp.float32)
-    m = jnp.full((block_q,), -jnp.inf, jnp.float32)
-    l = jnp.zeros((block_q,), jnp.float32)
+    if onto:
+        # (out, lse) is the state (acc / l, m + log2 l) with m = lse, l = 1.
+        m = lse_in_ref[...]
+        l = jnp.where(m == -jnp.inf, 0.0, 1.0)
+        acc = o_in_ref[...]
+    else:
+        acc = jnp.zeros((block_q, head_dim), jnp.float32)
+        m = jnp.full((block_q,), -jnp.inf, jnp.float32)
+        l = jnp.zeros((block_q,), jnp.float32)
     acc, m, l = _walk(tables, qi, step, (acc, m, l), qi * block_q, 0, block_q, block_k)
     seen = l > 0
     o_ref[...] = (acc / jnp.where(seen, l, 1.0)[:, None]).astype(o_ref.dtype)
@@ -211,30 +222,32 @@ def _walk_tables(tables, walk: str):
     return [*tables[walk], tables["slice_ids"], tables["slices"]]
 
 
-def _forward(q, k, v, plan: Geometry, tables, lowering: Lowering):
+def _forward(q, k, v, plan: Geometry, tables, lowering: Lowering, out_dtype=None,
+             onto=None):
+    """(out, lse2) of the padded inputs; onto = (out float32, lse2) of the
+    same rows over other keys to continue from."""
     batch, seq_q, heads, head_dim = q.shape
     group = heads // k.shape[2]
     bq, bk = plan.block_q, plan.block_k
     tables = _walk_tables(tables, "by_q")
     kernel = functools.partial(_forward_kernel, scale=1.0 / math.sqrt(head_dim),
-                               block_q=bq, block_k=bk)
+                               block_q=bq, block_k=bk, onto=onto is not None)
+    row_spec = pl.BlockSpec((None, bq, None, head_dim), lambda i, h, b: (b, i, h, 0))
+    lse_spec = pl.BlockSpec((None, None, bq), lambda i, h, b: (b, h, i))
+    kv_spec = pl.BlockSpec((None, plan.padded_k, None, head_dim),
+                           lambda i, h, b: (b, 0, h // group, 0))
     out, lse2 = pl.pallas_call(
         kernel,
         grid=(plan.num_q_blocks, heads, batch),
-        in_specs=[*map(_whole, tables),
-                  pl.BlockSpec((None, bq, None, head_dim), lambda i, h, b: (b, i, h, 0)),
-                  pl.BlockSpec((None, plan.padded_k, None, head_dim),
-                               lambda i, h, b: (b, 0, h // group, 0)),
-                  pl.BlockSpec((None, plan.padded_k, None, head_dim),
-                               lambda i, h, b: (b, 0, h // group, 0))],
-        out_specs=[pl.BlockSpec((None, bq, None, head_dim), lambda i, h, b: (b, i, h, 0)),
-                   pl.BlockSpec((None, None, bq), lambda i, h, b: (b, h, i))],
-        out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype),
+        in_specs=[*map(_whole, tables), row_spec, kv_spec, kv_spec,
+                  *([row_spec, lse_spec] if onto is not None else [])],
+        out_specs=[row_spec, lse_spec],
+        out_shape=[jax.ShapeDtypeStruct(q.shape, out_dtype or q.dtype),
                    jax.ShapeDtypeStruct((batch, heads, seq_q), jnp.float32)],
         interpret=lowering.interpret,
         compiler_params=lowering.params(),
-        name="lcab_flex_forward",
-    )(*tables, q, k, v)
+        name="lcab_flex_forward_onto" if onto is not None else "lcab_flex_forward",
+    )(*tables, q, k, v, *(onto or ()))
     return out, lse2
 
 
@@ -335,6 +348,28 @@ def flex_attention_with_tables(q, k, v, forward_geometry: Geometry, forward_tabl
     _check(q, k, v, forward_geometry, backward_geometry)
     return _attention(forward_geometry, backward_geometry, lowering, q, k, v,
                       forward_tables, backward_tables)
+
+
+def flex_attention_onto(q, k, v, partial, geometry: Geometry, tables,
+                        lowering: Lowering = Lowering()):
+    """Continue attention of q's rows onto more keys: `partial` is (out
+    float32, lse natural log) of the same rows over other keys (None: none
+    yet); returns their (out float32, lse) over both. A ring's merge done
+    inside the kernel, so no pass over the float32 output follows each
+    step. Forward only (a ring takes its gradients from the final out and
+    lse, not through this)."""
+    _check(q, k, v, geometry)
+    seq_q = q.shape[1]
+    onto = None
+    if partial is not None:
+        out, lse = partial
+        tail = ((0, 0), (0, 0), (0, geometry.padded_q - seq_q))
+        onto = (_pad(out.astype(jnp.float32), geometry.padded_q),
+                jnp.pad(lse / _LN2, tail, constant_values=-jnp.inf))
+    out, lse2 = _forward(_pad(q, geometry.padded_q), _pad(k, geometry.padded_k),
+                         _pad(v, geometry.padded_k), geometry, tables, lowering,
+                         out_dtype=jnp.float32, onto=onto)
+    return out[:, :seq_q], lse2[:, :, :seq_q] * _LN2
 
 
 def _check(q, k, v, *geometries):

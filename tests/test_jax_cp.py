@@ -55,6 +55,28 @@ def test_the_ring_runs_every_family_with_the_balanced_dispatch(mask_name):
     check("jax.cp_ring", mask_name, 4, "balanced", heads=(4, 2))
 
 
+@pytest.mark.parametrize("name, cp, mask_name, options", [
+    ("jax.cp_ring", 2, "causal_document", {}),
+    ("jax.cp_ring", 4, "share_question", {}),  # skipped (empty) steps included
+    ("jax.cp_ring", 8, "full", {}),
+    ("jax.cp_usp", 8, "causal_document", {"ulysses_size": "2"}),
+    ("jax.cp_double_ring", 8, "sliding_window", {"window": "4"}),
+])
+def test_the_ring_can_merge_inside_its_kernel(name, cp, mask_name, options):
+    # GQA 4:2; each step continues from the running float32 output and lse.
+    check(name, mask_name, cp, "balanced", seqlen=128, heads=(4, 2), merge="in_kernel",
+          **options)
+
+
+def test_only_a_pallas_flex_ring_merges_inside_its_kernel():
+    from jax_backends.context_parallel import RingBackend
+
+    with pytest.raises(ValueError, match="merge=in_kernel needs inner=jax.pallas_flex"):
+        RingBackend(inner="jax.xla", merge="in_kernel")
+    with pytest.raises(ValueError, match="merge='fused' is not one of separate, in_kernel"):
+        RingBackend(merge="fused")
+
+
 def test_usp_splits_ranks_into_ulysses_groups_and_a_ring():
     # 8 ranks: 4 groups of 2 (ring of 4), then 2 groups of 4 (ring of 2).
     check("jax.cp_usp", "causal_document", 8, "balanced", seqlen=128, ulysses_size="2")

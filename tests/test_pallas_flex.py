@@ -8,9 +8,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jax_backends.flex_kernel import Lowering, flex_attention
+from jax_backends.flex_kernel import Lowering, flex_attention, flex_attention_onto
 from jax_backends.flex_plan import make_plan
 from lcab import reference, results
+from lcab.cp import sub_mask
 from lcab.masks import MASK_NAMES, AttnMask, AttnSlice, make_mask, small_mask
 from lcab.masks import slices as slices_lib
 from lcab.runner import Case, Settings, run_cases
@@ -201,6 +202,29 @@ def test_bad_shapes_are_refused_with_the_reason():
         flex_attention(jnp.zeros((1, 32, 2, 16)), *[jnp.zeros((1, 32, 2, 16))] * 2, plan)
 
 
+@pytest.mark.parametrize("name", ["causal_document", "share_question", "full"])
+def test_attention_continues_onto_more_keys_as_a_ring_step_does(name):
+    """Keys in three uneven parts, each call continuing from the last one's
+    (out, lse): the rows' attention over all keys, float32 out, exact lse."""
+    seqlen, parts = 200, [(0, 70), (70, 71), (71, 200)]  # a one-key part
+    mask = make_mask(name, seqlen, seed=2)
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.normal(size=(1, seqlen, h, 16)) for h in (4, 2, 2))
+    partial = None
+    for part in parts:
+        step = sub_mask(mask, [(0, seqlen)], [part])
+        plan = make_plan(step, 32, 32)
+        tables = jax.tree.map(jnp.asarray, plan.tables())
+        keys = slice(*part)
+        partial = flex_attention_onto(*(jnp.asarray(x, jnp.float32) for x in (
+            q, k[:, keys], v[:, keys])), partial, plan.geometry, tables, INTERPRET)
+    out, lse = partial
+    want_out, want_lse = reference.attention(q, k, v, mask)
+    assert out.dtype == jnp.float32
+    np.testing.assert_allclose(np.asarray(out), want_out, atol=1e-5, rtol=0)
+    np.testing.assert_allclose(np.asarray(lse), want_lse, atol=1e-5, rtol=0)
+
+
 def test_the_kernels_lower_to_triton_for_a_gpu():
     """Lowering to Triton IR needs no GPU: this catches what interpret mode
     would let through (ops the Triton lowering lacks, type clashes)."""
@@ -217,6 +241,13 @@ def test_the_kernels_lower_to_triton_for_a_gpu():
         text = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).trace(q, kv, kv).lower(
             lowering_platforms=("cuda",)).as_text()
         assert all(kernel in text for kernel in kernels)
+    tables = jax.tree.map(jnp.asarray, forward_plan.tables())
+    partial = (jax.ShapeDtypeStruct((1, 1000, 8, 128), jnp.float32),
+               jax.ShapeDtypeStruct((1, 8, 1000), jnp.float32))
+    onto = lambda q, k, v, partial: flex_attention_onto(  # noqa: E731
+        q, k, v, partial, forward_plan.geometry, tables, Lowering())
+    text = jax.jit(onto).trace(q, kv, kv, partial).lower(lowering_platforms=("cuda",)).as_text()
+    assert "lcab_flex_forward_onto" in text
 
 
 def test_the_backend_runs_through_the_correctness_gate(tmp_path):
