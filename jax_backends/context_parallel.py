@@ -415,9 +415,14 @@ def _ring_bwd(axis, schedule, kernel, residuals, dout):
     for s in range(len(schedule.sources)):
         moves = schedule.moves[s] if s < len(schedule.moves) else schedule.home
         arriving = jax.lax.ppermute(kv, axis, moves) if s < len(schedule.moves) else None
-        step_dq, step_dk, step_dv = kernel.gradients(q, *kv, out, lse, dout, _step(tables, s))
-        dq = dq + step_dq
-        dkv = jax.lax.ppermute((dkv[0] + step_dk, dkv[1] + step_dv), axis, moves)
+        if kernel.merge_in_kernel:
+            dq, *summed = kernel.gradients_onto(q, *kv, out, lse, dout, (dq, *dkv),
+                                                _step(tables, s))
+        else:
+            step_dq, step_dk, step_dv = kernel.gradients(q, *kv, out, lse, dout,
+                                                         _step(tables, s))
+            dq, summed = dq + step_dq, (dkv[0] + step_dk, dkv[1] + step_dv)
+        dkv = jax.lax.ppermute(tuple(summed), axis, moves)
         kv = arriving
     return (dq.astype(q.dtype), dkv[0].astype(k.dtype), dkv[1].astype(v.dtype),
             cp_inner.no_gradients(tables))

@@ -183,6 +183,11 @@ class PallasRing:
         return flex_kernel.block_gradients(q, k, v, out, lse, dout, self.backward_geometry,
                                            tables[1], self.lowering)
 
+    def gradients_onto(self, q, k, v, out, lse, dout, sums, tables):
+        """The running float32 (dq, dk, dv) plus this step's share."""
+        return flex_kernel.block_gradients(q, k, v, out, lse, dout, self.backward_geometry,
+                                           tables[1], self.lowering, onto=sums)
+
 
 @dataclasses.dataclass(frozen=True)
 class DenseRing:

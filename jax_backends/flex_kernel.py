@@ -159,8 +159,12 @@ def _probabilities(q, k, lse2, visible, qk_scale):
     return p if visible is None else jnp.where(visible, p, 0.0)
 
 
-def _dq_kernel(*refs, scale: float, block_q: int, block_k: int):
-    *tables, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dq_ref = refs
+def _dq_kernel(*refs, scale: float, block_q: int, block_k: int, onto: bool = False):
+    # onto: dq_in (float32) comes in and the kernel writes dq_in + this dQ.
+    if onto:
+        *tables, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dq_in_ref, dq_ref = refs
+    else:
+        *tables, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dq_ref = refs
     qi = pl.program_id(0)
     q, do = q_ref[...], do_ref[...]
     lse2, delta = lse_ref[...], delta_ref[...]
@@ -174,16 +178,28 @@ def _dq_kernel(*refs, scale: float, block_q: int, block_k: int):
         return dq + plgpu.dot(ds.astype(k.dtype), k)
 
     dq = jnp.zeros(dq_ref.shape, jnp.float32)
-    dq = _walk(tables, qi, step, dq, qi * block_q, 0, block_q, block_k)
-    dq_ref[...] = (dq * scale).astype(dq_ref.dtype)
+    dq = _walk(tables, qi, step, dq, qi * block_q, 0, block_q, block_k) * scale
+    if onto:
+        dq = dq + dq_in_ref[...]
+    dq_ref[...] = dq.astype(dq_ref.dtype)
 
 
 def _dkv_kernel(*refs, scale: float, block_q: int, block_k: int, group: int,
-                fused: bool = False):
-    if fused:  # dq_ref: the group's float32 dQ, aliased to zeros, added to atomically
-        *tables, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, _, dk_ref, dv_ref, dq_ref = refs
+                fused: bool = False, onto: bool = False):
+    # fused: dq_ref, the group's float32 dQ (aliased to its input: zeros, or
+    # the running dQ), is added to atomically. onto: dk_in and dv_in (float32)
+    # come in and the kernel writes them plus this dK, dV.
+    extra = 2 * onto + (4 if fused else 2)  # refs after delta_ref
+    *tables, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref = refs[:-extra]
+    rest = list(refs[-extra:])
+    dk_in_ref = dv_in_ref = dq_ref = None
+    if onto:
+        dk_in_ref, dv_in_ref = rest[:2]
+        rest = rest[2:]
+    if fused:
+        _, dk_ref, dv_ref, dq_ref = rest
     else:
-        *tables, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dk_ref, dv_ref = refs
+        dk_ref, dv_ref = rest
     kj = pl.program_id(0)
     k, v = k_ref[...], v_ref[...]
     qk_scale = scale * _LOG2E
@@ -205,7 +221,10 @@ def _dkv_kernel(*refs, scale: float, block_q: int, block_k: int, group: int,
 
     zeros = jnp.zeros(dk_ref.shape, jnp.float32)
     dk, dv = lax.fori_loop(0, group, one_head, (zeros, zeros))
-    dk_ref[...] = (dk * scale).astype(dk_ref.dtype)
+    dk = dk * scale
+    if onto:
+        dk, dv = dk + dk_in_ref[...], dv + dv_in_ref[...]
+    dk_ref[...] = dk.astype(dk_ref.dtype)
     dv_ref[...] = dv.astype(dv_ref.dtype)
 
 
@@ -251,14 +270,19 @@ def _forward(q, k, v, plan: Geometry, tables, lowering: Lowering, out_dtype=None
     return out, lse2
 
 
-def _backward(q, k, v, delta, lse2, dout, plan: Geometry, tables, lowering: Lowering):
+def _backward(q, k, v, delta, lse2, dout, plan: Geometry, tables, lowering: Lowering,
+              onto=None):
+    """(dq, dk, dv) of the padded inputs; onto = float32 (dq, dk, dv) to add
+    them to (a ring's running sums), returned as float32 sums."""
     batch, seq_q, heads, head_dim = q.shape
     kv_heads = k.shape[2]
     group = heads // kv_heads
     bq, bk = plan.block_q, plan.block_k
     scale = 1.0 / math.sqrt(head_dim)
     fused = lowering.fused_backward
-    dq = None if fused else _dq(q, k, v, delta, lse2, dout, plan, tables, lowering, scale)
+    dq_in, dk_in, dv_in = onto if onto is not None else (None, None, None)
+    dq = None if fused else _dq(q, k, v, delta, lse2, dout, plan, tables, lowering, scale,
+                                dq_in)
 
     by_k = _walk_tables(tables, "by_k")
     kv_block = pl.BlockSpec((None, bk, None, head_dim), lambda j, g, b: (b, j, g, 0))
@@ -268,18 +292,22 @@ def _backward(q, k, v, delta, lse2, dout, plan: Geometry, tables, lowering: Lowe
     inputs = [*by_k, q, k, v, dout, lse2, delta]
     in_specs = [*map(_whole, by_k), group_rows, kv_block, kv_block, group_rows,
                 group_lse, group_lse]
+    if onto is not None:
+        inputs += [dk_in, dv_in]
+        in_specs += [kv_block, kv_block]
     out_specs = [kv_block, kv_block]
-    out_shape = [jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)]
+    kv_dtype = jnp.float32 if onto is not None else k.dtype
+    out_shape = [jax.ShapeDtypeStruct(k.shape, kv_dtype), jax.ShapeDtypeStruct(v.shape, kv_dtype)]
     aliases = {}
     if fused:
-        aliases = {len(inputs): 2}  # the zeros become the dQ output, added to in place
-        inputs.append(jnp.zeros(q.shape, jnp.float32))
+        aliases = {len(inputs): 2}  # this buffer becomes the dQ output, added to in place
+        inputs.append(dq_in if onto is not None else jnp.zeros(q.shape, jnp.float32))
         in_specs.append(group_rows)
         out_specs.append(group_rows)
         out_shape.append(jax.ShapeDtypeStruct(q.shape, jnp.float32))
     grads = pl.pallas_call(
         functools.partial(_dkv_kernel, scale=scale, block_q=bq, block_k=bk, group=group,
-                          fused=fused),
+                          fused=fused, onto=onto is not None),
         grid=(plan.num_k_blocks, kv_heads, batch),
         in_specs=in_specs,
         out_specs=out_specs,
@@ -291,13 +319,15 @@ def _backward(q, k, v, delta, lse2, dout, plan: Geometry, tables, lowering: Lowe
     )(*inputs)
     if fused:
         dk, dv, dq = grads
-        return dq.astype(q.dtype), dk, dv
+        return (dq if onto is not None else dq.astype(q.dtype)), dk, dv
     dk, dv = grads
     return dq, dk, dv
 
 
-def _dq(q, k, v, delta, lse2, dout, plan: Geometry, tables, lowering: Lowering, scale):
-    """dQ in its own pass over the q-block rows (the unfused backward)."""
+def _dq(q, k, v, delta, lse2, dout, plan: Geometry, tables, lowering: Lowering, scale,
+        dq_in=None):
+    """dQ in its own pass over the q-block rows (the unfused backward); with
+    dq_in (float32), dq_in + dQ in float32."""
     group = q.shape[2] // k.shape[2]
     head_dim = q.shape[3]
     bq, bk = plan.block_q, plan.block_k
@@ -306,16 +336,18 @@ def _dq(q, k, v, delta, lse2, dout, plan: Geometry, tables, lowering: Lowering, 
                             lambda i, h, b: (b, 0, h // group, 0))
     lse_spec = pl.BlockSpec((None, None, bq), lambda i, h, b: (b, h, i))
     by_q = _walk_tables(tables, "by_q")
+    onto = dq_in is not None
     return pl.pallas_call(
-        functools.partial(_dq_kernel, scale=scale, block_q=bq, block_k=bk),
+        functools.partial(_dq_kernel, scale=scale, block_q=bq, block_k=bk, onto=onto),
         grid=(plan.num_q_blocks, q.shape[2], q.shape[0]),
-        in_specs=[*map(_whole, by_q), q_spec, kv_whole, kv_whole, q_spec, lse_spec, lse_spec],
+        in_specs=[*map(_whole, by_q), q_spec, kv_whole, kv_whole, q_spec, lse_spec, lse_spec,
+                  *([q_spec] if onto else [])],
         out_specs=q_spec,
-        out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
+        out_shape=jax.ShapeDtypeStruct(q.shape, jnp.float32 if onto else q.dtype),
         interpret=lowering.interpret,
         compiler_params=lowering.params(backward=True),
-        name="lcab_flex_dq",
-    )(*by_q, q, k, v, dout, lse2, delta)
+        name="lcab_flex_dq_onto" if onto else "lcab_flex_dq",
+    )(*by_q, q, k, v, dout, lse2, delta, *([dq_in] if onto else []))
 
 
 def _pad(x, length):
@@ -417,10 +449,13 @@ def no_gradients(tables):
 
 
 def block_gradients(q, k, v, out, lse, dout, geometry: Geometry, tables, lowering: Lowering,
-                    dlse=None):
+                    dlse=None, onto=None):
     """dq, dk, dv of attention of q against this k, v block, where out and lse
     are the rows' final values over *all* their keys (so a ring backward can
-    take each block's share in turn), and dlse the lse's own cotangent."""
+    take each block's share in turn), and dlse the lse's own cotangent. With
+    onto = float32 running sums (dq, dk, dv), the kernels add this block's
+    share to them and return the float32 sums (a ring's accumulation done
+    inside the kernels)."""
     seq_q, seq_k = q.shape[1], k.shape[1]
     # dS = P * (dP - delta) with delta = rowsum(dO * O) - dlse: lse's own
     # cotangent (context-parallel merges differentiate through it) enters
@@ -431,9 +466,13 @@ def block_gradients(q, k, v, out, lse, dout, geometry: Geometry, tables, lowerin
     tail = ((0, 0), (0, 0), (0, geometry.padded_q - seq_q))
     lse2 = jnp.pad(lse / _LN2, tail, constant_values=-jnp.inf)
     pad_q = lambda x: _pad(x, geometry.padded_q)  # noqa: E731
+    if onto is not None:
+        dq_in, dk_in, dv_in = onto
+        onto = (pad_q(dq_in.astype(jnp.float32)), _pad(dk_in.astype(jnp.float32),
+                geometry.padded_k), _pad(dv_in.astype(jnp.float32), geometry.padded_k))
     dq, dk, dv = _backward(pad_q(q), _pad(k, geometry.padded_k), _pad(v, geometry.padded_k),
                            jnp.pad(delta, tail), lse2, pad_q(dout.astype(q.dtype)), geometry,
-                           tables, lowering)
+                           tables, lowering, onto)
     return dq[:, :seq_q], dk[:, :seq_k], dv[:, :seq_k]
 
 

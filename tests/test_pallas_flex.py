@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jax_backends.flex_kernel import Lowering, flex_attention, flex_attention_onto
+from jax_backends.flex_kernel import Lowering, block_gradients, flex_attention, flex_attention_onto
 from jax_backends.flex_plan import make_plan
 from lcab import reference, results
 from lcab.cp import sub_mask
@@ -225,6 +225,32 @@ def test_attention_continues_onto_more_keys_as_a_ring_step_does(name):
     np.testing.assert_allclose(np.asarray(lse), want_lse, atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("lowering", [INTERPRET, FUSED], ids=["two_pass", "fused"])
+def test_gradients_add_onto_running_sums_as_a_ring_step_does(lowering):
+    """Each key part's dq, dk, dv added inside the kernels to the running
+    float32 sums: the sums over the parts are the full gradients."""
+    seqlen, parts = 160, [(0, 50), (50, 160)]
+    mask = make_mask("causal_document", seqlen, seed=4)
+    rng = np.random.default_rng(1)
+    q, k, v, dout = (rng.normal(size=(1, seqlen, h, 16)) for h in (4, 2, 2, 4))
+    out, lse = reference.attention(q, k, v, mask)
+    as32 = lambda x: jnp.asarray(x, jnp.float32)  # noqa: E731
+    dq = jnp.zeros(q.shape, jnp.float32)
+    dk, dv = np.zeros(k.shape), np.zeros(v.shape)
+    for part in parts:
+        plan = make_plan(sub_mask(mask, [(0, seqlen)], [part]), 32, 32)
+        keys = slice(*part)
+        dq, dk_part, dv_part = block_gradients(
+            as32(q), as32(k[:, keys]), as32(v[:, keys]), as32(out), as32(lse), as32(dout),
+            plan.geometry, jax.tree.map(jnp.asarray, plan.tables()), lowering,
+            onto=(dq, jnp.full(k[:, keys].shape, 0.5, jnp.float32),
+                  jnp.full(v[:, keys].shape, -0.5, jnp.float32)))
+        assert dq.dtype == dk_part.dtype == jnp.float32
+        dk[:, keys], dv[:, keys] = np.asarray(dk_part) - 0.5, np.asarray(dv_part) + 0.5
+    for got, want in zip((dq, dk, dv), reference.attention_grads(q, k, v, mask, dout)):
+        np.testing.assert_allclose(np.asarray(got), want, atol=1e-4, rtol=0)
+
+
 def test_the_kernels_lower_to_triton_for_a_gpu():
     """Lowering to Triton IR needs no GPU: this catches what interpret mode
     would let through (ops the Triton lowering lacks, type clashes)."""
@@ -248,6 +274,17 @@ def test_the_kernels_lower_to_triton_for_a_gpu():
         q, k, v, partial, forward_plan.geometry, tables, Lowering())
     text = jax.jit(onto).trace(q, kv, kv, partial).lower(lowering_platforms=("cuda",)).as_text()
     assert "lcab_flex_forward_onto" in text
+    backward_tables = jax.tree.map(jnp.asarray, backward_plan.tables())
+    sums = (partial[0], jax.ShapeDtypeStruct(kv.shape, jnp.float32),
+            jax.ShapeDtypeStruct(kv.shape, jnp.float32))
+    for lowering in (Lowering(), Lowering(fused_backward=True)):
+        def step(q, k, v, out, lse, sums, lowering=lowering):
+            return block_gradients(q, k, v, out, lse, out.astype(q.dtype),
+                                   backward_plan.geometry, backward_tables, lowering, onto=sums)
+
+        text = jax.jit(step).trace(q, kv, kv, *partial, sums).lower(
+            lowering_platforms=("cuda",)).as_text()
+        assert ("lcab_flex_dkv_dq" if lowering.fused_backward else "lcab_flex_dq_onto") in text
 
 
 def test_the_backend_runs_through_the_correctness_gate(tmp_path):
