@@ -12,7 +12,6 @@ samples (the slowest member's).
 
 from __future__ import annotations
 
-import atexit
 import functools
 import time
 
@@ -29,10 +28,7 @@ _MAX_CHAIN = 512
 
 @functools.lru_cache(maxsize=None)
 def _group(ranks: int):
-    if not _group.cache_info().currsize:
-        # gloo's subgroup threads abort the process at interpreter exit
-        # unless the groups are taken down first.
-        atexit.register(dist.destroy_process_group)
+    distributed.leave_at_exit()
     # Every process creates every group, in the same order (torch's rule).
     return dist.new_group(list(range(ranks)))
 

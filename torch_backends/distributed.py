@@ -13,7 +13,9 @@ Only rank 0 writes rows (its times are the maximum over ranks).
 
 from __future__ import annotations
 
+import atexit
 import datetime
+import functools
 import os
 
 import numpy as np
@@ -41,6 +43,16 @@ def ensure_process_group() -> None:
     # A rank that fails (an OOM it cannot share) leaves the others waiting in
     # a collective; the timeout turns that into an error instead of a hang.
     dist.init_process_group(backend, timeout=datetime.timedelta(minutes=10))
+    leave_at_exit()
+
+
+@functools.lru_cache(maxsize=None)
+def leave_at_exit() -> None:
+    """Take the process groups down at interpreter exit (once): gloo's
+    threads of any subgroup (yunchang's, the comm suite's) otherwise abort
+    the process as it exits ("terminate called without an active
+    exception"), which fails a finished run."""
+    atexit.register(lambda: dist.destroy_process_group() if dist.is_initialized() else None)
 
 
 def local_rank() -> int:
