@@ -216,10 +216,7 @@ def ring_kernel(name: str, inner: Backend, masks: Sequence[AttnMask],
                 merge_in_kernel: bool = False):
     """(kernel, tables stacked on axis 0) of a ring-capable inner."""
     kernel, tables = _RING_KERNELS[name].for_masks(inner, masks)
-    if merge_in_kernel:
-        if name not in MERGES_IN_KERNEL:
-            raise ValueError(f"merge=in_kernel needs inner={' or '.join(MERGES_IN_KERNEL)}; "
-                             f"inner {name} merges after each step")
+    if merge_in_kernel:  # the strategy admits it for MERGES_IN_KERNEL only
         kernel = dataclasses.replace(kernel, merge_in_kernel=True)
     return kernel, tables
 

@@ -391,17 +391,8 @@ def flex_attention_onto(q, k, v, partial, geometry: Geometry, tables,
     step. Forward only (a ring takes its gradients from the final out and
     lse, not through this)."""
     _check(q, k, v, geometry)
-    seq_q = q.shape[1]
-    onto = None
-    if partial is not None:
-        out, lse = partial
-        tail = ((0, 0), (0, 0), (0, geometry.padded_q - seq_q))
-        onto = (_pad(out.astype(jnp.float32), geometry.padded_q),
-                jnp.pad(lse / _LN2, tail, constant_values=-jnp.inf))
-    out, lse2 = _forward(_pad(q, geometry.padded_q), _pad(k, geometry.padded_k),
-                         _pad(v, geometry.padded_k), geometry, tables, lowering,
-                         out_dtype=jnp.float32, onto=onto)
-    return out[:, :seq_q], lse2[:, :, :seq_q] * _LN2
+    return _forward_padded(geometry, tables, lowering, q, k, v, out_dtype=jnp.float32,
+                           partial=partial)
 
 
 def _check(q, k, v, *geometries):
@@ -422,11 +413,23 @@ def _attention(forward_geometry, backward_geometry, lowering, q, k, v, forward_t
     return _forward_padded(forward_geometry, forward_tables, lowering, q, k, v)
 
 
-def _forward_padded(plan, tables, lowering, q, k, v):
+def _forward_padded(plan, tables, lowering, q, k, v, out_dtype=None, partial=None):
+    """_forward on inputs padded to the plan's blocks, (out, natural lse)
+    cut back; partial: (out, lse) to continue from, as flex_attention_onto."""
     seq_q = q.shape[1]
+    onto = None
+    if partial is not None:
+        out, lse = partial
+        onto = (_pad(out.astype(jnp.float32), plan.padded_q), _lse2_padded(lse, plan.padded_q))
     out, lse2 = _forward(_pad(q, plan.padded_q), _pad(k, plan.padded_k),
-                         _pad(v, plan.padded_k), plan, tables, lowering)
+                         _pad(v, plan.padded_k), plan, tables, lowering, out_dtype, onto)
     return out[:, :seq_q], lse2[:, :, :seq_q] * _LN2
+
+
+def _lse2_padded(lse, length):
+    """A natural (batch, heads, seq) lse in base 2, padded with -inf rows."""
+    tail = ((0, 0), (0, 0), (0, length - lse.shape[2]))
+    return jnp.pad(lse / _LN2, tail, constant_values=-jnp.inf)
 
 
 def _attention_fwd(forward_geometry, backward_geometry, lowering, q, k, v, forward_tables,
@@ -464,7 +467,7 @@ def block_gradients(q, k, v, out, lse, dout, geometry: Geometry, tables, lowerin
     if dlse is not None:
         delta = delta - dlse.astype(jnp.float32)
     tail = ((0, 0), (0, 0), (0, geometry.padded_q - seq_q))
-    lse2 = jnp.pad(lse / _LN2, tail, constant_values=-jnp.inf)
+    lse2 = _lse2_padded(lse, geometry.padded_q)
     pad_q = lambda x: _pad(x, geometry.padded_q)  # noqa: E731
     if onto is not None:
         dq_in, dk_in, dv_in = onto

@@ -75,6 +75,11 @@ def options_key(options) -> str:
     return json.dumps(dict(options), sort_keys=True)
 
 
+def default_options(options) -> bool:
+    """Whether a row ran its backend with no options set (its defaults)."""
+    return options_key(options) == "{}"
+
+
 def make_row(**fields) -> dict:
     """A complete row: every schema column present, unknown ones refused."""
     unknown = sorted(set(fields) - set(COLUMNS))

@@ -28,8 +28,8 @@ _MAX_CHAIN = 512
 
 @functools.lru_cache(maxsize=None)
 def _group(ranks: int):
-    distributed.leave_at_exit()
-    # Every process creates every group, in the same order (torch's rule).
+    # Every process creates every group, in the same order (torch's rule);
+    # the runtime's process group takes them down at exit.
     return dist.new_group(list(range(ranks)))
 
 

@@ -33,25 +33,25 @@ def launched() -> bool:
 
 def ensure_process_group() -> None:
     """Join the launcher's process group once: NCCL on GPUs, gloo on CPUs."""
-    if dist.is_initialized() or not launched():
-        return
-    if torch.cuda.is_available():
-        torch.cuda.set_device(local_rank())
-        backend = "nccl"
-    else:
-        backend = "gloo"
-    # A rank that fails (an OOM it cannot share) leaves the others waiting in
-    # a collective; the timeout turns that into an error instead of a hang.
-    dist.init_process_group(backend, timeout=datetime.timedelta(minutes=10))
-    leave_at_exit()
+    if not dist.is_initialized() and launched():
+        if torch.cuda.is_available():
+            torch.cuda.set_device(local_rank())
+            backend = "nccl"
+        else:
+            backend = "gloo"
+        # A rank that fails (an OOM it cannot share) leaves the others waiting
+        # in a collective; the timeout turns that into an error, not a hang.
+        dist.init_process_group(backend, timeout=datetime.timedelta(minutes=10))
+    if dist.is_initialized():  # ours, or one the caller started
+        leave_at_exit()
 
 
 @functools.lru_cache(maxsize=None)
 def leave_at_exit() -> None:
     """Take the process groups down at interpreter exit (once): gloo's
-    threads of any subgroup (yunchang's, the comm suite's) otherwise abort
-    the process as it exits ("terminate called without an active
-    exception"), which fails a finished run."""
+    threads (the default group's, yunchang's and the comm suite's
+    subgroups) otherwise can abort the process as it exits ("terminate
+    called without an active exception"), which fails a finished run."""
     atexit.register(lambda: dist.destroy_process_group() if dist.is_initialized() else None)
 
 

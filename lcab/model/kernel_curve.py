@@ -17,7 +17,7 @@ from collections import Counter
 import numpy as np
 
 from lcab.flops import TIMED_DIRECTIONS
-from lcab.results import options_key
+from lcab.results import default_options
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,7 +39,7 @@ class KernelCurve:
         def wanted(row):
             return (row.get("suite") == "kernel" and row.get("backend") == backend
                     and row.get("status") == "OK" and row.get("tflops")
-                    and options_key(row.get("options")) == "{}"
+                    and default_options(row.get("options"))
                     and (heads_q is None or row.get("heads_q") == heads_q)
                     and (head_dim is None or row.get("head_dim") == head_dim)
                     and (dtype is None or row.get("dtype") == dtype))

@@ -15,7 +15,7 @@ from lcab.model.kernel_curve import KernelCurve
 from lcab.model.network import Network
 from lcab.model.strategies import STRATEGIES, Shape, predict
 from lcab.report.tables import inner_kernel
-from lcab.results import options_key
+from lcab.results import default_options
 
 # MagiAttention's CP figures (../shared/docs/anchors.md: H100, 8k tokens per
 # GPU, forward, per-GPU TFLOP/s, bars read by eye +-10), beside the model of
@@ -71,7 +71,7 @@ def predicted_vs_measured(rows, network: Network) -> pd.DataFrame:
         if row.get("status") != "OK" or row.get("suite") not in ("kernel", "cp"):
             continue
         cp_row = row["suite"] == "cp"
-        if not cp_row and options_key(row.get("options")) != "{}":
+        if not cp_row and not default_options(row.get("options")):
             continue  # a kernel variant (an option set): the curve is the default kernel's
         strategy = row.get("strategy") if cp_row else "ring"
         backend = inner_kernel(row.get("notes")) if cp_row else row["backend"]

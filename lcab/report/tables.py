@@ -116,6 +116,11 @@ def line_label(strategy, backend: str) -> str:
     return f"{strategy}/{backend}" if pd.notna(strategy) and strategy != "" else str(backend)
 
 
+def _options(value) -> dict:
+    """A row's backend options as a dict ({} for none, also for old rows)."""
+    return json.loads(results.options_key(value))
+
+
 def varying_options(rows: pd.DataFrame) -> pd.Series:
     """Per row, " [key=value, ...]" of the options that differ between the
     rows of its backend (one dispatch against another, two inner kernels,
@@ -123,7 +128,7 @@ def varying_options(rows: pd.DataFrame) -> pd.Series:
     lines or columns apart."""
     if "options" not in rows or rows.empty:
         return pd.Series("", index=rows.index, dtype=object)
-    parsed = rows["options"].map(lambda text: json.loads(results.options_key(text)))
+    parsed = rows["options"].map(_options)
     suffixes = pd.Series("", index=rows.index, dtype=object)
     for _, group in parsed.groupby(rows["backend"]):
         # cp_size has its own column in every CP table.
@@ -339,10 +344,6 @@ def inner_kernel(notes: str) -> str | None:
     return found.group(1) if found else None
 
 
-def _options(value) -> dict:
-    return json.loads(results.options_key(value))
-
-
 def _inner_baseline(singles: Sequence[tuple[dict, float]], cp_options: dict) -> float | None:
     """The single-GPU TFLOP/s a CP row is compared with: its inner kernel run
     with options the CP row also set (a strategy hands its inner kernel's
@@ -405,24 +406,22 @@ def cp_beside_single_table(frame: pd.DataFrame, framework: str) -> pd.DataFrame:
     kernel = suite_rows(frame, "kernel")
     kernel = kernel[kernel["backend"].isin(inners)
                     & kernel["workload_key"].isin(set(cp["workload_key"]))
-                    & (kernel["options"].map(results.options_key) == "{}")]
+                    & kernel["options"].map(results.default_options)]
     row_index = sorted_index(cp, CP_SHORT_INDEX)
+    single_index = pd.MultiIndex.from_tuples(
+        sorted({key[:2] for key in row_index}), names=list(KERNEL_INDEX))
     lines = line_order(cp)
-    pairs = []
-    for direction in DIRECTIONS:
-        of_cp = cp[cp["direction"] == direction]
-        cp_cells = cell_table(of_cp, CP_SHORT_INDEX, "line", lines, row_index)
-        singles = kernel[kernel["direction"] == direction]
-        single_index = pd.MultiIndex.from_tuples(
-            sorted({key[:2] for key in row_index}), names=["mask", "seqlen"])
-        single_cells = cell_table(singles, ["mask", "seqlen"], "backend", inners, single_index)
-        beside = pd.DataFrame([single_cells.loc[key[:2]].tolist() for key in row_index],
+
+    def one_direction(direction: str) -> pd.DataFrame:
+        singles = cell_table(kernel[kernel["direction"] == direction], KERNEL_INDEX, "backend",
+                             inners, single_index)
+        beside = pd.DataFrame([singles.loc[key[:2]].tolist() for key in row_index],
                               index=row_index, columns=[f"1 GPU {name}" for name in inners])
-        pairs.append(pd.concat([beside, cp_cells], axis=1))
-    forward, backward = pairs
-    joined = forward.combine(backward, lambda f, b: pd.Series(
-        [f"{x} / {y}" if x or y else "" for x, y in zip(f, b)], index=f.index))
-    joined = joined[list(forward.columns)]
+        strategies = cell_table(cp[cp["direction"] == direction], CP_SHORT_INDEX, "line",
+                                lines, row_index)
+        return pd.concat([beside, strategies], axis=1)
+
+    joined = _joined_directions(map(one_direction, DIRECTIONS))
     filled = joined != ""
     return joined.loc[filled.any(axis=1), filled.any(axis=0)]
 
