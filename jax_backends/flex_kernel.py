@@ -9,12 +9,15 @@ head_dim); K/V may have fewer heads than Q (GQA): a Q head reads its
 group's K/V head, and dK/dV programs loop over the group's Q heads, so
 nothing is repeated in memory.
 
-- Forward: one program per (q block, q head, batch) walks the kv blocks its
+- Forward: one program per (q head, q block, batch) walks the kv blocks its
   plan row lists: runs of full tiles with no mask and direct addresses
   (so Triton can prefetch them), then the partial tiles, masked by their
   slices; online softmax in float32.
-- dQ: the same walk. dK/dV: one program per (kv block, kv head, batch)
+- dQ: the same walk. dK/dV: one program per (kv head, kv block, batch)
   walks the q blocks that see it, for every q head of the group.
+- Blocks are launched heaviest first (the walk's `order`), every head of a
+  block together; so a program finds its block in the table and addresses
+  its rows itself, rather than through a BlockSpec.
 
 Masked scores are -inf, and a row that sees nothing gives out 0 and
 lse -inf (lcab.reference's convention); every exp is guarded so such rows
@@ -88,10 +91,17 @@ def _tile_visible(slices_ref, ids_ref, lo, hi, row0, col0, block_q, block_k):
     return lax.fori_loop(lo, hi, add, jnp.zeros((block_q, block_k), jnp.int32)) > 0
 
 
+def _own_block(tables, size: int):
+    """This program's block of the walk (grid axis 1 runs through the walk's
+    launch order) and the pl.ds of its rows."""
+    block = tables[7][pl.program_id(1)]
+    return block, pl.ds(pl.multiple_of(block * size, size), size)
+
+
 def _walk(tables, program, step, carry, row0, col0, block_q, block_k, by_k=False):
     """Fold `step(block, visible, carry)` over one program's tiles: its full
     runs first (visible None: no mask), then its partial tiles."""
-    run_start, run_stop, runs, blocks, lo, hi, partials, ids, slices = tables
+    run_start, run_stop, runs, blocks, lo, hi, partials, _, ids, slices = tables
 
     def full_run(r, carry):
         return lax.fori_loop(run_start[program, r], run_stop[program, r],
@@ -115,9 +125,9 @@ def _forward_kernel(*refs, scale: float, block_q: int, block_k: int, onto: bool 
         *tables, q_ref, k_ref, v_ref, o_in_ref, lse_in_ref, o_ref, lse_ref = refs
     else:
         *tables, q_ref, k_ref, v_ref, o_ref, lse_ref = refs
-    qi = pl.program_id(0)
+    qi, rows = _own_block(tables, block_q)
     head_dim = q_ref.shape[-1]
-    q = q_ref[...]
+    q = q_ref[rows, :]
     qk_scale = scale * _LOG2E
 
     def step(kb, visible, carry):
@@ -136,17 +146,17 @@ def _forward_kernel(*refs, scale: float, block_q: int, block_k: int, onto: bool 
 
     if onto:
         # (out, lse) is the state (acc / l, m + log2 l) with m = lse, l = 1.
-        m = lse_in_ref[...]
+        m = lse_in_ref[rows]
         l = jnp.where(m == -jnp.inf, 0.0, 1.0)
-        acc = o_in_ref[...]
+        acc = o_in_ref[rows, :]
     else:
         acc = jnp.zeros((block_q, head_dim), jnp.float32)
         m = jnp.full((block_q,), -jnp.inf, jnp.float32)
         l = jnp.zeros((block_q,), jnp.float32)
     acc, m, l = _walk(tables, qi, step, (acc, m, l), qi * block_q, 0, block_q, block_k)
     seen = l > 0
-    o_ref[...] = (acc / jnp.where(seen, l, 1.0)[:, None]).astype(o_ref.dtype)
-    lse_ref[...] = jnp.where(seen, m + jnp.log2(jnp.where(seen, l, 1.0)), -jnp.inf)
+    o_ref[rows, :] = (acc / jnp.where(seen, l, 1.0)[:, None]).astype(o_ref.dtype)
+    lse_ref[rows] = jnp.where(seen, m + jnp.log2(jnp.where(seen, l, 1.0)), -jnp.inf)
 
 
 def _probabilities(q, k, lse2, visible, qk_scale):
@@ -165,9 +175,9 @@ def _dq_kernel(*refs, scale: float, block_q: int, block_k: int, onto: bool = Fal
         *tables, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dq_in_ref, dq_ref = refs
     else:
         *tables, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dq_ref = refs
-    qi = pl.program_id(0)
-    q, do = q_ref[...], do_ref[...]
-    lse2, delta = lse_ref[...], delta_ref[...]
+    qi, rows = _own_block(tables, block_q)
+    q, do = q_ref[rows, :], do_ref[rows, :]
+    lse2, delta = lse_ref[rows], delta_ref[rows]
     qk_scale = scale * _LOG2E
 
     def step(kb, visible, dq):
@@ -177,11 +187,11 @@ def _dq_kernel(*refs, scale: float, block_q: int, block_k: int, onto: bool = Fal
         ds = p * (plgpu.dot(do, v.T) - delta[:, None])
         return dq + plgpu.dot(ds.astype(k.dtype), k)
 
-    dq = jnp.zeros(dq_ref.shape, jnp.float32)
+    dq = jnp.zeros(q.shape, jnp.float32)
     dq = _walk(tables, qi, step, dq, qi * block_q, 0, block_q, block_k) * scale
     if onto:
-        dq = dq + dq_in_ref[...]
-    dq_ref[...] = dq.astype(dq_ref.dtype)
+        dq = dq + dq_in_ref[rows, :]
+    dq_ref[rows, :] = dq.astype(dq_ref.dtype)
 
 
 def _dkv_kernel(*refs, scale: float, block_q: int, block_k: int, group: int,
@@ -200,8 +210,8 @@ def _dkv_kernel(*refs, scale: float, block_q: int, block_k: int, group: int,
         _, dk_ref, dv_ref, dq_ref = rest
     else:
         dk_ref, dv_ref = rest
-    kj = pl.program_id(0)
-    k, v = k_ref[...], v_ref[...]
+    kj, cols = _own_block(tables, block_k)
+    k, v = k_ref[cols, :], v_ref[cols, :]
     qk_scale = scale * _LOG2E
 
     def one_head(head, carry):
@@ -219,13 +229,13 @@ def _dkv_kernel(*refs, scale: float, block_q: int, block_k: int, group: int,
 
         return _walk(tables, kj, step, carry, 0, kj * block_k, block_q, block_k, by_k=True)
 
-    zeros = jnp.zeros(dk_ref.shape, jnp.float32)
+    zeros = jnp.zeros(k.shape, jnp.float32)
     dk, dv = lax.fori_loop(0, group, one_head, (zeros, zeros))
     dk = dk * scale
     if onto:
-        dk, dv = dk + dk_in_ref[...], dv + dv_in_ref[...]
-    dk_ref[...] = dk.astype(dk_ref.dtype)
-    dv_ref[...] = dv.astype(dv_ref.dtype)
+        dk, dv = dk + dk_in_ref[cols, :], dv + dv_in_ref[cols, :]
+    dk_ref[cols, :] = dk.astype(dk_ref.dtype)
+    dv_ref[cols, :] = dv.astype(dv_ref.dtype)
 
 
 # ----------------------------------------------------------------- calls
@@ -234,6 +244,17 @@ def _dkv_kernel(*refs, scale: float, block_q: int, block_k: int, group: int,
 def _whole(array):
     """A BlockSpec giving every program the whole (small, int32) table."""
     return pl.BlockSpec(array.shape, lambda *_: (0,) * array.ndim)
+
+
+def _head_specs(plan: Geometry, head_dim: int, group: int):
+    """BlockSpecs of a program of grid (q head, q block, batch): the head's
+    whole rows, its lse row and its group's whole K/V (the program picks
+    its q block's rows itself: _own_block)."""
+    rows = pl.BlockSpec((None, plan.padded_q, None, head_dim), lambda h, i, b: (b, 0, h, 0))
+    lse = pl.BlockSpec((None, None, plan.padded_q), lambda h, i, b: (b, h, 0))
+    kv = pl.BlockSpec((None, plan.padded_k, None, head_dim),
+                      lambda h, i, b: (b, 0, h // group, 0))
+    return rows, lse, kv
 
 
 def _walk_tables(tables, walk: str):
@@ -251,13 +272,10 @@ def _forward(q, k, v, plan: Geometry, tables, lowering: Lowering, out_dtype=None
     tables = _walk_tables(tables, "by_q")
     kernel = functools.partial(_forward_kernel, scale=1.0 / math.sqrt(head_dim),
                                block_q=bq, block_k=bk, onto=onto is not None)
-    row_spec = pl.BlockSpec((None, bq, None, head_dim), lambda i, h, b: (b, i, h, 0))
-    lse_spec = pl.BlockSpec((None, None, bq), lambda i, h, b: (b, h, i))
-    kv_spec = pl.BlockSpec((None, plan.padded_k, None, head_dim),
-                           lambda i, h, b: (b, 0, h // group, 0))
+    row_spec, lse_spec, kv_spec = _head_specs(plan, head_dim, group)
     out, lse2 = pl.pallas_call(
         kernel,
-        grid=(plan.num_q_blocks, heads, batch),
+        grid=(heads, plan.num_q_blocks, batch),
         in_specs=[*map(_whole, tables), row_spec, kv_spec, kv_spec,
                   *([row_spec, lse_spec] if onto is not None else [])],
         out_specs=[row_spec, lse_spec],
@@ -285,10 +303,10 @@ def _backward(q, k, v, delta, lse2, dout, plan: Geometry, tables, lowering: Lowe
                                 dq_in)
 
     by_k = _walk_tables(tables, "by_k")
-    kv_block = pl.BlockSpec((None, bk, None, head_dim), lambda j, g, b: (b, j, g, 0))
+    kv_block = pl.BlockSpec((None, plan.padded_k, None, head_dim), lambda g, j, b: (b, 0, g, 0))
     group_rows = pl.BlockSpec((None, plan.padded_q, group, head_dim),
-                              lambda j, g, b: (b, 0, g, 0))
-    group_lse = pl.BlockSpec((None, group, plan.padded_q), lambda j, g, b: (b, g, 0))
+                              lambda g, j, b: (b, 0, g, 0))
+    group_lse = pl.BlockSpec((None, group, plan.padded_q), lambda g, j, b: (b, g, 0))
     inputs = [*by_k, q, k, v, dout, lse2, delta]
     in_specs = [*map(_whole, by_k), group_rows, kv_block, kv_block, group_rows,
                 group_lse, group_lse]
@@ -308,7 +326,7 @@ def _backward(q, k, v, delta, lse2, dout, plan: Geometry, tables, lowering: Lowe
     grads = pl.pallas_call(
         functools.partial(_dkv_kernel, scale=scale, block_q=bq, block_k=bk, group=group,
                           fused=fused, onto=onto is not None),
-        grid=(plan.num_k_blocks, kv_heads, batch),
+        grid=(kv_heads, plan.num_k_blocks, batch),
         in_specs=in_specs,
         out_specs=out_specs,
         out_shape=out_shape,
@@ -329,17 +347,13 @@ def _dq(q, k, v, delta, lse2, dout, plan: Geometry, tables, lowering: Lowering, 
     """dQ in its own pass over the q-block rows (the unfused backward); with
     dq_in (float32), dq_in + dQ in float32."""
     group = q.shape[2] // k.shape[2]
-    head_dim = q.shape[3]
     bq, bk = plan.block_q, plan.block_k
-    q_spec = pl.BlockSpec((None, bq, None, head_dim), lambda i, h, b: (b, i, h, 0))
-    kv_whole = pl.BlockSpec((None, plan.padded_k, None, head_dim),
-                            lambda i, h, b: (b, 0, h // group, 0))
-    lse_spec = pl.BlockSpec((None, None, bq), lambda i, h, b: (b, h, i))
+    q_spec, lse_spec, kv_whole = _head_specs(plan, q.shape[3], group)
     by_q = _walk_tables(tables, "by_q")
     onto = dq_in is not None
     return pl.pallas_call(
         functools.partial(_dq_kernel, scale=scale, block_q=bq, block_k=bk, onto=onto),
-        grid=(plan.num_q_blocks, q.shape[2], q.shape[0]),
+        grid=(q.shape[2], plan.num_q_blocks, q.shape[0]),
         in_specs=[*map(_whole, by_q), q_spec, kv_whole, kv_whole, q_spec, lse_spec, lse_spec,
                   *([q_spec] if onto else [])],
         out_specs=q_spec,

@@ -92,6 +92,19 @@ def test_work_follows_the_area():
     assert all(t.shape[-1] & (t.shape[-1] - 1) == 0 for t in tables)  # Triton-friendly
 
 
+def test_blocks_launch_heaviest_first():
+    # One long document after short ones: in row order its q blocks, the
+    # heaviest, would start last; the launch order puts them first.
+    mask = make_mask("causal_document", 4096, doc_lens=[256] * 8 + [2048])
+    plan = make_plan(mask, 128, 64)
+    for walk in (plan.by_q, plan.by_k):
+        assert sorted(walk.order.tolist()) == list(range(len(walk.runs)))
+        tiles = (walk.run_stop - walk.run_start).sum(1) + walk.partials
+        assert np.all(np.diff(tiles[walk.order]) <= 1)  # partial tiles weigh a little more
+    assert plan.by_q.order[0] == 31  # the long document's last q block: 32 kv blocks
+    assert plan.by_k.order[0] == 32  # its first kv block: seen by all of its 16 q blocks
+
+
 def inputs(seqlen, heads=(4, 2), head_dim=16, batch=2, seed=0):
     rng = np.random.default_rng(seed)
     hq, hk = heads
