@@ -163,9 +163,10 @@ class PallasRing:
         backward = [flex_plan.make_plan(m, tiling.backward_block_q, tiling.backward_block_k)
                     for m in masks]
         as_arrays = lambda tree: jax.tree.map(jnp.asarray, tree)  # noqa: E731
-        tables = (as_arrays(flex_plan.stack_tables(forward)),
-                  as_arrays(flex_plan.stack_tables(backward)))
-        return cls(forward[0].geometry, backward[0].geometry, inner.lowering), tables
+        forward_geometry, forward_tables = flex_plan.stack_plans(forward)
+        backward_geometry, backward_tables = flex_plan.stack_plans(backward)
+        tables = (as_arrays(forward_tables), as_arrays(backward_tables))
+        return cls(forward_geometry, backward_geometry, inner.lowering), tables
 
     def attend(self, q, k, v, tables):
         forward_tables, backward_tables = tables

@@ -19,9 +19,11 @@ nothing is repeated in memory.
   finds its block in the table and addresses its rows itself rather than
   through a BlockSpec. Forward and dQ launch one head after another (its
   blocks heaviest first): the running programs then share one K/V head in
-  L2, and launching every head of a block together cost 4-11 % on the full
-  mask (H100). dK/dV, with 8x fewer programs and the longest ones, launches
-  every head of a block together: its tail cost a third of a ring step.
+  L2. dK/dV, with group-times fewer programs and the longest ones, does so
+  too unless its heaviest program could outlast the rest (dkv_launch
+  "auto"): then every head of a block goes together. Measured on an H100:
+  every head together gained dK/dV 8-19 % on packed documents at 16k-32k
+  and cost 6-10 % on the full mask.
 
 Masked scores are -inf, and a row that sees nothing gives out 0 and
 lse -inf (lcab.reference's convention); every exp is guarded so such rows
@@ -49,6 +51,16 @@ _LOG2E = math.log2(math.e)
 _LN2 = math.log(2.0)
 
 
+DKV_LAUNCHES = ("auto", "head_major", "heads_together")
+# Programs that run at once: two 4-warp dK/dV programs per SM of an H100's
+# 132 (an estimate; only the launch choice depends on it).
+_CONCURRENT_PROGRAMS = 264
+# Measured on an H100 (2026-11-26): heads together gained dK/dV 19 % and 8 %
+# at estimated tails of 0.38 and 0.20 (packed documents, 16k and 32k) and
+# was even at 0.13 and 0.09 (causal 16k, documents 64k).
+_TAIL_LIMIT = 0.15
+
+
 @dataclasses.dataclass(frozen=True)
 class Lowering:
     """How the kernels are compiled: Triton launch options or interpret mode."""
@@ -58,10 +70,20 @@ class Lowering:
     num_stages: int = 2
     backward_num_warps: int = 4  # measured: 64x64 tiles run 2.3x faster than with 8 (H100)
     backward_num_stages: int = 2
+    # dK/dV launch: "head_major" (one kv head after another), "heads_together"
+    # (every kv head of a block together) or "auto" (heads_together where the
+    # heaviest program, started last, would outrun the others by more than
+    # _TAIL_LIMIT of the pass).
+    dkv_launch: str = "auto"
     # One backward pass instead of two: the dK/dV programs also add each
     # tile's dQ share into a float32 buffer with atomics, so P is computed
     # once per tile rather than twice (FA2's original scheme).
     fused_backward: bool = False
+
+    def __post_init__(self):
+        if self.dkv_launch not in DKV_LAUNCHES:
+            raise ValueError(f"dkv_launch={self.dkv_launch!r}: choose one of "
+                             f"{', '.join(DKV_LAUNCHES)}")
 
     def params(self, backward: bool = False):
         if self.interpret:
@@ -199,7 +221,7 @@ def _dq_kernel(*refs, scale: float, block_q: int, block_k: int, onto: bool = Fal
 
 
 def _dkv_kernel(*refs, scale: float, block_q: int, block_k: int, group: int,
-                fused: bool = False, onto: bool = False):
+                fused: bool = False, onto: bool = False, block_axis: int = 0):
     # fused: dq_ref, the group's float32 dQ (aliased to its input: zeros, or
     # the running dQ), is added to atomically. onto: dk_in and dv_in (float32)
     # come in and the kernel writes them plus this dK, dV.
@@ -214,7 +236,7 @@ def _dkv_kernel(*refs, scale: float, block_q: int, block_k: int, group: int,
         _, dk_ref, dv_ref, dq_ref = rest
     else:
         dk_ref, dv_ref = rest
-    kj, cols = _own_block(tables, block_k, axis=1)
+    kj, cols = _own_block(tables, block_k, axis=block_axis)
     k, v = k_ref[cols, :], v_ref[cols, :]
     qk_scale = scale * _LOG2E
 
@@ -307,10 +329,15 @@ def _backward(q, k, v, delta, lse2, dout, plan: Geometry, tables, lowering: Lowe
                                 dq_in)
 
     by_k = _walk_tables(tables, "by_k")
-    kv_block = pl.BlockSpec((None, plan.padded_k, None, head_dim), lambda g, j, b: (b, 0, g, 0))
-    group_rows = pl.BlockSpec((None, plan.padded_q, group, head_dim),
-                              lambda g, j, b: (b, 0, g, 0))
-    group_lse = pl.BlockSpec((None, group, plan.padded_q), lambda g, j, b: (b, g, 0))
+    together = _heads_together(plan, kv_heads * batch, lowering)
+    # Grid (kv head, kv block, batch) when together, else (kv block, kv head, batch).
+    if together:
+        rows_at, lse_at = (lambda g, j, b: (b, 0, g, 0)), (lambda g, j, b: (b, g, 0))  # noqa: E731
+    else:
+        rows_at, lse_at = (lambda j, g, b: (b, 0, g, 0)), (lambda j, g, b: (b, g, 0))  # noqa: E731
+    kv_block = pl.BlockSpec((None, plan.padded_k, None, head_dim), rows_at)
+    group_rows = pl.BlockSpec((None, plan.padded_q, group, head_dim), rows_at)
+    group_lse = pl.BlockSpec((None, group, plan.padded_q), lse_at)
     inputs = [*by_k, q, k, v, dout, lse2, delta]
     in_specs = [*map(_whole, by_k), group_rows, kv_block, kv_block, group_rows,
                 group_lse, group_lse]
@@ -329,8 +356,9 @@ def _backward(q, k, v, delta, lse2, dout, plan: Geometry, tables, lowering: Lowe
         out_shape.append(jax.ShapeDtypeStruct(q.shape, jnp.float32))
     grads = pl.pallas_call(
         functools.partial(_dkv_kernel, scale=scale, block_q=bq, block_k=bk, group=group,
-                          fused=fused, onto=onto is not None),
-        grid=(kv_heads, plan.num_k_blocks, batch),
+                          fused=fused, onto=onto is not None, block_axis=int(together)),
+        grid=((kv_heads, plan.num_k_blocks, batch) if together
+              else (plan.num_k_blocks, kv_heads, batch)),
         in_specs=in_specs,
         out_specs=out_specs,
         out_shape=out_shape,
@@ -344,6 +372,15 @@ def _backward(q, k, v, delta, lse2, dout, plan: Geometry, tables, lowering: Lowe
         return (dq if onto is not None else dq.astype(q.dtype)), dk, dv
     dk, dv = grads
     return dq, dk, dv
+
+
+def _heads_together(plan: Geometry, programs_per_block: int, lowering: Lowering) -> bool:
+    """Whether dK/dV launches every head of a block together: the heaviest
+    program's excess run against the pass's share of work per running
+    program (all are equal: never)."""
+    if lowering.dkv_launch != "auto":
+        return lowering.dkv_launch == "heads_together"
+    return plan.dkv_tail * _CONCURRENT_PROGRAMS / programs_per_block > _TAIL_LIMIT
 
 
 def _dq(q, k, v, delta, lse2, dout, plan: Geometry, tables, lowering: Lowering, scale,
@@ -394,7 +431,7 @@ def flex_attention_with_tables(q, k, v, forward_geometry: Geometry, forward_tabl
                                lowering: Lowering = Lowering()):
     """flex_attention with the plans' tables as (possibly traced) arrays:
     inside shard_map each context-parallel rank passes its own tables
-    (flex_plan.stack_tables), compiled once for their shared geometry."""
+    (flex_plan.stack_plans), compiled once for their shared geometry."""
     _check(q, k, v, forward_geometry, backward_geometry)
     return _attention(forward_geometry, backward_geometry, lowering, q, k, v,
                       forward_tables, backward_tables)

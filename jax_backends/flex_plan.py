@@ -73,6 +73,10 @@ class Geometry:
     seqlen_k: int
     block_q: int
     block_k: int
+    # How far the heaviest dK/dV program runs past an average one, as a share
+    # of one head's dK/dV work: the tail a late start of it would leave
+    # (flex_kernel chooses the dK/dV launch by it; 0 when all are equal).
+    dkv_tail: float = 0.0
 
     @property
     def num_q_blocks(self) -> int:
@@ -117,11 +121,15 @@ class FlexPlan:
                 "slice_ids": self.slice_ids, "slices": self.slices}
 
 
-def stack_tables(plans) -> dict:
-    """The tables of several plans of one geometry (one per CP rank or
-    step), zero-padded to common widths and stacked on a new first axis."""
-    if len({plan.geometry for plan in plans}) != 1:
-        raise ValueError("plans of different geometries cannot be stacked")
+def stack_plans(plans) -> tuple[Geometry, dict]:
+    """The shared geometry and the tables of several plans of one shape (one
+    per CP rank or step), zero-padded to common widths and stacked on a new
+    first axis. The geometry keeps the longest dK/dV tail among them."""
+    shapes = {dataclasses.replace(plan.geometry, dkv_tail=0.0) for plan in plans}
+    if len(shapes) != 1:
+        raise ValueError("plans of different shapes cannot be stacked")
+    geometry = dataclasses.replace(shapes.pop(),
+                                   dkv_tail=max(plan.geometry.dkv_tail for plan in plans))
     trees = [plan.tables() for plan in plans]
 
     def stack(*arrays):
@@ -129,7 +137,7 @@ def stack_tables(plans) -> dict:
         pad = lambda a: np.pad(a, [(0, 0)] * (a.ndim - 1) + [(0, width - a.shape[-1])])  # noqa: E731
         return np.stack([pad(a) for a in arrays])
 
-    return {
+    return geometry, {
         "by_q": tuple(map(stack, *(t["by_q"] for t in trees))),
         "by_k": tuple(map(stack, *(t["by_k"] for t in trees))),
         "slice_ids": stack(*(t["slice_ids"] for t in trees)),
@@ -156,8 +164,10 @@ def make_plan(mask: AttnMask, block_q: int, block_k: int) -> FlexPlan:
     by_q = _walk(qb, kb, partial, lo, hi, nq)
     order = np.lexsort((qb, kb))
     by_k = _walk(kb[order], qb[order], partial[order], lo[order], hi[order], nk)
+    dkv_work = _work((by_k.run_stop - by_k.run_start).sum(axis=1), by_k.partials)
     return FlexPlan(
-        geometry=Geometry(mask.seqlen_q, mask.seqlen_k, block_q, block_k),
+        geometry=Geometry(mask.seqlen_q, mask.seqlen_k, block_q, block_k,
+                          dkv_tail=float((dkv_work.max() - dkv_work.mean()) / dkv_work.sum())),
         by_q=by_q, by_k=by_k,
         slice_ids=_padded(slice_ids.astype(np.int32)),
         slices=_padded(table.astype(np.int32).reshape(-1)),
@@ -181,9 +191,9 @@ def _walk(outer, inner, partial, lo, hi, n_outer) -> Walk:
     run_start, run_stop, runs = _rows(f_outer[first], n_outer, f_inner[first], f_inner[last] + 1)
     block, p_lo, p_hi, partials = _rows(outer[partial], n_outer, inner[partial], lo[partial],
                                         hi[partial])
-    full_visits = np.bincount(f_outer, minlength=n_outer)
+    work = _work(np.bincount(f_outer, minlength=n_outer), partials)
     return Walk(run_start, run_stop, runs, block, p_lo, p_hi, partials,
-                _heaviest_first(full_visits, partials))
+                np.argsort(-work, kind="stable").astype(np.int32))
 
 
 # A partial tile costs more than a full one (its element mask is built from
@@ -193,9 +203,9 @@ _PARTIAL_TILE_COST = 1.3
 _PROGRAM_COST = 0.3
 
 
-def _heaviest_first(full_visits: np.ndarray, partials: np.ndarray) -> np.ndarray:
-    work = full_visits + _PARTIAL_TILE_COST * partials + _PROGRAM_COST
-    return np.argsort(-work, kind="stable").astype(np.int32)
+def _work(full_visits: np.ndarray, partials: np.ndarray) -> np.ndarray:
+    """The estimated work of each program of a walk, in full tiles."""
+    return full_visits + _PARTIAL_TILE_COST * partials + _PROGRAM_COST
 
 
 def _rows(owner, n_outer, *values):

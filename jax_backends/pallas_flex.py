@@ -38,7 +38,7 @@ class PallasFlexBackend(Backend):
     requires = ("jax", "jax.experimental.pallas", "jax.experimental.pallas.triton")
     options = {
         **{field.name: int for field in dataclasses.fields(Tiling)},
-        **{field.name: bool if field.type in ("bool", bool) else int
+        **{field.name: {"bool": bool, "str": str}.get(str(field.type), int)
            for field in dataclasses.fields(flex_kernel.Lowering)},
     }
 

@@ -8,8 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from jax_backends import flex_kernel
 from jax_backends.flex_kernel import Lowering, block_gradients, flex_attention, flex_attention_onto
-from jax_backends.flex_plan import make_plan
+from jax_backends.flex_plan import make_plan, stack_plans
 from lcab import reference, results
 from lcab.cp import sub_mask
 from lcab.masks import MASK_NAMES, AttnMask, AttnSlice, make_mask, small_mask
@@ -19,6 +20,9 @@ from lcab.workloads import Workload
 
 INTERPRET = Lowering(interpret=True)
 FUSED = Lowering(interpret=True, fused_backward=True)  # dQ by atomics in the dK/dV pass
+# dK/dV launched head by head and every head of a block together (either can be "auto"'s).
+HEAD_MAJOR = Lowering(interpret=True, dkv_launch="head_major")
+HEADS_TOGETHER = Lowering(interpret=True, dkv_launch="heads_together")
 
 
 def tile_mask(plan, program, j, row0, col0):
@@ -105,6 +109,24 @@ def test_blocks_launch_heaviest_first():
     assert plan.by_k.order[0] == 32  # its first kv block: seen by all of its 16 q blocks
 
 
+def test_dkv_launches_heads_together_only_where_a_heavy_program_would_trail():
+    def together(name, seqlen, programs_per_block=8):
+        params = {"distribution": "chatqa2_long_sft"} if "document" in name else {}
+        plan = make_plan(make_mask(name, seqlen, **params), 64, 64)
+        return flex_kernel._heads_together(plan.geometry, programs_per_block, Lowering())
+
+    assert not together("full", 16384)  # equal programs: no tail to cut
+    assert together("causal_document", 16384)  # measured 19 % faster so
+    assert not together("causal_document", 65536)  # measured even
+    assert not together("causal", 32768)
+    assert not together("causal_document", 16384, programs_per_block=64)  # more programs hide it
+    plans = [make_plan(make_mask(name, 4096), 64, 64) for name in ("full", "causal")]
+    geometry, _ = stack_plans(plans)
+    assert geometry.dkv_tail == plans[1].geometry.dkv_tail > plans[0].geometry.dkv_tail
+    with pytest.raises(ValueError, match="head_major, heads_together"):
+        Lowering(dkv_launch="heads")
+
+
 def inputs(seqlen, heads=(4, 2), head_dim=16, batch=2, seed=0):
     rng = np.random.default_rng(seed)
     hq, hk = heads
@@ -137,7 +159,8 @@ def assert_matches(mask, got, q, k, v, dout, tol):
         np.testing.assert_allclose(got_one / scale, want / scale, atol=tol, rtol=0)
 
 
-@pytest.mark.parametrize("lowering", [INTERPRET, FUSED], ids=["two_pass", "fused"])
+@pytest.mark.parametrize("lowering", [HEAD_MAJOR, HEADS_TOGETHER, FUSED],
+                         ids=["head_major", "heads_together", "fused"])
 @pytest.mark.parametrize("name", MASK_NAMES)
 def test_every_family_matches_the_reference_forward_and_backward(name, lowering):
     mask = small_mask(name, 100)  # odd length, GQA 4:2, batch 2
@@ -148,7 +171,7 @@ def test_every_family_matches_the_reference_forward_and_backward(name, lowering)
 @settings(max_examples=8, deadline=None)
 @given(name=st.sampled_from(MASK_NAMES), seed=st.integers(0, 10_000),
        seqlen=st.integers(40, 160), group=st.sampled_from([1, 2, 4]),
-       lowering=st.sampled_from([INTERPRET, FUSED]))
+       lowering=st.sampled_from([HEAD_MAJOR, HEADS_TOGETHER, FUSED]))
 def test_random_masks_lengths_and_groups(name, seed, seqlen, group, lowering):
     mask = make_mask(name, seqlen, seed=seed) if name != "block_causal_document" else \
         small_mask(name, seqlen)
