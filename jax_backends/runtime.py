@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.metadata
+import os
 import pathlib
 import platform
 import time
@@ -76,6 +77,8 @@ class JaxRuntime(Runtime):
             version = _package_version(package)
             if version:
                 found[package] = version
+        if os.environ.get("XLA_FLAGS"):  # compiler settings change the numbers too
+            found["XLA_FLAGS"] = os.environ["XLA_FLAGS"]
         return found
 
     def from_numpy(self, array, dtype):

@@ -53,7 +53,7 @@ COLUMNS: dict[str, str] = {
     "options": "the backend's constructor options in this run (JSON: --backend_options, "
                "--cp_size, --dispatch); part of what makes two rows the same measurement",
     "notes": "how the backend expressed the mask and shape",
-    "versions": "framework and library versions (JSON)",
+    "versions": "framework and library versions, and JAX's XLA_FLAGS when set (JSON)",
     "git_commit": "commit of the LCAB checkout (+dirty when modified)",
     "timestamp": "UTC time the row was written, ISO 8601",
     "workload_key": "Workload.key(): identifies the workload for --resume",

@@ -375,3 +375,22 @@ def test_the_readme_cp_targets_come_from_the_committed_h100_rows():
     assert even.loc[("causal_document", 16384, "bwd", 2)] == "84 / 106 = 0.79"
     # The fused-backward single-GPU rows of the third session are not the baseline.
     assert ring.loc[("full", 16384, "bwd", 2)] == "154 / 156 = 0.99"
+
+def test_the_readme_ring_at_8k_per_gpu_comes_from_the_committed_2_gpu_rows():
+    """README, issue #7 at 8k tokens per GPU (2 x H100, 2026-11-26): the
+    ring's merges in the kernels measured (v3), then the ring with
+    jax.pallas_flex v4, each against the one-GPU kernel of the same call."""
+    folder = ROOT / "results/gpu/2026-11-26-h100x2-cp4"
+    merges = tables.cp_vs_single_table(results.load([folder / "call1"]))
+    separate = merges["ring/jax.cp_ring [dispatch=ring_balanced, merge=-]"]
+    in_kernel = merges["ring/jax.cp_ring [dispatch=ring_balanced, merge=in_kernel]"]
+    assert separate.loc[("causal_document", 16384, "fwd", 2)] == "141 / 202 = 0.70"
+    assert separate.loc[("causal_document", 16384, "bwd", 2)] == "132 / 188 = 0.71"
+    assert in_kernel.loc[("causal_document", 16384, "fwd", 2)] == "133 / 202 = 0.66"
+    assert in_kernel.loc[("causal_document", 16384, "bwd", 2)] == "109 / 188 = 0.58"
+    v4 = tables.cp_vs_single_table(results.load([folder / "call6"]))
+    ring = v4["ring/jax.cp_ring [dispatch=ring_balanced]"]
+    assert ring.loc[("causal_document", 16384, "fwd", 2)] == "142 / 201 = 0.70"
+    assert ring.loc[("causal_document", 16384, "bwd", 2)] == "152 / 225 = 0.67"
+    assert ring.loc[("causal_document", 65536, "fwd", 2)] == "405 / 422 = 0.96"
+    assert ring.loc[("causal_document", 65536, "bwd", 2)] == "334 / 325 = 1.03"
