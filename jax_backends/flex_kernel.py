@@ -13,7 +13,7 @@ nothing is repeated in memory.
   plan row lists: runs of full tiles with no mask and direct addresses
   (so Triton can prefetch them), then the partial tiles, masked by their
   slices; online softmax in float32.
-- dQ: the same walk. dK/dV: one program per (kv head, kv block, batch)
+- dQ: the same walk. dK/dV: one program per (kv block, kv head, batch)
   walks the q blocks that see it, for every q head of the group.
 - Blocks are launched heaviest first (the walk's `order`), so a program
   finds its block in the table and addresses its rows itself rather than

@@ -38,9 +38,10 @@ class Walk:
 
     `order` is the launch order: the k-th program launched takes row
     order[k], heaviest rows first. Launched in row order, the few long rows
-    of a packed-documents mask start last and run alone at the end (a step
-    of dK/dV at 8k tokens per GPU wasted a third of its time so);
-    heaviest-first is the classic cure for such a tail (LPT scheduling).
+    of a packed-documents mask can start last and run alone at the end (a
+    list-scheduling estimate put a ring's dK/dV step at 8k tokens per GPU
+    at 0.6 of its ideal so); heaviest first is the classic cure for such a
+    tail (LPT scheduling). flex_kernel decides how heads interleave.
     """
 
     run_start: np.ndarray
