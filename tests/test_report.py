@@ -394,3 +394,6 @@ def test_the_readme_ring_at_8k_per_gpu_comes_from_the_committed_2_gpu_rows():
     assert ring.loc[("causal_document", 16384, "bwd", 2)] == "152 / 225 = 0.67"
     assert ring.loc[("causal_document", 65536, "fwd", 2)] == "405 / 422 = 0.96"
     assert ring.loc[("causal_document", 65536, "bwd", 2)] == "334 / 325 = 1.03"
+    allgather = v4["allgather/jax.cp_allgather"]
+    assert allgather.loc[("causal_document", 16384, "fwd", 2)] == "163 / 201 = 0.81"
+    assert allgather.loc[("causal_document", 16384, "bwd", 2)] == "167 / 225 = 0.74"
