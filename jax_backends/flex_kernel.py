@@ -120,7 +120,7 @@ def _tile_visible(slices_ref, ids_ref, lo, hi, row0, col0, block_q, block_k):
 def _own_block(tables, size: int, axis: int):
     """This program's block of the walk (grid axis `axis` runs through the
     walk's launch order) and the pl.ds of its rows."""
-    block = tables[7][pl.program_id(axis)]
+    block = tables[7][pl.program_id(axis)]  # the walk's order (Walk.arrays)
     return block, pl.ds(pl.multiple_of(block * size, size), size)
 
 
@@ -332,9 +332,9 @@ def _backward(q, k, v, delta, lse2, dout, plan: Geometry, tables, lowering: Lowe
     together = _heads_together(plan, kv_heads * batch, lowering)
     # Grid (kv head, kv block, batch) when together, else (kv block, kv head, batch).
     if together:
-        rows_at, lse_at = (lambda g, j, b: (b, 0, g, 0)), (lambda g, j, b: (b, g, 0))  # noqa: E731
+        rows_at, lse_at = (lambda g, j, b: (b, 0, g, 0)), (lambda g, j, b: (b, g, 0))
     else:
-        rows_at, lse_at = (lambda j, g, b: (b, 0, g, 0)), (lambda j, g, b: (b, g, 0))  # noqa: E731
+        rows_at, lse_at = (lambda j, g, b: (b, 0, g, 0)), (lambda j, g, b: (b, g, 0))
     kv_block = pl.BlockSpec((None, plan.padded_k, None, head_dim), rows_at)
     group_rows = pl.BlockSpec((None, plan.padded_q, group, head_dim), rows_at)
     group_lse = pl.BlockSpec((None, group, plan.padded_q), lse_at)

@@ -376,6 +376,7 @@ def test_the_readme_cp_targets_come_from_the_committed_h100_rows():
     # The fused-backward single-GPU rows of the third session are not the baseline.
     assert ring.loc[("full", 16384, "bwd", 2)] == "154 / 156 = 0.99"
 
+
 def test_the_readme_ring_at_8k_per_gpu_comes_from_the_committed_2_gpu_rows():
     """README, issue #7 at 8k tokens per GPU (2 x H100, 2026-11-26): the
     ring's merges in the kernels measured (v3), then the ring with
