@@ -44,6 +44,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
+from jax_backends import flex_kernel_mosaic
 from jax_backends.flex_plan import FlexPlan, Geometry
 from lcab.masks.slices import BI_CAUSAL, CAUSAL, INV_CAUSAL
 
@@ -52,6 +53,7 @@ _LN2 = math.log(2.0)
 
 
 DKV_LAUNCHES = ("auto", "head_major", "heads_together")
+FORWARD_LOWERINGS = ("triton", "mosaic")
 # Programs that run at once: two 4-warp dK/dV programs per SM of an H100's
 # 132 (an estimate; only the launch choice depends on it).
 _CONCURRENT_PROGRAMS = 264
@@ -79,11 +81,20 @@ class Lowering:
     # tile's dQ share into a float32 buffer with atomics, so P is computed
     # once per tile rather than twice (FA2's original scheme).
     fused_backward: bool = False
+    # The forward's lowering: "triton" (also the CPU's, interpreted) or
+    # "mosaic" (Hopper: wgmma, TMA, warp specialised; flex_kernel_mosaic).
+    # The backward is Triton's either way.
+    forward_lowering: str = "triton"
 
     def __post_init__(self):
         if self.dkv_launch not in DKV_LAUNCHES:
             raise ValueError(f"dkv_launch={self.dkv_launch!r}: choose one of "
                              f"{', '.join(DKV_LAUNCHES)}")
+        if self.forward_lowering not in FORWARD_LOWERINGS:
+            raise ValueError(f"forward_lowering={self.forward_lowering!r}: choose one of "
+                             f"{', '.join(FORWARD_LOWERINGS)}")
+        if self.interpret and self.forward_lowering == "mosaic":
+            raise ValueError("forward_lowering=mosaic has no interpret mode (a CUDA GPU only)")
 
     def params(self, backward: bool = False):
         if self.interpret:
@@ -292,6 +303,11 @@ def _forward(q, k, v, plan: Geometry, tables, lowering: Lowering, out_dtype=None
              onto=None):
     """(out, lse2) of the padded inputs; onto = (out float32, lse2) of the
     same rows over other keys to continue from."""
+    if lowering.forward_lowering == "mosaic" and onto is None and out_dtype is None:
+        reason = flex_kernel_mosaic.problem(plan.block_q, plan.block_k, q.dtype, q.shape[3])
+        if reason is not None:
+            raise ValueError(reason)
+        return flex_kernel_mosaic.forward(q, k, v, plan, tables)
     batch, seq_q, heads, head_dim = q.shape
     group = heads // k.shape[2]
     bq, bk = plan.block_q, plan.block_k

@@ -6,15 +6,17 @@ the work follows the mask's area and empty tiles are never touched; partial
 tiles are masked element-wise by the slices that meet them
 (jax_backends/flex_kernel.py). GQA indexes each query head's K/V head:
 nothing is repeated in memory (dK/dV programs read K/V once per group,
-forward and dQ programs once per query head). This is the Triton-lowered version; on a CPU it runs in Pallas
-interpret mode.
+forward and dQ programs once per query head). The kernels are lowered
+through Triton (on a CPU they run in Pallas interpret mode);
+`forward_lowering=mosaic` runs the forward through Mosaic GPU on Hopper
+(jax_backends/flex_kernel_mosaic.py).
 """
 
 from __future__ import annotations
 
 import dataclasses
 
-from jax_backends import _shared, flex_kernel, flex_plan
+from jax_backends import _shared, flex_kernel, flex_kernel_mosaic, flex_plan
 from lcab.backend import Backend, Support
 from lcab.workloads import Workload
 
@@ -50,7 +52,9 @@ class PallasFlexBackend(Backend):
             if size < 16 or size & (size - 1):
                 raise ValueError(f"{key}={size}: blocks are powers of two from 16 (Triton tiles)")
         lowering = {k: v for k, v in options.items() if k not in tiling_keys}
-        lowering.setdefault("interpret", _shared.interpret_mode())
+        # The Mosaic forward has no interpret mode; mask_support says so on a CPU.
+        mosaic = lowering.get("forward_lowering") == "mosaic"
+        lowering.setdefault("interpret", _shared.interpret_mode() and not mosaic)
         self.lowering = flex_kernel.Lowering(**lowering)
         self.set_options = dict(sorted(options.items()))
 
@@ -59,6 +63,11 @@ class PallasFlexBackend(Backend):
         return _shared.pallas_platform_problem()
 
     def mask_support(self, workload: Workload) -> Support:
+        if self.lowering.forward_lowering == "mosaic":
+            problem = _shared.gpu_problem(capability=(9, 0), exact=True) or flex_kernel_mosaic.problem(
+                self.tiling.block_q, self.tiling.block_k, workload.dtype, workload.head_dim)
+            if problem:
+                return Support.no(f"forward_lowering=mosaic: {problem}")
         mode = "interpret mode" if self.lowering.interpret else "compiled"
         if workload.dtype == "float32" and not self.lowering.interpret:
             mode += ", float32 in TF32 matmuls"

@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# jax.pallas_flex's forward lowered through Triton and through Mosaic GPU
+# (option forward_lowering=mosaic, Hopper only; issue #6), on one GPU:
+#
+#   experiments/pallas_flex_lowering.sh OUT [check] [speed]
+#
+# check: the Mosaic forward on all 14 families at 2k tokens, 8:2 heads,
+#   fwd and bwd (the backward starts from its out and lse), one repeat:
+#   every row passes the correctness probe or shows MISMATCH.
+# speed: the forward of the seed's six masks at LCAB_SEQLENS (16k,32k),
+#   64:8 heads, d=128, bf16, one warm-up and five repeats: pallas_flex
+#   with each lowering, jax.fa3 in the Triton run's process.
+# Rows land in OUT/<part>/<lowering>/; a short table is printed last.
+set -u
+out=$1
+shift
+export XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1
+all_masks=full,causal,sliding_window,sliding_window_causal,global_sliding_window,full_document,causal_document,block_causal_document,share_question,causal_blockwise,prefix_lm_document,prefix_lm_causal,block_sparse,var_block_sparse
+seed_masks=full,causal,full_document,causal_document,sliding_window_causal,block_causal_document
+run() {  # DIR ARGS...
+  local dir=$1
+  shift
+  mkdir -p "$dir"
+  echo "== $(date -u +%H:%M:%S) $dir"
+  timeout "${LCAB_RUN_TIMEOUT:-300}" python3 -m lcab.experiments --suite=kernel --framework=jax \
+    --batch=1 --head_dim=128 --dtype=bfloat16 --mask_seed=0 --seed=0 --window=1024 \
+    --doc_distribution=chatqa2_long_sft --noprogress --nosummary \
+    --git_commit="${LCAB_COMMIT:-unknown}" --out="$dir" "$@" >"$dir/log" 2>&1
+  echo "   exit $?"
+}
+mosaic=--backend_options=jax.pallas_flex:forward_lowering=mosaic
+for part in "$@"; do
+  case $part in
+    check)
+      run "$out/check/mosaic" --backends=jax.pallas_flex "$mosaic" --masks=$all_masks \
+        --seqlens=2k --heads=8:2 --directions=fwd,bwd --warmup=0 --iters=1 --flush_l2=false ;;
+    speed)
+      speed=(--masks=$seed_masks --seqlens="${LCAB_SEQLENS:-16k,32k}" --heads=64:8
+             --directions=fwd --warmup=1 --iters=5)
+      run "$out/speed/mosaic" --backends=jax.pallas_flex "$mosaic" "${speed[@]}"
+      run "$out/speed/triton" --backends=jax.pallas_flex,jax.fa3 "${speed[@]}" ;;
+    *) echo "unknown part $part (check, speed)"; exit 2 ;;
+  esac
+done
+python3 - "$out" <<'PY'
+import sys
+from lcab import results
+frame = results.load([sys.argv[1]])
+if len(frame):
+    frame["tflops"] = frame["tflops"].round(0)
+    frame["max_err"] = frame["max_err"].round(4)
+    cols = ["backend", "options", "mask", "seqlen", "direction", "status", "tflops", "max_err"]
+    print(frame[cols].to_string(index=False, max_rows=300))
+PY

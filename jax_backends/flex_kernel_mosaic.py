@@ -1,0 +1,264 @@
+"""jax.pallas_flex's forward through Pallas's Mosaic GPU lowering (Hopper).
+
+The same FlexPlan walk as flex_kernel's Triton forward, written the way
+FA3 runs on Hopper: per program three warpgroups, two computing (64 rows
+of the 128-row q block each, wgmma from shared memory) and one moving K/V
+tiles with TMA into a ring of `stages` shared-memory slots, handing them
+over through barriers. The two compute warpgroups take turns on the tensor
+cores (a schedule barrier), so one's softmax overlaps the other's matmuls.
+The memory warpgroup follows the program's plan row: its full runs, then
+its partial tiles; the compute warpgroups walk the same row and mask the
+partial tiles' scores by the union of their slices.
+
+Forward only: the backward stays flex_kernel's (Triton). Needs bf16 or
+f16, head_dim a multiple of 64 (at most 256) and a plan of 128-row q
+blocks and 64- or 128-column kv blocks (`problem` says what does not fit).
+It has no CPU path: Mosaic GPU's interpret mode (jax 0.10.2) lacks
+layout_cast and run_state and, with those patched out, hangs on this
+warp-specialised pattern (JAX's own attention_mgpu as well); on a CPU the
+tests lower it to Mosaic GPU's MLIR instead, and on a GPU the harness
+checks it against the reference before it is timed.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+from jax_backends.flex_plan import Geometry
+from lcab.masks.slices import BI_CAUSAL, CAUSAL, INV_CAUSAL
+
+_LOG2E = math.log2(math.e)
+ROWS_PER_WARPGROUP = 64  # wgmma's M per warpgroup
+COMPUTE_WARPGROUPS = 2
+BLOCK_Q = ROWS_PER_WARPGROUP * COMPUTE_WARPGROUPS
+_FAR = 1 << 30  # a diagonal offset no tile reaches: "no edge on this side"
+
+
+def problem(block_q: int, block_k: int, dtype, head_dim: int) -> str | None:
+    """Why this forward cannot run these inputs; None if it can."""
+    if jnp.dtype(dtype) not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
+        return f"the Mosaic forward takes bf16 or f16 (wgmma), not {jnp.dtype(dtype).name}"
+    if head_dim % 64 or head_dim > 256:
+        return f"the Mosaic forward takes head_dim 64, 128, 192 or 256, not {head_dim}"
+    if block_q != BLOCK_Q:
+        return f"the Mosaic forward needs block_q={BLOCK_Q} (two warpgroups of 64 rows)"
+    if block_k not in (64, 128) or (head_dim > 128 and block_k != 64):
+        return ("the Mosaic forward needs block_k 64 or 128 (64 above head_dim 128: "
+                "shared memory)")
+    return None
+
+
+def forward(q, k, v, geometry: Geometry, tables, *, stages: int = 2):
+    """(out, lse2) of q against k, v over the plan's "by_q" walk; the inputs
+    are padded to the plan's blocks (flex_kernel._forward_padded), lse2 is
+    (batch, heads, padded_q) float32 in base 2, -inf on rows that see
+    nothing (their out is 0)."""
+    batch, seq_q, heads, head_dim = q.shape
+    group = heads // k.shape[2]
+    block_k = geometry.block_k
+    rows = ROWS_PER_WARPGROUP
+    dtype = q.dtype
+    qk_scale = _LOG2E / math.sqrt(head_dim)
+    walk = [*tables["by_q"], tables["slice_ids"], tables["slices"]]
+
+    def kernel(*refs):
+        (run_start, run_stop, runs, blocks, lo, hi, partials, order, ids, slices,
+         q_ref, k_ref, v_ref, out_ref, lse_ref, scoped) = refs
+        (qo_smem2, k_smem, v_smem, lse_smem2), loaded, consumed, schedule = scoped
+        k_loaded, v_loaded, q_loaded = loaded
+        k_consumed, v_consumed = consumed
+        b, head = lax.axis_index("batch"), lax.axis_index("heads")
+        qi = order[lax.axis_index("q_seq")]
+        wg = lax.axis_index("wg")
+
+        def for_each_visit(body, carry):
+            """Fold body(step, kb, j, carry) over the row's full tiles (j None)
+            then its partial tiles (j their index); step counts visits."""
+            def full_run(r, state):
+                return lax.fori_loop(run_start[qi, r], run_stop[qi, r],
+                                     lambda kb, s: (s[0] + 1, body(s[0], kb, None, s[1])),
+                                     state)
+
+            def partial(j, state):
+                return state[0] + 1, body(state[0], blocks[qi, j], j, state[1])
+
+            state = lax.fori_loop(0, runs[qi], full_run, (jnp.int32(0), carry))
+            return lax.fori_loop(0, partials[qi], partial, state)[1]
+
+        def slot_of(step):
+            return lax.rem(step, jnp.int32(stages))
+
+        def take_turn():
+            plgpu.barrier_arrive(schedule)
+            plgpu.barrier_wait(schedule)
+
+        @pl.when(wg < COMPUTE_WARPGROUPS)
+        def _compute():
+            plgpu.set_max_registers(232, action="increase")
+            qo_smem, lse_smem = qo_smem2.at[wg], lse_smem2.at[wg]
+            row0 = qi * BLOCK_Q + wg * rows
+            n_full = lax.fori_loop(0, runs[qi], lambda r, n: n + run_stop[qi, r] - run_start[qi, r],
+                                   jnp.int32(0))
+            visits = n_full + partials[qi]
+            plgpu.copy_gmem_to_smem(q_ref.at[b, pl.ds(row0, rows), head], qo_smem,
+                                    q_loaded.at[wg])
+            plgpu.barrier_wait(q_loaded.at[wg])
+            acc = plgpu.layout_cast(jnp.zeros((rows, head_dim), jnp.float32), plgpu.Layout.WGMMA)
+            m = plgpu.layout_cast(jnp.full((rows,), -jnp.inf, jnp.float32), plgpu.Layout.WGMMA.reduce(1))
+            l = plgpu.layout_cast(jnp.zeros((rows,), jnp.float32), plgpu.Layout.WGMMA.reduce(1))
+
+            @pl.when(visits > 0)
+            def _():
+                plgpu.barrier_wait(k_loaded.at[0])
+
+            pl.when(wg == 1)(take_turn)
+
+            def visit(step, kb, j, carry):
+                acc, m, l = carry
+                slot = slot_of(step)
+
+                def scores(acc_ref):
+                    plgpu.wgmma(acc_ref, qo_smem, plgpu.transpose_ref(k_smem.at[slot], (1, 0)))
+                    take_turn()
+                    return acc_ref[...]
+
+                s = pl.run_scoped(scores, plgpu.ACC((rows, block_k), jnp.float32))
+                plgpu.barrier_arrive(k_consumed.at[slot])
+                if j is not None:
+                    s = _masked(s, ids, slices, lo[qi, j], hi[qi, j], row0, kb * block_k)
+                m_next = jnp.maximum(m, s.max(axis=1) * qk_scale)
+                # Rows that have seen nothing yet only meet partial tiles.
+                m_safe = m_next if j is None else jnp.where(m_next == -jnp.inf, 0.0, m_next)
+                alpha = jnp.exp2(m - m_safe)
+                p = jnp.exp2(s * qk_scale - lax.broadcast_in_dim(m_safe, s.shape, [0]))
+                acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
+                l = l * alpha
+                p16 = p.astype(dtype)
+                if head_dim <= 128:  # FA3's order for small heads (measured in JAX's kernel)
+                    l = l + p.sum(axis=1)
+                    acc, l, m_next, p16 = lax.optimization_barrier((acc, l, m_next, p16))
+                plgpu.barrier_arrive(schedule)  # softmax done
+                plgpu.barrier_wait(v_loaded.at[slot])
+                plgpu.barrier_wait(schedule)  # the tensor cores are ours
+                if head_dim > 128:
+                    l = l + p.sum(axis=1)
+                acc = _accumulate(acc, p16, v_smem.at[slot],
+                                  lambda: _wait_next(step, visits, k_loaded, slot_of))
+                plgpu.barrier_arrive(v_consumed.at[slot])
+                return acc, m_next, l
+
+            acc, m, l = for_each_visit(visit, (acc, m, l))
+            pl.when(wg == 0)(take_turn)
+            seen = l > 0
+            l_safe = jnp.where(seen, l, 1.0)
+            acc = acc / lax.broadcast_in_dim(l_safe, acc.shape, [0])
+            qo_smem[...] = acc.astype(dtype)
+            lse_smem[...] = jnp.where(seen, m + jnp.log2(l_safe), -jnp.inf)
+            plgpu.commit_smem()
+            plgpu.copy_smem_to_gmem(qo_smem, out_ref.at[b, pl.ds(row0, rows), head])
+            plgpu.copy_smem_to_gmem(lse_smem, lse_ref.at[b, head, pl.ds(row0, rows)])
+            plgpu.wait_smem_to_gmem(0)
+
+        @pl.when(wg == COMPUTE_WARPGROUPS)
+        def _memory():
+            plgpu.set_max_registers(40, action="decrease")
+            kv_head = lax.div(head, jnp.int32(group))
+
+            def load(step, kb, j, carry):
+                slot = slot_of(step)
+                span = (b, pl.ds(kb * block_k, block_k), kv_head)
+
+                @pl.when(step >= stages)
+                def _():
+                    plgpu.barrier_wait(k_consumed.at[slot])
+
+                plgpu.copy_gmem_to_smem(k_ref.at[span], k_smem.at[slot], k_loaded.at[slot])
+
+                @pl.when(step >= stages)
+                def _():
+                    plgpu.barrier_wait(v_consumed.at[slot])
+
+                plgpu.copy_gmem_to_smem(v_ref.at[span], v_smem.at[slot], v_loaded.at[slot])
+                return carry
+
+            for_each_visit(load, jnp.int32(0))
+
+    def entry(*refs):
+        transforms = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
+        scratch = [
+            plgpu.SMEM((COMPUTE_WARPGROUPS, rows, head_dim), dtype, transforms=transforms),
+            plgpu.SMEM((stages, block_k, head_dim), dtype, transforms=transforms),
+            plgpu.SMEM((stages, block_k, head_dim), dtype, transforms=transforms),
+            plgpu.SMEM((COMPUTE_WARPGROUPS, rows), jnp.float32),
+        ]
+        pl.run_scoped(
+            lambda *scoped: kernel(*refs, scoped),
+            scratch,
+            (plgpu.Barrier(num_barriers=stages), plgpu.Barrier(num_barriers=stages),
+             plgpu.Barrier(num_barriers=COMPUTE_WARPGROUPS)),
+            (plgpu.Barrier(num_arrivals=COMPUTE_WARPGROUPS, num_barriers=stages),) * 2,
+            plgpu.Barrier(num_arrivals=COMPUTE_WARPGROUPS),
+            collective_axes="wg",
+        )
+
+    call = plgpu.kernel(
+        entry,
+        out_type=[jax.ShapeDtypeStruct(q.shape, dtype),
+                  jax.ShapeDtypeStruct((batch, heads, seq_q), jnp.float32)],
+        grid=(geometry.num_q_blocks, heads, batch),
+        grid_names=("q_seq", "heads", "batch"),
+        num_threads=COMPUTE_WARPGROUPS + 1,
+        thread_name="wg",
+        compiler_params=plgpu.CompilerParams(approx_math=True),
+        kernel_name="lcab_flex_forward_mosaic",
+    )
+    return call(*walk, q, k, v)
+
+
+def _masked(s, ids, slices, lo, hi, row0, col0):
+    """Scores of a partial tile where the union of slices ids[lo:hi] sees
+    them, -inf elsewhere. Each slice is q0, q1, k0, k1, kind; in absolute
+    rows r and columns c it sees q0 <= r < q1, k0 <= c < k1 and, on a
+    causal edge, c - r <= k1 - q1 (bottom-right), on an inverse one
+    c - r >= k0 - q0 (top-left)."""
+    shape, layout = s.shape, plgpu.Layout.WGMMA
+    r = plgpu.broadcasted_iota(jnp.int32, shape, 0, layout=layout) + row0
+    c = plgpu.broadcasted_iota(jnp.int32, shape, 1, layout=layout) + col0
+    diagonal = c - r
+
+    def add(t, masked):
+        base = ids[t] * 5
+        q0, q1, k0, k1, kind = (slices[base + i] for i in range(5))
+        upper = jnp.where((kind == CAUSAL) | (kind == BI_CAUSAL), k1 - q1, _FAR)
+        lower = jnp.where((kind == INV_CAUSAL) | (kind == BI_CAUSAL), k0 - q0, -_FAR)
+        sees = ((r >= q0) & (r < q1) & (c >= k0) & (c < k1)
+                & (diagonal <= upper) & (diagonal >= lower))
+        return jnp.where(sees, s, masked)
+
+    unseen = plgpu.layout_cast(jnp.full(shape, -jnp.inf, jnp.float32), layout)
+    return lax.fori_loop(lo, hi, add, unseen)
+
+
+def _wait_next(step, visits, k_loaded, slot_of):
+    """Wait for the next visit's K tile while this visit's P @ V runs."""
+    following = step + 1
+
+    @pl.when(following < visits)
+    def _():
+        plgpu.barrier_wait(k_loaded.at[slot_of(following)])
+
+
+def _accumulate(acc, p16, v_smem, wait_next):
+    """acc + P @ V, accumulated in place by wgmma, waiting for the next K
+    tile meanwhile."""
+    def in_place(acc_ref):
+        plgpu.wgmma(acc_ref, p16, v_smem)
+        wait_next()
+
+    return pl.run_state(in_place)(plgpu.ACC.init(acc))
