@@ -2,7 +2,7 @@
 # jax.pallas_flex's forward lowered through Triton and through Mosaic GPU
 # (option forward_lowering=mosaic, Hopper only; issue #6), on one GPU:
 #
-#   experiments/pallas_flex_lowering.sh OUT [check] [speed]
+#   experiments/pallas_flex_lowering.sh OUT [check] [speed] [stages] [table]
 #
 # check: the Mosaic forward on all 14 families at 2k tokens, 8:2 heads,
 #   fwd and bwd (the backward starts from its out and lse), one repeat:
@@ -10,6 +10,10 @@
 # speed: the forward of the seed's six masks at LCAB_SEQLENS (16k,32k),
 #   64:8 heads, d=128, bf16, one warm-up and five repeats: pallas_flex
 #   with each lowering, jax.fa3 in the Triton run's process.
+# stages: the speed part's Mosaic run with a 3-slot K/V ring.
+# table: the README's kernel table: fwd and bwd of the six masks at
+#   LCAB_SEQLENS, pallas_flex (default lowering), jax.fa3 and jax.cudnn in
+#   one process, torch.flex in a second.
 # Rows land in OUT/<part>/<lowering>/; a short table is printed last.
 set -u
 out=$1
@@ -38,8 +42,18 @@ for part in "$@"; do
       speed=(--masks=$seed_masks --seqlens="${LCAB_SEQLENS:-16k,32k}" --heads=64:8
              --directions=fwd --warmup=1 --iters=5)
       run "$out/speed/mosaic" --backends=jax.pallas_flex "$mosaic" "${speed[@]}"
-      run "$out/speed/triton" --backends=jax.pallas_flex,jax.fa3 "${speed[@]}" ;;
-    *) echo "unknown part $part (check, speed)"; exit 2 ;;
+      run "$out/speed/triton" --backends=jax.pallas_flex,jax.fa3 \
+        --backend_options=jax.pallas_flex:forward_lowering=triton "${speed[@]}" ;;
+    stages)
+      run "$out/stages/mosaic3" --backends=jax.pallas_flex "$mosaic" \
+        --backend_options=jax.pallas_flex:forward_stages=3 --masks=$seed_masks \
+        --seqlens="${LCAB_SEQLENS:-16k,32k}" --heads=64:8 --directions=fwd --warmup=1 --iters=5 ;;
+    table)
+      table=(--masks=$seed_masks --seqlens="${LCAB_SEQLENS:-16k,32k}" --heads=64:8
+             --directions=fwd,bwd --warmup=1 --iters=5)
+      run "$out/table/jax" --backends=jax.pallas_flex,jax.fa3,jax.cudnn "${table[@]}"
+      run "$out/table/torch" --framework=torch --backends=torch.flex "${table[@]}" ;;
+    *) echo "unknown part $part (check, speed, stages, table)"; exit 2 ;;
   esac
 done
 python3 - "$out" <<'PY'

@@ -44,7 +44,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from jax_backends import flex_kernel_mosaic
+from jax_backends import _shared, flex_kernel_mosaic
 from jax_backends.flex_plan import FlexPlan, Geometry
 from lcab.masks.slices import BI_CAUSAL, CAUSAL, INV_CAUSAL
 
@@ -53,7 +53,7 @@ _LN2 = math.log(2.0)
 
 
 DKV_LAUNCHES = ("auto", "head_major", "heads_together")
-FORWARD_LOWERINGS = ("triton", "mosaic")
+FORWARD_LOWERINGS = ("auto", "triton", "mosaic")
 # Programs that run at once: two 4-warp dK/dV programs per SM of an H100's
 # 132 (an estimate; only the launch choice depends on it).
 _CONCURRENT_PROGRAMS = 264
@@ -81,10 +81,12 @@ class Lowering:
     # tile's dQ share into a float32 buffer with atomics, so P is computed
     # once per tile rather than twice (FA2's original scheme).
     fused_backward: bool = False
-    # The forward's lowering: "triton" (also the CPU's, interpreted) or
-    # "mosaic" (Hopper: wgmma, TMA, warp specialised; flex_kernel_mosaic).
-    # The backward is Triton's either way.
-    forward_lowering: str = "triton"
+    # The forward's lowering: "triton" (also the CPU's, interpreted),
+    # "mosaic" (Hopper: wgmma, TMA, warp specialised; flex_kernel_mosaic) or
+    # "auto" (mosaic where it fits, else triton). The backward is Triton's.
+    forward_lowering: str = "auto"
+    # Shared-memory slots of the Mosaic forward's K/V ring.
+    forward_stages: int = 2
 
     def __post_init__(self):
         if self.dkv_launch not in DKV_LAUNCHES:
@@ -95,6 +97,23 @@ class Lowering:
                              f"{', '.join(FORWARD_LOWERINGS)}")
         if self.interpret and self.forward_lowering == "mosaic":
             raise ValueError("forward_lowering=mosaic has no interpret mode (a CUDA GPU only)")
+        if self.forward_stages < 2:
+            raise ValueError(f"forward_stages={self.forward_stages}: the K/V ring needs 2 or more")
+
+    def forward_problem(self, block_q: int, block_k: int, dtype, head_dim: int) -> str | None:
+        """Why the forward of these blocks and inputs cannot be Mosaic's."""
+        if self.interpret or self.forward_lowering == "triton":
+            return f"forward_lowering={self.forward_lowering}, interpret={self.interpret}"
+        return (_shared.gpu_problem(capability=flex_kernel_mosaic.SM90, exact=True)
+                or flex_kernel_mosaic.problem(block_q, block_k, dtype, head_dim))
+
+    def forward_is_mosaic(self, block_q: int, block_k: int, dtype, head_dim: int) -> bool:
+        """Mosaic where asked; with "auto", where it fits. An explicit
+        "mosaic" that does not fit raises (mask_support reports it first)."""
+        problem = self.forward_problem(block_q, block_k, dtype, head_dim)
+        if self.forward_lowering == "mosaic" and problem:
+            raise ValueError(f"forward_lowering=mosaic: {problem}")
+        return problem is None
 
     def params(self, backward: bool = False):
         if self.interpret:
@@ -303,11 +322,9 @@ def _forward(q, k, v, plan: Geometry, tables, lowering: Lowering, out_dtype=None
              onto=None):
     """(out, lse2) of the padded inputs; onto = (out float32, lse2) of the
     same rows over other keys to continue from."""
-    if lowering.forward_lowering == "mosaic" and onto is None and out_dtype is None:
-        reason = flex_kernel_mosaic.problem(plan.block_q, plan.block_k, q.dtype, q.shape[3])
-        if reason is not None:
-            raise ValueError(reason)
-        return flex_kernel_mosaic.forward(q, k, v, plan, tables)
+    if (onto is None and out_dtype is None
+            and lowering.forward_is_mosaic(plan.block_q, plan.block_k, q.dtype, q.shape[3])):
+        return flex_kernel_mosaic.forward(q, k, v, plan, tables, stages=lowering.forward_stages)
     batch, seq_q, heads, head_dim = q.shape
     group = heads // k.shape[2]
     bq, bk = plan.block_q, plan.block_k

@@ -37,6 +37,7 @@ _LOG2E = math.log2(math.e)
 ROWS_PER_WARPGROUP = 64  # wgmma's M per warpgroup
 COMPUTE_WARPGROUPS = 2
 BLOCK_Q = ROWS_PER_WARPGROUP * COMPUTE_WARPGROUPS
+SM90 = (9, 0)  # wgmma and TMA as lowered here: Hopper
 _FAR = 1 << 30  # a diagonal offset no tile reaches: "no edge on this side"
 
 
@@ -123,6 +124,9 @@ def forward(q, k, v, geometry: Geometry, tables, *, stages: int = 2):
                 acc, m, l = carry
                 slot = slot_of(step)
 
+                # A partial tile's first slice, loaded before the matmul.
+                first = None if j is None else _slice_bounds(ids, slices, lo[qi, j])
+
                 def scores(acc_ref):
                     plgpu.wgmma(acc_ref, qo_smem, plgpu.transpose_ref(k_smem.at[slot], (1, 0)))
                     take_turn()
@@ -131,7 +135,7 @@ def forward(q, k, v, geometry: Geometry, tables, *, stages: int = 2):
                 s = pl.run_scoped(scores, plgpu.ACC((rows, block_k), jnp.float32))
                 plgpu.barrier_arrive(k_consumed.at[slot])
                 if j is not None:
-                    s = _masked(s, ids, slices, lo[qi, j], hi[qi, j], row0, kb * block_k)
+                    s = _masked(s, first, ids, slices, lo[qi, j], hi[qi, j], row0, kb * block_k)
                 m_next = jnp.maximum(m, s.max(axis=1) * qk_scale)
                 # Rows that have seen nothing yet only meet partial tiles.
                 m_safe = m_next if j is None else jnp.where(m_next == -jnp.inf, 0.0, m_next)
@@ -221,28 +225,38 @@ def forward(q, k, v, geometry: Geometry, tables, *, stages: int = 2):
     return call(*walk, q, k, v)
 
 
-def _masked(s, ids, slices, lo, hi, row0, col0):
-    """Scores of a partial tile where the union of slices ids[lo:hi] sees
-    them, -inf elsewhere. Each slice is q0, q1, k0, k1, kind; in absolute
-    rows r and columns c it sees q0 <= r < q1, k0 <= c < k1 and, on a
-    causal edge, c - r <= k1 - q1 (bottom-right), on an inverse one
-    c - r >= k0 - q0 (top-left)."""
-    shape, layout = s.shape, plgpu.Layout.WGMMA
-    r = plgpu.broadcasted_iota(jnp.int32, shape, 0, layout=layout) + row0
-    c = plgpu.broadcasted_iota(jnp.int32, shape, 1, layout=layout) + col0
-    diagonal = c - r
+def _slice_bounds(ids, slices, t):
+    """Slice ids[t] as q0, q1, k0, k1 and its diagonal limits: row r of
+    q0 <= r < q1 sees columns k0 <= c < k1 with lower <= c - r <= upper
+    (a causal edge, bottom-right: upper = k1 - q1; an inverse one,
+    top-left: lower = k0 - q0; no edge: _FAR)."""
+    base = ids[t] * 5
+    q0, q1, k0, k1, kind = (slices[base + i] for i in range(5))
+    upper = jnp.where((kind == CAUSAL) | (kind == BI_CAUSAL), k1 - q1, _FAR)
+    lower = jnp.where((kind == INV_CAUSAL) | (kind == BI_CAUSAL), k0 - q0, -_FAR)
+    return q0, q1, k0, k1, lower, upper
 
-    def add(t, masked):
-        base = ids[t] * 5
-        q0, q1, k0, k1, kind = (slices[base + i] for i in range(5))
-        upper = jnp.where((kind == CAUSAL) | (kind == BI_CAUSAL), k1 - q1, _FAR)
-        lower = jnp.where((kind == INV_CAUSAL) | (kind == BI_CAUSAL), k0 - q0, -_FAR)
-        sees = ((r >= q0) & (r < q1) & (c >= k0) & (c < k1)
-                & (diagonal <= upper) & (diagonal >= lower))
+
+def _masked(s, first, ids, slices, lo, hi, row0, col0):
+    """Scores of a partial tile where the union of slices ids[lo:hi] sees
+    them, -inf elsewhere; `first` is _slice_bounds of ids[lo], loaded
+    before the tile's matmul so its latency hides under it. Each slice
+    gives every row one column range [start, stop), computed on the rows
+    (a thread holds few), so an element costs two compares and a select."""
+    rows = plgpu.broadcasted_iota(jnp.int32, s.shape[:1], 0, layout=plgpu.Layout.WGMMA.reduce(1))
+    r = rows + row0
+    c = plgpu.broadcasted_iota(jnp.int32, s.shape, 1, layout=plgpu.Layout.WGMMA) + col0
+
+    def add(bounds, masked):
+        q0, q1, k0, k1, lower, upper = bounds
+        start = jnp.maximum(r + lower, k0)
+        stop = jnp.where((r >= q0) & (r < q1), jnp.minimum(r + upper + 1, k1), start)
+        sees = ((c >= lax.broadcast_in_dim(start, s.shape, [0]))
+                & (c < lax.broadcast_in_dim(stop, s.shape, [0])))
         return jnp.where(sees, s, masked)
 
-    unseen = plgpu.layout_cast(jnp.full(shape, -jnp.inf, jnp.float32), layout)
-    return lax.fori_loop(lo, hi, add, unseen)
+    masked = add(first, -jnp.inf)
+    return lax.fori_loop(lo + 1, hi, lambda t, m: add(_slice_bounds(ids, slices, t), m), masked)
 
 
 def _wait_next(step, visits, k_loaded, slot_of):

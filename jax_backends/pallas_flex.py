@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from jax_backends import _shared, flex_kernel, flex_kernel_mosaic, flex_plan
+from jax_backends import _shared, flex_kernel, flex_plan
 from lcab.backend import Backend, Support
 from lcab.workloads import Workload
 
@@ -63,12 +63,12 @@ class PallasFlexBackend(Backend):
         return _shared.pallas_platform_problem()
 
     def mask_support(self, workload: Workload) -> Support:
-        if self.lowering.forward_lowering == "mosaic":
-            problem = _shared.gpu_problem(capability=(9, 0), exact=True) or flex_kernel_mosaic.problem(
-                self.tiling.block_q, self.tiling.block_k, workload.dtype, workload.head_dim)
-            if problem:
-                return Support.no(f"forward_lowering=mosaic: {problem}")
+        shape = (self.tiling.block_q, self.tiling.block_k, workload.dtype, workload.head_dim)
+        problem = self.lowering.forward_problem(*shape)
+        if self.lowering.forward_lowering == "mosaic" and problem:
+            return Support.no(f"forward_lowering=mosaic: {problem}")
         mode = "interpret mode" if self.lowering.interpret else "compiled"
+        mode += "; forward " + ("Triton" if problem else "Mosaic GPU") + ", backward Triton"
         if workload.dtype == "float32" and not self.lowering.interpret:
             mode += ", float32 in TF32 matmuls"
         chosen = "".join(f"; {key}={value}" for key, value in self.set_options.items())

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jax_backends import flex_kernel
+from jax_backends import flex_kernel, flex_kernel_mosaic
 from jax_backends.flex_kernel import Lowering, block_gradients, flex_attention, flex_attention_onto
 from jax_backends.flex_plan import make_plan, stack_plans
 from lcab import reference, results
@@ -321,6 +321,49 @@ def test_the_kernels_lower_to_triton_for_a_gpu():
         text = jax.jit(step).trace(q, kv, kv, *partial, sums).lower(
             lowering_platforms=("cuda",)).as_text()
         assert ("lcab_flex_dkv_dq" if lowering.fused_backward else "lcab_flex_dq_onto") in text
+
+
+@pytest.mark.parametrize("head_dim,dtype,block_k", [(128, jnp.bfloat16, 128),
+                                                   (64, jnp.float16, 64), (256, jnp.bfloat16, 64)])
+def test_the_mosaic_forward_lowers_for_a_gpu_on_every_family(head_dim, dtype, block_k):
+    """Mosaic GPU's interpret mode cannot run this kernel (flex_kernel_mosaic
+    says why), so on a CPU it is lowered to Mosaic GPU's MLIR instead: that
+    catches ops and layouts the lowering lacks; its numbers are checked on a
+    GPU (results/gpu/2026-11-26-h100-pallas-flex-mosaic/)."""
+    for name in MASK_NAMES:
+        plan = make_plan(small_mask(name, 300), 128, block_k)  # 300: padded rows and columns
+        tables = jax.tree.map(jnp.asarray, plan.tables())
+        q = jax.ShapeDtypeStruct((2, plan.padded_q, 4, head_dim), dtype)
+        kv = jax.ShapeDtypeStruct((2, plan.padded_k, 2, head_dim), dtype)
+        forward = lambda q, k, v, t, plan=plan: flex_kernel_mosaic.forward(  # noqa: E731
+            q, k, v, plan.geometry, t)
+        text = jax.jit(forward).trace(q, kv, kv, tables).lower(
+            lowering_platforms=("cuda",)).as_text()
+        assert "lcab_flex_forward_mosaic" in text, name
+
+
+def test_the_mosaic_forward_says_what_it_cannot_take():
+    problem = flex_kernel_mosaic.problem
+    assert problem(128, 128, "bfloat16", 128) is None and problem(128, 64, "float16", 256) is None
+    assert "bf16 or f16" in problem(128, 128, "float32", 128)
+    assert "head_dim 64, 128, 192 or 256" in problem(128, 128, "bfloat16", 32)
+    assert "block_q=128" in problem(64, 128, "bfloat16", 128)
+    assert "64 above head_dim 128" in problem(128, 128, "bfloat16", 256)
+    # On a CPU "auto" takes the Triton forward; "mosaic" is refused with its reason.
+    from lcab import registry
+    workload = Workload(1, 256, 256, 4, 2, 64, "bfloat16", small_mask("causal", 256))
+    auto = registry.load_backend("jax.pallas_flex", {})
+    assert auto.lowering.forward_lowering == "auto"
+    assert "forward Triton, backward Triton" in auto.mask_support(workload).how
+    mosaic = registry.load_backend("jax.pallas_flex", {"forward_lowering": "mosaic"})
+    support = mosaic.mask_support(workload)
+    assert not support.ok and "forward_lowering=mosaic: needs a CUDA GPU" in support.reason
+    with pytest.raises(ValueError, match="choose one of auto, triton, mosaic"):
+        Lowering(forward_lowering="wgmma")
+    with pytest.raises(ValueError, match="no interpret mode"):
+        Lowering(interpret=True, forward_lowering="mosaic")
+    with pytest.raises(ValueError, match="forward_stages=1"):
+        Lowering(forward_stages=1)
 
 
 def test_the_backend_runs_through_the_correctness_gate(tmp_path):
