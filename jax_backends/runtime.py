@@ -225,7 +225,9 @@ class JaxRuntime(Runtime):
 
     def is_oom(self, exc):
         text = str(exc)
-        return super().is_oom(exc) or "RESOURCE_EXHAUSTED" in text or "Out of memory" in text
+        # The last: a Mosaic GPU kernel whose shared memory does not fit (at compile time).
+        return (super().is_oom(exc) or "RESOURCE_EXHAUSTED" in text or "Out of memory" in text
+                or "exceeds available shared memory" in text)
 
     def cleanup(self):
         super().cleanup()

@@ -330,3 +330,13 @@ def test_a_batched_sample_is_the_mean_per_call():
     one = np.median([runtime._batch_ms(compiled, (x,), 1, False) for _ in range(5)])
     per_call = np.median([runtime._batch_ms(compiled, (x,), 20, False) for _ in range(5)])
     assert 0 < per_call < 3 * one  # a mean over 20 calls, not their sum
+
+
+def test_kernels_that_do_not_fit_the_device_are_oom_rows():
+    runtime = registry.load_runtime("jax")
+    # Words of the errors met on an H100 (2026-11-26): XLA, and a Mosaic GPU
+    # kernel whose shared memory did not fit.
+    assert runtime.is_oom(RuntimeError("RESOURCE_EXHAUSTED: Out of memory allocating 1 bytes"))
+    assert runtime.is_oom(ValueError("Mosaic GPU kernel exceeds available shared memory: "
+                                     "smem_bytes=232568 > max_smem_bytes=232448"))
+    assert not runtime.is_oom(ValueError("Mixed input dtypes for matrix multiplication"))
