@@ -2,7 +2,7 @@
 # jax.pallas_flex's forward lowered through Triton and through Mosaic GPU
 # (option forward_lowering=mosaic, Hopper only; issue #6), on one GPU:
 #
-#   experiments/pallas_flex_lowering.sh OUT [check] [speed] [stages] [table]
+#   experiments/pallas_flex_lowering.sh OUT [check] [speed] [stages] [table] [paper]
 #
 # check: the Mosaic forward on all 14 families at 2k tokens, 8:2 heads,
 #   fwd and bwd (the backward starts from its out and lse), one repeat:
@@ -14,6 +14,9 @@
 # table: the README's kernel table: fwd and bwd of the six masks at
 #   LCAB_SEQLENS, pallas_flex (default lowering), jax.fa3 and jax.cudnn in
 #   one process, torch.flex in a second.
+# paper: the paper's masks outside the seed's six, and full, fwd and bwd
+#   at LCAB_SEQLENS (32k), prolong64k documents as in
+#   experiments/paper_*_masks.flags: pallas_flex, then torch.flex.
 # Rows land in OUT/<part>/<lowering>/; a short table is printed last.
 set -u
 out=$1
@@ -53,7 +56,13 @@ for part in "$@"; do
              --directions=fwd,bwd --warmup=1 --iters=5)
       run "$out/table/jax" --backends=jax.pallas_flex,jax.fa3,jax.cudnn "${table[@]}"
       run "$out/table/torch" --framework=torch --backends=torch.flex "${table[@]}" ;;
-    *) echo "unknown part $part (check, speed, stages, table)"; exit 2 ;;
+    paper)
+      paper=(--masks=full,sliding_window,global_sliding_window,share_question,causal_blockwise,prefix_lm_document,prefix_lm_causal,block_sparse,var_block_sparse
+             --doc_distribution=prolong64k --seqlens="${LCAB_SEQLENS:-32k}" --heads=64:8
+             --directions=fwd,bwd --warmup=1 --iters=3)
+      run "$out/paper/jax" --backends=jax.pallas_flex "${paper[@]}"
+      run "$out/paper/torch" --framework=torch --backends=torch.flex "${paper[@]}" ;;
+    *) echo "unknown part $part (check, speed, stages, table, paper)"; exit 2 ;;
   esac
 done
 python3 - "$out" <<'PY'
