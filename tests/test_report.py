@@ -398,3 +398,54 @@ def test_the_readme_ring_at_8k_per_gpu_comes_from_the_committed_2_gpu_rows():
     allgather = v4["allgather/jax.cp_allgather"]
     assert allgather.loc[("causal_document", 16384, "fwd", 2)] == "163 / 201 = 0.81"
     assert allgather.loc[("causal_document", 16384, "bwd", 2)] == "167 / 225 = 0.74"
+
+
+def _readme_section(heading: str) -> str:
+    text = (ROOT / "README.md").read_text()
+    start = text.index(heading)
+    return text[start:text.index("\n## ", start + 1)]
+
+
+def test_the_readme_pallas_flex_table_comes_from_the_committed_h100_rows():
+    """README, jax.pallas_flex v5: every TFLOP/s cell of its table is the
+    committed row's figure, and every ratio is those figures' quotient."""
+    folder = ROOT / "results/gpu/2026-11-26-h100-pallas-flex-mosaic"
+    frame = results.load([folder / "call3", folder / "call5"])
+    ok = frame[frame["status"] == "OK"]
+    figure = {(r.backend, r.mask, r.seqlen, r.direction): r.tflops for r in ok.itertuples()}
+    section = _readme_section("## Our own kernel: jax.pallas_flex (v5")
+    lines = [line for line in section.splitlines()
+             if line.startswith("| ") and line.split("|")[2].strip()[:-1].isdigit()]
+    assert len(lines) == 18  # six masks at 16k, 32k, 64k
+    backends = ("jax.pallas_flex", "jax.fa3", "jax.cudnn", "torch.flex")
+    for line in lines:
+        cells = [cell.strip() for cell in line.strip("|").split("|")]
+        mask, length = cells[0], int(cells[1].rstrip("k")) * 1024
+        for backend, cell in zip(backends, cells[2:6]):
+            shown = cell.split(" / ")
+            for direction, value in zip(("fwd", "bwd"), shown):
+                key = (backend, mask, length, direction)
+                if value in ("X", "MM"):
+                    assert key not in figure, key
+                else:
+                    assert int(value) == round(figure[key]), (key, value)
+        flex = [figure[("jax.pallas_flex", mask, length, d)] for d in ("fwd", "bwd")]
+
+        def quotients(backend, of_mask=mask):
+            return [flex[i] / figure[(backend, of_mask, length, d)] if
+                    (backend, of_mask, length, d) in figure else None
+                    for i, d in enumerate(("fwd", "bwd"))]
+
+        against_fa3 = cells[6].replace(" of cuDNN)", "").replace("(", "").split(" / ")
+        if mask == "full":  # FA3's full-mask backward is MM: its backward against cuDNN
+            want = [quotients("jax.fa3")[0], quotients("jax.cudnn")[1]]
+        else:
+            want = quotients("jax.fa3")
+        columns = [(against_fa3, want), (cells[7].split(" / "), quotients("jax.pallas_flex", "full")),
+                   (cells[8].split(" / "), quotients("torch.flex"))]
+        for shown, exact in columns:
+            if exact[0] is None:
+                assert shown == [""], line
+                continue
+            for value, quotient in zip(shown, exact):
+                assert float(value) == pytest.approx(quotient, abs=0.0051), line
