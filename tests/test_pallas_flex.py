@@ -335,7 +335,7 @@ def test_the_mosaic_forward_lowers_for_a_gpu_on_every_family(head_dim, dtype, bl
         tables = jax.tree.map(jnp.asarray, plan.tables())
         q = jax.ShapeDtypeStruct((2, plan.padded_q, 4, head_dim), dtype)
         kv = jax.ShapeDtypeStruct((2, plan.padded_k, 2, head_dim), dtype)
-        forward = lambda q, k, v, t, plan=plan: flex_kernel_mosaic.forward(  # noqa: E731
+        forward = lambda q, k, v, t, plan=plan: flex_kernel_mosaic.forward(
             q, k, v, plan.geometry, t)
         text = jax.jit(forward).trace(q, kv, kv, tables).lower(
             lowering_platforms=("cuda",)).as_text()

@@ -429,23 +429,23 @@ def test_the_readme_pallas_flex_table_comes_from_the_committed_h100_rows():
                     assert key not in figure, key
                 else:
                     assert int(value) == round(figure[key]), (key, value)
-        flex = [figure[("jax.pallas_flex", mask, length, d)] for d in ("fwd", "bwd")]
-
-        def quotients(backend, of_mask=mask):
-            return [flex[i] / figure[(backend, of_mask, length, d)] if
-                    (backend, of_mask, length, d) in figure else None
-                    for i, d in enumerate(("fwd", "bwd"))]
-
         against_fa3 = cells[6].replace(" of cuDNN)", "").replace("(", "").split(" / ")
+        fa3 = _quotients(figure, mask, length, "jax.fa3")
         if mask == "full":  # FA3's full-mask backward is MM: its backward against cuDNN
-            want = [quotients("jax.fa3")[0], quotients("jax.cudnn")[1]]
-        else:
-            want = quotients("jax.fa3")
-        columns = [(against_fa3, want), (cells[7].split(" / "), quotients("jax.pallas_flex", "full")),
-                   (cells[8].split(" / "), quotients("torch.flex"))]
+            fa3 = [fa3[0], _quotients(figure, mask, length, "jax.cudnn")[1]]
+        columns = [(against_fa3, fa3),
+                   (cells[7].split(" / "), _quotients(figure, mask, length, "jax.pallas_flex", "full")),
+                   (cells[8].split(" / "), _quotients(figure, mask, length, "torch.flex"))]
         for shown, exact in columns:
             if exact[0] is None:
                 assert shown == [""], line
                 continue
             for value, quotient in zip(shown, exact):
                 assert float(value) == pytest.approx(quotient, abs=0.0051), line
+
+
+def _quotients(figure, mask, length, backend, of_mask=None):
+    """pallas_flex's fwd and bwd figures over `backend`'s (None where it has none)."""
+    return [figure[("jax.pallas_flex", mask, length, d)] / figure[key]
+            if (key := (backend, of_mask or mask, length, d)) in figure else None
+            for d in ("fwd", "bwd")]
