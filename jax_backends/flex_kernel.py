@@ -44,7 +44,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from jax_backends import _shared, flex_kernel_mosaic
+from jax_backends import _shared, flex_backward_mosaic, flex_kernel_mosaic
 from jax_backends.flex_plan import FlexPlan, Geometry
 from lcab.masks.slices import BI_CAUSAL, CAUSAL, INV_CAUSAL
 
@@ -54,6 +54,7 @@ _LN2 = math.log(2.0)
 
 DKV_LAUNCHES = ("auto", "head_major", "heads_together")
 FORWARD_LOWERINGS = ("auto", "triton", "mosaic")
+BACKWARD_LOWERINGS = ("triton", "mosaic")
 # Programs that run at once: two 4-warp dK/dV programs per SM of an H100's
 # 132 (an estimate; only the launch choice depends on it).
 _CONCURRENT_PROGRAMS = 264
@@ -87,6 +88,9 @@ class Lowering:
     forward_lowering: str = "auto"
     # Shared-memory slots of the Mosaic forward's K/V ring.
     forward_stages: int = 2
+    # The backward's: "triton", or "mosaic" (Hopper; flex_backward_mosaic,
+    # on 128 x 128 backward tiles). Not "auto" until it is measured.
+    backward_lowering: str = "triton"
 
     def __post_init__(self):
         if self.dkv_launch not in DKV_LAUNCHES:
@@ -97,22 +101,31 @@ class Lowering:
                              f"{', '.join(FORWARD_LOWERINGS)}")
         if self.interpret and self.forward_lowering == "mosaic":
             raise ValueError("forward_lowering=mosaic has no interpret mode (a CUDA GPU only)")
+        if self.backward_lowering not in BACKWARD_LOWERINGS:
+            raise ValueError(f"backward_lowering={self.backward_lowering!r}: choose one of "
+                             f"{', '.join(BACKWARD_LOWERINGS)}")
+        if self.interpret and self.backward_lowering == "mosaic":
+            raise ValueError("backward_lowering=mosaic has no interpret mode (a CUDA GPU only)")
         if self.forward_stages < 2:
             raise ValueError(f"forward_stages={self.forward_stages}: the K/V ring needs 2 or more")
 
-    def forward_problem(self, block_q: int, block_k: int, dtype, head_dim: int) -> str | None:
-        """Why the forward of these blocks and inputs cannot be Mosaic's."""
-        if self.interpret or self.forward_lowering == "triton":
-            return f"forward_lowering={self.forward_lowering}, interpret={self.interpret}"
+    def mosaic_problem(self, direction: str, block_q: int, block_k: int, dtype,
+                       head_dim: int) -> str | None:
+        """Why the "forward" or "backward" of these blocks and inputs cannot
+        be Mosaic's (None: it is)."""
+        chosen = getattr(self, f"{direction}_lowering")
+        if self.interpret or chosen == "triton":
+            return f"{direction}_lowering={chosen}, interpret={self.interpret}"
+        kernels = flex_kernel_mosaic if direction == "forward" else flex_backward_mosaic
         return (_shared.gpu_problem(capability=flex_kernel_mosaic.SM90, exact=True)
-                or flex_kernel_mosaic.problem(block_q, block_k, dtype, head_dim))
+                or kernels.problem(block_q, block_k, dtype, head_dim))
 
-    def forward_is_mosaic(self, block_q: int, block_k: int, dtype, head_dim: int) -> bool:
+    def is_mosaic(self, direction: str, block_q: int, block_k: int, dtype, head_dim: int) -> bool:
         """Mosaic where asked; with "auto", where it fits. An explicit
         "mosaic" that does not fit raises (mask_support reports it first)."""
-        problem = self.forward_problem(block_q, block_k, dtype, head_dim)
-        if self.forward_lowering == "mosaic" and problem:
-            raise ValueError(f"forward_lowering=mosaic: {problem}")
+        problem = self.mosaic_problem(direction, block_q, block_k, dtype, head_dim)
+        if getattr(self, f"{direction}_lowering") == "mosaic" and problem:
+            raise ValueError(f"{direction}_lowering=mosaic: {problem}")
         return problem is None
 
     def params(self, backward: bool = False):
@@ -323,7 +336,7 @@ def _forward(q, k, v, plan: Geometry, tables, lowering: Lowering, out_dtype=None
     """(out, lse2) of the padded inputs; onto = (out float32, lse2) of the
     same rows over other keys to continue from."""
     if (onto is None and out_dtype is None
-            and lowering.forward_is_mosaic(plan.block_q, plan.block_k, q.dtype, q.shape[3])):
+            and lowering.is_mosaic("forward", plan.block_q, plan.block_k, q.dtype, q.shape[3])):
         return flex_kernel_mosaic.forward(q, k, v, plan, tables, stages=lowering.forward_stages)
     batch, seq_q, heads, head_dim = q.shape
     group = heads // k.shape[2]
@@ -358,6 +371,11 @@ def _backward(q, k, v, delta, lse2, dout, plan: Geometry, tables, lowering: Lowe
     scale = 1.0 / math.sqrt(head_dim)
     fused = lowering.fused_backward
     dq_in, dk_in, dv_in = onto if onto is not None else (None, None, None)
+    if (onto is None and not fused
+            and lowering.is_mosaic("backward", bq, bk, q.dtype, head_dim)):
+        return flex_backward_mosaic.backward(
+            q, k, v, dout, lse2, delta, plan, tables,
+            heads_together=_heads_together(plan, kv_heads * batch, lowering))
     dq = None if fused else _dq(q, k, v, delta, lse2, dout, plan, tables, lowering, scale,
                                 dq_in)
 

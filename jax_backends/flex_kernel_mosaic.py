@@ -69,28 +69,14 @@ def forward(q, k, v, geometry: Geometry, tables, *, stages: int = 2):
     walk = [*tables["by_q"], tables["slice_ids"], tables["slices"]]
 
     def kernel(*refs):
-        (run_start, run_stop, runs, blocks, lo, hi, partials, order, ids, slices,
-         q_ref, k_ref, v_ref, out_ref, lse_ref, scoped) = refs
+        *walk_refs, ids, slices, q_ref, k_ref, v_ref, out_ref, lse_ref, scoped = refs
+        lo, hi, order = walk_refs[4], walk_refs[5], walk_refs[7]
         (qo_smem2, k_smem, v_smem, lse_smem2), loaded, consumed, schedule = scoped
         k_loaded, v_loaded, q_loaded = loaded
         k_consumed, v_consumed = consumed
         b, head = lax.axis_index("batch"), lax.axis_index("heads")
         qi = order[lax.axis_index("q_seq")]
         wg = lax.axis_index("wg")
-
-        def for_each_visit(body, carry):
-            """Fold body(step, kb, j, carry) over the row's full tiles (j None)
-            then its partial tiles (j their index); step counts visits."""
-            def full_run(r, state):
-                return lax.fori_loop(run_start[qi, r], run_stop[qi, r],
-                                     lambda kb, s: (s[0] + 1, body(s[0], kb, None, s[1])),
-                                     state)
-
-            def partial(j, state):
-                return state[0] + 1, body(state[0], blocks[qi, j], j, state[1])
-
-            state = lax.fori_loop(0, runs[qi], full_run, (jnp.int32(0), carry))
-            return lax.fori_loop(0, partials[qi], partial, state)[1]
 
         def slot_of(step):
             return lax.rem(step, jnp.int32(stages))
@@ -104,9 +90,7 @@ def forward(q, k, v, geometry: Geometry, tables, *, stages: int = 2):
             plgpu.set_max_registers(232, action="increase")
             qo_smem, lse_smem = qo_smem2.at[wg], lse_smem2.at[wg]
             row0 = qi * BLOCK_Q + wg * rows
-            n_full = lax.fori_loop(0, runs[qi], lambda r, n: n + run_stop[qi, r] - run_start[qi, r],
-                                   jnp.int32(0))
-            visits = n_full + partials[qi]
+            visits = visit_count(walk_refs, qi)
             plgpu.copy_gmem_to_smem(q_ref.at[b, pl.ds(row0, rows), head], qo_smem,
                                     q_loaded.at[wg])
             plgpu.barrier_wait(q_loaded.at[wg])
@@ -125,7 +109,7 @@ def forward(q, k, v, geometry: Geometry, tables, *, stages: int = 2):
                 slot = slot_of(step)
 
                 # A partial tile's first slice, loaded before the matmul.
-                first = None if j is None else _slice_bounds(ids, slices, lo[qi, j])
+                first = None if j is None else slice_bounds(ids, slices, lo[qi, j])
 
                 def scores(acc_ref):
                     plgpu.wgmma(acc_ref, qo_smem, plgpu.transpose_ref(k_smem.at[slot], (1, 0)))
@@ -135,7 +119,7 @@ def forward(q, k, v, geometry: Geometry, tables, *, stages: int = 2):
                 s = pl.run_scoped(scores, plgpu.ACC((rows, block_k), jnp.float32))
                 plgpu.barrier_arrive(k_consumed.at[slot])
                 if j is not None:
-                    s = _masked(s, first, ids, slices, lo[qi, j], hi[qi, j], row0, kb * block_k)
+                    s = masked(s, first, ids, slices, lo[qi, j], hi[qi, j], row0, kb * block_k)
                 m_next = jnp.maximum(m, s.max(axis=1) * qk_scale)
                 # Rows that have seen nothing yet only meet partial tiles.
                 m_safe = m_next if j is None else jnp.where(m_next == -jnp.inf, 0.0, m_next)
@@ -152,12 +136,12 @@ def forward(q, k, v, geometry: Geometry, tables, *, stages: int = 2):
                 plgpu.barrier_wait(schedule)  # the tensor cores are ours
                 if head_dim > 128:
                     l = l + p.sum(axis=1)
-                acc = _accumulate(acc, p16, v_smem.at[slot],
-                                  lambda: _wait_next(step, visits, k_loaded, slot_of))
+                acc = accumulate(acc, p16, v_smem.at[slot],
+                                 lambda: _wait_next(step, visits, k_loaded, slot_of))
                 plgpu.barrier_arrive(v_consumed.at[slot])
                 return acc, m_next, l
 
-            acc, m, l = for_each_visit(visit, (acc, m, l))
+            _, (acc, m, l) = fold_visits(walk_refs, qi, visit, (jnp.int32(0), (acc, m, l)))
             pl.when(wg == 0)(take_turn)
             seen = l > 0
             l_safe = jnp.where(seen, l, 1.0)
@@ -191,7 +175,7 @@ def forward(q, k, v, geometry: Geometry, tables, *, stages: int = 2):
                 plgpu.copy_gmem_to_smem(v_ref.at[span], v_smem.at[slot], v_loaded.at[slot])
                 return carry
 
-            for_each_visit(load, jnp.int32(0))
+            fold_visits(walk_refs, qi, load, (jnp.int32(0), jnp.int32(0)))
 
     def entry(*refs):
         transforms = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
@@ -225,7 +209,33 @@ def forward(q, k, v, geometry: Geometry, tables, *, stages: int = 2):
     return call(*walk, q, k, v)
 
 
-def _slice_bounds(ids, slices, t):
+def fold_visits(walk, row, body, state):
+    """Fold body(step, block, j, carry) over plan row `row` of a walk's refs
+    (Walk.arrays order): its full tiles (j None), then its partial tiles (j
+    their index). state is (step, carry): step counts visits, so a ring
+    slot follows from it; returns the final state."""
+    run_start, run_stop, runs, blocks, _, _, partials, _ = walk
+
+    def full_run(r, state):
+        return lax.fori_loop(run_start[row, r], run_stop[row, r],
+                             lambda kb, st: (st[0] + 1, body(st[0], kb, None, st[1])), state)
+
+    def partial(j, state):
+        return state[0] + 1, body(state[0], blocks[row, j], j, state[1])
+
+    state = lax.fori_loop(0, runs[row], full_run, state)
+    return lax.fori_loop(0, partials[row], partial, state)
+
+
+def visit_count(walk, row):
+    """How many tiles plan row `row` visits."""
+    run_start, run_stop, runs, _, _, _, partials, _ = walk
+    full = lax.fori_loop(0, runs[row], lambda r, n: n + run_stop[row, r] - run_start[row, r],
+                         jnp.int32(0))
+    return full + partials[row]
+
+
+def slice_bounds(ids, slices, t):
     """Slice ids[t] as q0, q1, k0, k1 and its diagonal limits: row r of
     q0 <= r < q1 sees columns k0 <= c < k1 with lower <= c - r <= upper
     (a causal edge, bottom-right: upper = k1 - q1; an inverse one,
@@ -237,26 +247,31 @@ def _slice_bounds(ids, slices, t):
     return q0, q1, k0, k1, lower, upper
 
 
-def _masked(s, first, ids, slices, lo, hi, row0, col0):
+def masked(s, first, ids, slices, lo, hi, row0, col0, transposed: bool = False):
     """Scores of a partial tile where the union of slices ids[lo:hi] sees
-    them, -inf elsewhere; `first` is _slice_bounds of ids[lo], loaded
+    them, -inf elsewhere; `first` is slice_bounds of ids[lo], loaded
     before the tile's matmul so its latency hides under it. Each slice
     gives every row one column range [start, stop), computed on the rows
-    (a thread holds few), so an element costs two compares and a select."""
+    (a thread holds few), so an element costs two compares and a select.
+    transposed: the tile's rows are keys and its columns queries (dK/dV)."""
     rows = plgpu.broadcasted_iota(jnp.int32, s.shape[:1], 0, layout=plgpu.Layout.WGMMA.reduce(1))
     r = rows + row0
     c = plgpu.broadcasted_iota(jnp.int32, s.shape, 1, layout=plgpu.Layout.WGMMA) + col0
 
-    def add(bounds, masked):
+    def add(bounds, scores):
         q0, q1, k0, k1, lower, upper = bounds
-        start = jnp.maximum(r + lower, k0)
-        stop = jnp.where((r >= q0) & (r < q1), jnp.minimum(r + upper + 1, k1), start)
+        if transposed:  # key row r sees queries r - upper <= c <= r - lower
+            row_lo, row_hi, col_lo, col_hi, first_col, last_col = k0, k1, q0, q1, -upper, -lower
+        else:  # query row r sees keys r + lower <= c <= r + upper
+            row_lo, row_hi, col_lo, col_hi, first_col, last_col = q0, q1, k0, k1, lower, upper
+        start = jnp.maximum(r + first_col, col_lo)
+        stop = jnp.where((r >= row_lo) & (r < row_hi), jnp.minimum(r + last_col + 1, col_hi), start)
         sees = ((c >= lax.broadcast_in_dim(start, s.shape, [0]))
                 & (c < lax.broadcast_in_dim(stop, s.shape, [0])))
-        return jnp.where(sees, s, masked)
+        return jnp.where(sees, s, scores)
 
-    masked = add(first, -jnp.inf)
-    return lax.fori_loop(lo + 1, hi, lambda t, m: add(_slice_bounds(ids, slices, t), m), masked)
+    scores = add(first, -jnp.inf)
+    return lax.fori_loop(lo + 1, hi, lambda t, m: add(slice_bounds(ids, slices, t), m), scores)
 
 
 def _wait_next(step, visits, k_loaded, slot_of):
@@ -268,9 +283,9 @@ def _wait_next(step, visits, k_loaded, slot_of):
         plgpu.barrier_wait(k_loaded.at[slot_of(following)])
 
 
-def _accumulate(acc, p16, v_smem, wait_next):
-    """acc + P @ V, accumulated in place by wgmma, waiting for the next K
-    tile meanwhile."""
+def accumulate(acc, p16, v_smem, wait_next=lambda: None):
+    """acc + P @ V, accumulated in place by wgmma, running wait_next (e.g.
+    for the next K tile) meanwhile."""
     def in_place(acc_ref):
         plgpu.wgmma(acc_ref, p16, v_smem)
         wait_next()

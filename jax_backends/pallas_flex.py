@@ -46,14 +46,17 @@ class PallasFlexBackend(Backend):
 
     def __init__(self, **options):
         tiling_keys = {field.name for field in dataclasses.fields(Tiling)}
-        self.tiling = Tiling(**{k: v for k, v in options.items() if k in tiling_keys})
+        tiling = {k: v for k, v in options.items() if k in tiling_keys}
+        if options.get("backward_lowering") == "mosaic":  # its tiles, unless chosen
+            tiling = {"backward_block_q": 128, "backward_block_k": 128, **tiling}
+        self.tiling = Tiling(**tiling)
         for key in tiling_keys:
             size = getattr(self.tiling, key)
             if size < 16 or size & (size - 1):
                 raise ValueError(f"{key}={size}: blocks are powers of two from 16 (Triton tiles)")
         lowering = {k: v for k, v in options.items() if k not in tiling_keys}
-        # The Mosaic forward has no interpret mode; mask_support says so on a CPU.
-        mosaic = lowering.get("forward_lowering") == "mosaic"
+        # The Mosaic kernels have no interpret mode; mask_support says so on a CPU.
+        mosaic = "mosaic" in (lowering.get("forward_lowering"), lowering.get("backward_lowering"))
         lowering.setdefault("interpret", _shared.interpret_mode() and not mosaic)
         self.lowering = flex_kernel.Lowering(**lowering)
         self.set_options = dict(sorted(options.items()))
@@ -63,16 +66,21 @@ class PallasFlexBackend(Backend):
         return _shared.pallas_platform_problem()
 
     def mask_support(self, workload: Workload) -> Support:
-        shape = (self.tiling.block_q, self.tiling.block_k, workload.dtype, workload.head_dim)
-        problem = self.lowering.forward_problem(*shape)
-        if self.lowering.forward_lowering == "mosaic" and problem:
-            return Support.no(f"forward_lowering=mosaic: {problem}")
-        mode = "interpret mode" if self.lowering.interpret else "compiled"
-        mode += "; forward " + ("Triton" if problem else "Mosaic GPU") + ", backward Triton"
+        tiling, lowering = self.tiling, self.lowering
+        chosen = {}
+        for direction, blocks in (("forward", (tiling.block_q, tiling.block_k)),
+                                  ("backward", (tiling.backward_block_q, tiling.backward_block_k))):
+            problem = lowering.mosaic_problem(direction, *blocks, workload.dtype,
+                                              workload.head_dim)
+            if getattr(lowering, f"{direction}_lowering") == "mosaic" and problem:
+                return Support.no(f"{direction}_lowering=mosaic: {problem}")
+            chosen[direction] = "Triton" if problem else "Mosaic GPU"
+        mode = "interpret mode" if lowering.interpret else "compiled"
+        mode += f"; forward {chosen['forward']}, backward {chosen['backward']}"
         if workload.dtype == "float32" and not self.lowering.interpret:
             mode += ", float32 in TF32 matmuls"
-        chosen = "".join(f"; {key}={value}" for key, value in self.set_options.items())
-        return Support.yes(f"block plan from the mask's slices; GQA unrepeated; {mode}{chosen}")
+        options = "".join(f"; {key}={value}" for key, value in self.set_options.items())
+        return Support.yes(f"block plan from the mask's slices; GQA unrepeated; {mode}{options}")
 
     def plans(self, workload: Workload) -> tuple[flex_plan.FlexPlan, flex_plan.FlexPlan]:
         tiling = self.tiling

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jax_backends import flex_kernel, flex_kernel_mosaic
+from jax_backends import flex_backward_mosaic, flex_kernel, flex_kernel_mosaic
 from jax_backends.flex_kernel import Lowering, block_gradients, flex_attention, flex_attention_onto
 from jax_backends.flex_plan import make_plan, stack_plans
 from lcab import reference, results
@@ -342,6 +342,27 @@ def test_the_mosaic_forward_lowers_for_a_gpu_on_every_family(head_dim, dtype, bl
         assert "lcab_flex_forward_mosaic" in text, name
 
 
+@pytest.mark.parametrize("head_dim,dtype,heads_together", [(128, jnp.bfloat16, False),
+                                                          (64, jnp.float16, True)])
+def test_the_mosaic_backward_lowers_for_a_gpu_on_every_family(head_dim, dtype, heads_together):
+    """As the forward: lowered to Mosaic GPU's MLIR, both kernels, every
+    family (its numbers are for a GPU to check)."""
+    for name in MASK_NAMES:
+        plan = make_plan(small_mask(name, 300), 128, 128)
+        tables = jax.tree.map(jnp.asarray, plan.tables())
+        q = jax.ShapeDtypeStruct((2, plan.padded_q, 4, head_dim), dtype)
+        kv = jax.ShapeDtypeStruct((2, plan.padded_k, 2, head_dim), dtype)
+        rows = jax.ShapeDtypeStruct((2, 4, plan.padded_q), jnp.float32)
+
+        def gradients(q, k, v, dout, lse2, delta, t, plan=plan):
+            return flex_backward_mosaic.backward(q, k, v, dout, lse2, delta, plan.geometry, t,
+                                                 heads_together=heads_together)
+
+        text = jax.jit(gradients).trace(q, kv, kv, q, rows, rows, tables).lower(
+            lowering_platforms=("cuda",)).as_text()
+        assert "lcab_flex_dq_mosaic" in text and "lcab_flex_dkv_mosaic" in text, name
+
+
 def test_the_mosaic_forward_says_what_it_cannot_take():
     problem = flex_kernel_mosaic.problem
     assert problem(128, 128, "bfloat16", 128) is None and problem(128, 64, "float16", 256) is None
@@ -364,6 +385,25 @@ def test_the_mosaic_forward_says_what_it_cannot_take():
         Lowering(interpret=True, forward_lowering="mosaic")
     with pytest.raises(ValueError, match="forward_stages=1"):
         Lowering(forward_stages=1)
+
+
+def test_the_mosaic_backward_is_chosen_only_by_name():
+    problem = flex_backward_mosaic.problem
+    assert problem(128, 128, "bfloat16", 128) is None and problem(128, 128, "float16", 64) is None
+    assert "bf16 or f16" in problem(128, 128, "float32", 128)
+    assert "head_dim 64 or 128" in problem(128, 128, "bfloat16", 256)
+    assert "backward blocks 128 x 128, not 64 x 64" in problem(64, 64, "bfloat16", 128)
+    from lcab import registry
+    workload = Workload(1, 256, 256, 4, 2, 64, "bfloat16", small_mask("causal", 256))
+    assert Lowering().backward_lowering == "triton"  # unmeasured: never by default
+    mosaic = registry.load_backend("jax.pallas_flex", {"backward_lowering": "mosaic"})
+    assert (mosaic.tiling.backward_block_q, mosaic.tiling.backward_block_k) == (128, 128)
+    support = mosaic.mask_support(workload)
+    assert not support.ok and "backward_lowering=mosaic: needs a CUDA GPU" in support.reason
+    with pytest.raises(ValueError, match="choose one of triton, mosaic"):
+        Lowering(backward_lowering="auto")
+    with pytest.raises(ValueError, match="backward_lowering=mosaic has no interpret mode"):
+        Lowering(interpret=True, backward_lowering="mosaic")
 
 
 def test_the_backend_runs_through_the_correctness_gate(tmp_path):

@@ -1,0 +1,327 @@
+"""jax.pallas_flex's backward through Pallas's Mosaic GPU lowering (Hopper).
+
+Two kernels over one FlexPlan of 128 x 128 tiles, as the Triton backward
+(flex_kernel) but with wgmma from shared memory and a TMA warpgroup:
+
+- dQ, one program per (q block, q head, batch): two compute warpgroups of
+  64 query rows each hold Q, dO, lse and delta; the memory warpgroup
+  feeds K/V tiles along the plan's q-block row into a ring of `stages`
+  slots. Per tile: S = Q K^T, P = exp2(S - lse), dP = dO V^T,
+  dS = P (dP - delta), dQ += dS K.
+- dK/dV, one program per (kv block, kv head, batch): two compute
+  warpgroups of 64 key rows each hold K and V; the memory warpgroup feeds
+  Q, dO, lse and delta tiles along the plan's kv-block column, for every
+  query head of the group in turn (GQA: K/V never repeated, no atomics).
+  Per tile, transposed so the key rows stay the wgmma's M: S^T = K Q^T,
+  P^T, dV += P^T dO, dP^T = V dO^T, dK += dS^T Q.
+
+Partial tiles are masked as in the Mosaic forward (flex_kernel_mosaic.masked,
+one column range per row and slice). Needs bf16 or f16, head_dim 64 or
+128 (shared memory) and a 128 x 128 plan (`problem`). Like the forward it
+has no CPU run; the tests lower it to Mosaic GPU's MLIR.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+from jax_backends.flex_kernel_mosaic import (
+    COMPUTE_WARPGROUPS,
+    ROWS_PER_WARPGROUP,
+    accumulate,
+    fold_visits,
+    masked,
+    slice_bounds,
+)
+from jax_backends.flex_plan import Geometry
+
+_LOG2E = math.log2(math.e)
+BLOCK = ROWS_PER_WARPGROUP * COMPUTE_WARPGROUPS  # both plan blocks: 128
+_TRANSFORMS = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
+_ROW = plgpu.Layout.WGMMA.reduce(1)  # one value per tile row
+_COLUMN = plgpu.Layout.WGMMA.reduce(0)  # one value per tile column
+
+
+def problem(block_q: int, block_k: int, dtype, head_dim: int) -> str | None:
+    """Why this backward cannot run these inputs; None if it can."""
+    if jnp.dtype(dtype) not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
+        return f"the Mosaic backward takes bf16 or f16 (wgmma), not {jnp.dtype(dtype).name}"
+    if head_dim not in (64, 128):
+        return f"the Mosaic backward takes head_dim 64 or 128 (shared memory), not {head_dim}"
+    if (block_q, block_k) != (BLOCK, BLOCK):
+        return (f"the Mosaic backward needs backward blocks {BLOCK} x {BLOCK}, "
+                f"not {block_q} x {block_k}")
+    return None
+
+
+def backward(q, k, v, dout, lse2, delta, geometry: Geometry, tables, *,
+             heads_together: bool = False, stages: int = 2):
+    """(dq, dk, dv) of padded inputs: lse2 (base 2) and delta are
+    (batch, heads, padded_q) float32, as flex_kernel._backward takes them."""
+    scale = 1.0 / math.sqrt(q.shape[3])
+    lse_safe = jnp.where(lse2 == -jnp.inf, 0.0, lse2)  # rows that see nothing meet only masks
+    dq = _dq(q, k, v, dout, lse_safe, delta, geometry, tables, scale, stages)
+    dk, dv = _dkv(q, k, v, dout, lse_safe, delta, geometry, tables, scale, stages,
+                  heads_together)
+    return dq, dk, dv
+
+
+def _dq(q, k, v, dout, lse, delta, geometry: Geometry, tables, scale, stages):
+    batch, seq_q, heads, head_dim = q.shape
+    group = heads // k.shape[2]
+    rows, dtype = ROWS_PER_WARPGROUP, q.dtype
+    qk_scale = scale * _LOG2E
+
+    def kernel(*refs):
+        *walk, ids, slices, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dq_ref, scoped = refs
+        (q_smem2, do_smem2, lse_smem2, delta_smem2, k_smem, v_smem), own, loaded, consumed = scoped
+        k_loaded, v_loaded = loaded
+        k_consumed, v_consumed = consumed
+        lo, hi = walk[4], walk[5]
+        b, head = lax.axis_index("batch"), lax.axis_index("heads")
+        qi = walk[7][lax.axis_index("q_seq")]
+        wg = lax.axis_index("wg")
+        slot_of = lambda step: lax.rem(step, jnp.int32(stages))  # noqa: E731
+
+        @pl.when(wg < COMPUTE_WARPGROUPS)
+        def _compute():
+            plgpu.set_max_registers(232, action="increase")
+            q_smem, do_smem = q_smem2.at[wg], do_smem2.at[wg]
+            row0 = qi * BLOCK + wg * rows
+            span = (b, pl.ds(row0, rows), head)
+            vector = (b, head, pl.ds(row0, rows))
+            copies = ((q_ref.at[span], q_smem), (do_ref.at[span], do_smem),
+                      (lse_ref.at[vector], lse_smem2.at[wg]),
+                      (delta_ref.at[vector], delta_smem2.at[wg]))
+            for (source, target), barrier in zip(copies, own):
+                plgpu.copy_gmem_to_smem(source, target, barrier.at[wg])
+            for barrier in own:
+                plgpu.barrier_wait(barrier.at[wg])
+            lse = plgpu.load(lse_smem2.at[wg], (), layout=_ROW)
+            delta = plgpu.load(delta_smem2.at[wg], (), layout=_ROW)
+
+            def visit(step, kb, j, dq):
+                slot = slot_of(step)
+                first = None if j is None else slice_bounds(ids, slices, lo[qi, j])
+                plgpu.barrier_wait(k_loaded.at[slot])
+                s = _product(q_smem, plgpu.transpose_ref(k_smem.at[slot], (1, 0)))
+                if j is not None:
+                    s = masked(s, first, ids, slices, lo[qi, j], hi[qi, j], row0,
+                               kb * geometry.block_k)
+                p = jnp.exp2(s * qk_scale - lax.broadcast_in_dim(lse, s.shape, [0]))
+                plgpu.barrier_wait(v_loaded.at[slot])
+                dp = _product(do_smem, plgpu.transpose_ref(v_smem.at[slot], (1, 0)))
+                plgpu.barrier_arrive(v_consumed.at[slot])
+                ds = p * (dp - lax.broadcast_in_dim(delta, dp.shape, [0]))
+                dq = accumulate(dq, ds.astype(dtype), k_smem.at[slot])
+                plgpu.barrier_arrive(k_consumed.at[slot])
+                return dq
+
+            dq = plgpu.layout_cast(jnp.zeros((rows, head_dim), jnp.float32), plgpu.Layout.WGMMA)
+            _, dq = fold_visits(walk, qi, visit, (jnp.int32(0), dq))
+            q_smem[...] = (dq * scale).astype(dtype)
+            plgpu.commit_smem()
+            plgpu.copy_smem_to_gmem(q_smem, dq_ref.at[span])
+            plgpu.wait_smem_to_gmem(0)
+
+        @pl.when(wg == COMPUTE_WARPGROUPS)
+        def _memory():
+            plgpu.set_max_registers(40, action="decrease")
+            kv_head = lax.div(head, jnp.int32(group))
+
+            def load(step, kb, j, carry):
+                slot = slot_of(step)
+                span = (b, pl.ds(kb * geometry.block_k, geometry.block_k), kv_head)
+                for ref, smem, ready, free in ((k_ref, k_smem, k_loaded, k_consumed),
+                                               (v_ref, v_smem, v_loaded, v_consumed)):
+                    _wait_free(step, stages, free.at[slot])
+                    plgpu.copy_gmem_to_smem(ref.at[span], smem.at[slot], ready.at[slot])
+                return carry
+
+            fold_visits(walk, qi, load, (jnp.int32(0), jnp.int32(0)))
+
+    def entry(*refs):
+        pl.run_scoped(
+            lambda *scoped: kernel(*refs, scoped),
+            [_tiles(COMPUTE_WARPGROUPS, rows, head_dim, dtype),
+             _tiles(COMPUTE_WARPGROUPS, rows, head_dim, dtype),
+             plgpu.SMEM((COMPUTE_WARPGROUPS, rows), jnp.float32),
+             plgpu.SMEM((COMPUTE_WARPGROUPS, rows), jnp.float32),
+             _tiles(stages, geometry.block_k, head_dim, dtype),
+             _tiles(stages, geometry.block_k, head_dim, dtype)],
+            (plgpu.Barrier(num_barriers=COMPUTE_WARPGROUPS),) * 4,
+            (plgpu.Barrier(num_barriers=stages),) * 2,
+            (plgpu.Barrier(num_arrivals=COMPUTE_WARPGROUPS, num_barriers=stages),) * 2,
+            collective_axes="wg",
+        )
+
+    call = plgpu.kernel(
+        entry,
+        out_type=jax.ShapeDtypeStruct(q.shape, dtype),
+        grid=(geometry.num_q_blocks, heads, batch),
+        grid_names=("q_seq", "heads", "batch"),
+        num_threads=COMPUTE_WARPGROUPS + 1,
+        thread_name="wg",
+        compiler_params=plgpu.CompilerParams(approx_math=True),
+        kernel_name="lcab_flex_dq_mosaic",
+    )
+    return call(*_walk_inputs(tables, "by_q"), q, k, v, dout, lse, delta)
+
+
+def _dkv(q, k, v, dout, lse, delta, geometry: Geometry, tables, scale, stages,
+         heads_together):
+    batch, seq_q, heads, head_dim = q.shape
+    kv_heads = k.shape[2]
+    group = heads // kv_heads
+    rows, dtype, block_q = ROWS_PER_WARPGROUP, q.dtype, geometry.block_q
+    qk_scale = scale * _LOG2E
+
+    def kernel(*refs):
+        *walk, ids, slices, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dk_ref, dv_ref, \
+            scoped = refs
+        (k_smem2, v_smem2, q_smem, do_smem, lse_smem, delta_smem), own, loaded, consumed = scoped
+        lo, hi = walk[4], walk[5]
+        b, kv_head = lax.axis_index("batch"), lax.axis_index("kv_heads")
+        kj = walk[7][lax.axis_index("kv_seq")]
+        wg = lax.axis_index("wg")
+        slot_of = lambda step: lax.rem(step, jnp.int32(stages))  # noqa: E731
+
+        def for_each_head(body, carry):
+            """body(step, q head, q block, j, carry) over the group's heads
+            and the column's visits; the step runs on across heads."""
+            def one_head(h, state):
+                head = kv_head * group + h
+                return fold_visits(walk, kj, lambda step, qb, j, c: body(step, head, qb, j, c),
+                                   state)
+
+            return lax.fori_loop(0, group, one_head, (jnp.int32(0), carry))
+
+        @pl.when(wg < COMPUTE_WARPGROUPS)
+        def _compute():
+            plgpu.set_max_registers(232, action="increase")
+            k_smem, v_smem = k_smem2.at[wg], v_smem2.at[wg]
+            row0 = kj * BLOCK + wg * rows
+            span = (b, pl.ds(row0, rows), kv_head)
+            for (ref, smem), barrier in zip(((k_ref, k_smem), (v_ref, v_smem)), own):
+                plgpu.copy_gmem_to_smem(ref.at[span], smem, barrier.at[wg])
+            for barrier in own:
+                plgpu.barrier_wait(barrier.at[wg])
+            q_loaded, do_loaded, lse_loaded, delta_loaded = loaded
+
+            def visit(step, head, qb, j, carry):
+                dk, dv = carry
+                slot = slot_of(step)
+                first = None if j is None else slice_bounds(ids, slices, lo[kj, j])
+                plgpu.barrier_wait(q_loaded.at[slot])
+                s_t = _product(k_smem, plgpu.transpose_ref(q_smem.at[slot], (1, 0)))
+                if j is not None:
+                    s_t = masked(s_t, first, ids, slices, lo[kj, j], hi[kj, j], row0,
+                                 qb * block_q, transposed=True)
+                plgpu.barrier_wait(lse_loaded.at[slot])
+                lse = plgpu.load(lse_smem.at[slot], (), layout=_COLUMN)
+                p_t = jnp.exp2(s_t * qk_scale - lax.broadcast_in_dim(lse, s_t.shape, [1]))
+                plgpu.barrier_wait(do_loaded.at[slot])
+
+                def dv_and_dp(refs):  # two wgmmas, one wait
+                    dv_ref, dp_ref = refs
+                    plgpu.wgmma(dv_ref, p_t.astype(dtype), do_smem.at[slot])
+                    plgpu.wgmma(dp_ref, v_smem, plgpu.transpose_ref(do_smem.at[slot], (1, 0)))
+
+                zeros = plgpu.layout_cast(jnp.zeros(s_t.shape, jnp.float32), plgpu.Layout.WGMMA)
+                dv, dp_t = pl.run_state(dv_and_dp)((plgpu.ACC.init(dv), plgpu.ACC.init(zeros)))
+                plgpu.barrier_wait(delta_loaded.at[slot])
+                delta = plgpu.load(delta_smem.at[slot], (), layout=_COLUMN)
+                ds_t = p_t * (dp_t - lax.broadcast_in_dim(delta, dp_t.shape, [1]))
+                dk = accumulate(dk, ds_t.astype(dtype), q_smem.at[slot])
+                plgpu.barrier_arrive(consumed.at[slot])
+                return dk, dv
+
+            zeros = plgpu.layout_cast(jnp.zeros((rows, head_dim), jnp.float32),
+                                      plgpu.Layout.WGMMA)
+            _, (dk, dv) = for_each_head(visit, (zeros, zeros))
+            k_smem[...] = (dk * scale).astype(dtype)
+            v_smem[...] = dv.astype(dtype)
+            plgpu.commit_smem()
+            plgpu.copy_smem_to_gmem(k_smem, dk_ref.at[span])
+            plgpu.copy_smem_to_gmem(v_smem, dv_ref.at[span])
+            plgpu.wait_smem_to_gmem(0)
+
+        @pl.when(wg == COMPUTE_WARPGROUPS)
+        def _memory():
+            plgpu.set_max_registers(40, action="decrease")
+
+            def load(step, head, qb, j, carry):
+                slot = slot_of(step)
+                _wait_free(step, stages, consumed.at[slot])
+                tile = (b, pl.ds(qb * block_q, block_q), head)
+                vector = (b, head, pl.ds(qb * block_q, block_q))
+                sources = (q_ref.at[tile], do_ref.at[tile], lse_ref.at[vector],
+                           delta_ref.at[vector])
+                for source, smem, ready in zip(sources, (q_smem, do_smem, lse_smem, delta_smem),
+                                               loaded):
+                    plgpu.copy_gmem_to_smem(source, smem.at[slot], ready.at[slot])
+                return carry
+
+            for_each_head(load, jnp.int32(0))
+
+    def entry(*refs):
+        pl.run_scoped(
+            lambda *scoped: kernel(*refs, scoped),
+            [_tiles(COMPUTE_WARPGROUPS, rows, head_dim, dtype),
+             _tiles(COMPUTE_WARPGROUPS, rows, head_dim, dtype),
+             _tiles(stages, block_q, head_dim, dtype),
+             _tiles(stages, block_q, head_dim, dtype),
+             plgpu.SMEM((stages, block_q), jnp.float32),
+             plgpu.SMEM((stages, block_q), jnp.float32)],
+            (plgpu.Barrier(num_barriers=COMPUTE_WARPGROUPS),) * 2,
+            (plgpu.Barrier(num_barriers=stages),) * 4,
+            plgpu.Barrier(num_arrivals=COMPUTE_WARPGROUPS, num_barriers=stages),
+            collective_axes="wg",
+        )
+
+    # Every kv head of a block together, or one head after another (flex_kernel decides).
+    grid, names = ((kv_heads, geometry.num_k_blocks, batch), ("kv_heads", "kv_seq", "batch"))
+    if not heads_together:
+        grid, names = (grid[1], grid[0], batch), (names[1], names[0], "batch")
+    call = plgpu.kernel(
+        entry,
+        out_type=[jax.ShapeDtypeStruct(k.shape, dtype), jax.ShapeDtypeStruct(v.shape, dtype)],
+        grid=grid,
+        grid_names=names,
+        num_threads=COMPUTE_WARPGROUPS + 1,
+        thread_name="wg",
+        compiler_params=plgpu.CompilerParams(approx_math=True),
+        kernel_name="lcab_flex_dkv_mosaic",
+    )
+    return call(*_walk_inputs(tables, "by_k"), q, k, v, dout, lse, delta)
+
+
+def _product(a_smem, b_smem):
+    """a @ b of two shared-memory operands, into a fresh float32 accumulator."""
+    def run(acc_ref):
+        plgpu.wgmma(acc_ref, a_smem, b_smem)
+        return acc_ref[...]
+
+    rows, cols = a_smem.shape[0], b_smem.shape[1]
+    return pl.run_scoped(run, plgpu.ACC((rows, cols), jnp.float32))
+
+
+def _wait_free(step, stages: int, consumed):
+    """Before refilling a ring slot: wait until its last tile was used."""
+    @pl.when(step >= stages)
+    def _():
+        plgpu.barrier_wait(consumed)
+
+
+def _tiles(count: int, rows: int, head_dim: int, dtype):
+    return plgpu.SMEM((count, rows, head_dim), dtype, transforms=_TRANSFORMS)
+
+
+def _walk_inputs(tables, walk: str):
+    return [*tables[walk], tables["slice_ids"], tables["slices"]]
