@@ -28,7 +28,10 @@ nothing is repeated in memory.
 Masked scores are -inf, and a row that sees nothing gives out 0 and
 lse -inf (lcab.reference's convention); every exp is guarded so such rows
 never make a NaN. Scores are kept in base 2 inside (exp2), lse is returned
-in natural log. On a CPU the same kernels run in Pallas interpret mode.
+in natural log. On a CPU the same kernels run in Pallas interpret mode. On
+Hopper the forward goes through Mosaic GPU instead where it fits
+(flex_kernel_mosaic; Lowering.forward_lowering), and the backward does
+where asked (flex_backward_mosaic; Lowering.backward_lowering).
 """
 
 from __future__ import annotations
@@ -84,7 +87,7 @@ class Lowering:
     fused_backward: bool = False
     # The forward's lowering: "triton" (also the CPU's, interpreted),
     # "mosaic" (Hopper: wgmma, TMA, warp specialised; flex_kernel_mosaic) or
-    # "auto" (mosaic where it fits, else triton). The backward is Triton's.
+    # "auto" (mosaic where it fits, else triton).
     forward_lowering: str = "auto"
     # Shared-memory slots of the Mosaic forward's K/V ring.
     forward_stages: int = 2

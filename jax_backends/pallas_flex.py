@@ -7,9 +7,10 @@ tiles are masked element-wise by the slices that meet them
 (jax_backends/flex_kernel.py). GQA indexes each query head's K/V head:
 nothing is repeated in memory (dK/dV programs read K/V once per group,
 forward and dQ programs once per query head). The kernels are lowered
-through Triton (on a CPU they run in Pallas interpret mode);
-`forward_lowering=mosaic` runs the forward through Mosaic GPU on Hopper
-(jax_backends/flex_kernel_mosaic.py).
+through Triton (on a CPU they run in Pallas interpret mode); on Hopper the
+forward goes through Mosaic GPU where it fits (`forward_lowering=auto`,
+jax_backends/flex_kernel_mosaic.py), and `backward_lowering=mosaic` asks
+for the Mosaic backward (jax_backends/flex_backward_mosaic.py).
 """
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ class Tiling:
 class PallasFlexBackend(Backend):
     name = "jax.pallas_flex"
     framework = "jax"
-    description = "LCAB's flexible-mask flash attention (Pallas, Triton lowering), any mask"
+    description = ("LCAB's flexible-mask flash attention (Pallas: Mosaic GPU forward on Hopper, "
+                   "Triton elsewhere and backward), any mask")
     dtypes = ("bfloat16", "float16", "float32")
     head_dims = (16, 32, 64, 128)  # Triton tiles are powers of two
     requires = ("jax", "jax.experimental.pallas", "jax.experimental.pallas.triton")
