@@ -35,9 +35,11 @@ from jax_backends.flex_kernel_mosaic import (
     COMPUTE_WARPGROUPS,
     ROWS_PER_WARPGROUP,
     accumulate,
+    feed_kv,
     fold_visits,
     masked,
     slice_bounds,
+    wait_free,
 )
 from jax_backends.flex_plan import Geometry
 
@@ -73,7 +75,7 @@ def backward(q, k, v, dout, lse2, delta, geometry: Geometry, tables, *,
 
 
 def _dq(q, k, v, dout, lse, delta, geometry: Geometry, tables, scale, stages):
-    batch, seq_q, heads, head_dim = q.shape
+    batch, _, heads, head_dim = q.shape
     group = heads // k.shape[2]
     rows, dtype = ROWS_PER_WARPGROUP, q.dtype
     qk_scale = scale * _LOG2E
@@ -87,7 +89,7 @@ def _dq(q, k, v, dout, lse, delta, geometry: Geometry, tables, scale, stages):
         b, head = lax.axis_index("batch"), lax.axis_index("heads")
         qi = walk[7][lax.axis_index("q_seq")]
         wg = lax.axis_index("wg")
-        slot_of = lambda step: lax.rem(step, jnp.int32(stages))  # noqa: E731
+        slot_of = lambda step: lax.rem(step, jnp.int32(stages))
 
         @pl.when(wg < COMPUTE_WARPGROUPS)
         def _compute():
@@ -132,19 +134,8 @@ def _dq(q, k, v, dout, lse, delta, geometry: Geometry, tables, scale, stages):
 
         @pl.when(wg == COMPUTE_WARPGROUPS)
         def _memory():
-            plgpu.set_max_registers(40, action="decrease")
-            kv_head = lax.div(head, jnp.int32(group))
-
-            def load(step, kb, j, carry):
-                slot = slot_of(step)
-                span = (b, pl.ds(kb * geometry.block_k, geometry.block_k), kv_head)
-                for ref, smem, ready, free in ((k_ref, k_smem, k_loaded, k_consumed),
-                                               (v_ref, v_smem, v_loaded, v_consumed)):
-                    _wait_free(step, stages, free.at[slot])
-                    plgpu.copy_gmem_to_smem(ref.at[span], smem.at[slot], ready.at[slot])
-                return carry
-
-            fold_visits(walk, qi, load, (jnp.int32(0), jnp.int32(0)))
+            feed_kv(walk, qi, (b, lax.div(head, jnp.int32(group))), geometry.block_k, stages,
+                    ((k_ref, k_smem, k_loaded, k_consumed), (v_ref, v_smem, v_loaded, v_consumed)))
 
     def entry(*refs):
         pl.run_scoped(
@@ -176,7 +167,7 @@ def _dq(q, k, v, dout, lse, delta, geometry: Geometry, tables, scale, stages):
 
 def _dkv(q, k, v, dout, lse, delta, geometry: Geometry, tables, scale, stages,
          heads_together):
-    batch, seq_q, heads, head_dim = q.shape
+    batch, _, heads, head_dim = q.shape
     kv_heads = k.shape[2]
     group = heads // kv_heads
     rows, dtype, block_q = ROWS_PER_WARPGROUP, q.dtype, geometry.block_q
@@ -190,7 +181,7 @@ def _dkv(q, k, v, dout, lse, delta, geometry: Geometry, tables, scale, stages,
         b, kv_head = lax.axis_index("batch"), lax.axis_index("kv_heads")
         kj = walk[7][lax.axis_index("kv_seq")]
         wg = lax.axis_index("wg")
-        slot_of = lambda step: lax.rem(step, jnp.int32(stages))  # noqa: E731
+        slot_of = lambda step: lax.rem(step, jnp.int32(stages))
 
         def for_each_head(body, carry):
             """body(step, q head, q block, j, carry) over the group's heads
@@ -258,7 +249,7 @@ def _dkv(q, k, v, dout, lse, delta, geometry: Geometry, tables, scale, stages,
 
             def load(step, head, qb, j, carry):
                 slot = slot_of(step)
-                _wait_free(step, stages, consumed.at[slot])
+                wait_free(step, stages, consumed.at[slot])
                 tile = (b, pl.ds(qb * block_q, block_q), head)
                 vector = (b, head, pl.ds(qb * block_q, block_q))
                 sources = (q_ref.at[tile], do_ref.at[tile], lse_ref.at[vector],
@@ -310,13 +301,6 @@ def _product(a_smem, b_smem):
 
     rows, cols = a_smem.shape[0], b_smem.shape[1]
     return pl.run_scoped(run, plgpu.ACC((rows, cols), jnp.float32))
-
-
-def _wait_free(step, stages: int, consumed):
-    """Before refilling a ring slot: wait until its last tile was used."""
-    @pl.when(step >= stages)
-    def _():
-        plgpu.barrier_wait(consumed)
 
 
 def _tiles(count: int, rows: int, head_dim: int, dtype):

@@ -155,27 +155,8 @@ def forward(q, k, v, geometry: Geometry, tables, *, stages: int = 2):
 
         @pl.when(wg == COMPUTE_WARPGROUPS)
         def _memory():
-            plgpu.set_max_registers(40, action="decrease")
-            kv_head = lax.div(head, jnp.int32(group))
-
-            def load(step, kb, j, carry):
-                slot = slot_of(step)
-                span = (b, pl.ds(kb * block_k, block_k), kv_head)
-
-                @pl.when(step >= stages)
-                def _():
-                    plgpu.barrier_wait(k_consumed.at[slot])
-
-                plgpu.copy_gmem_to_smem(k_ref.at[span], k_smem.at[slot], k_loaded.at[slot])
-
-                @pl.when(step >= stages)
-                def _():
-                    plgpu.barrier_wait(v_consumed.at[slot])
-
-                plgpu.copy_gmem_to_smem(v_ref.at[span], v_smem.at[slot], v_loaded.at[slot])
-                return carry
-
-            fold_visits(walk_refs, qi, load, (jnp.int32(0), jnp.int32(0)))
+            feed_kv(walk_refs, qi, (b, lax.div(head, jnp.int32(group))), block_k, stages,
+                    ((k_ref, k_smem, k_loaded, k_consumed), (v_ref, v_smem, v_loaded, v_consumed)))
 
     def entry(*refs):
         transforms = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
@@ -225,6 +206,32 @@ def fold_visits(walk, row, body, state):
 
     state = lax.fori_loop(0, runs[row], full_run, state)
     return lax.fori_loop(0, partials[row], partial, state)
+
+
+def feed_kv(walk, row, at, block_k: int, stages: int, buffers):
+    """The memory warpgroup of a kernel walking plan row `row`: for every
+    visited kv block, and each (ref, ring, loaded, consumed) of `buffers`,
+    wait until the ring slot is free again, then copy the block of ref at
+    (batch, kv head) = `at` into it by TMA."""
+    plgpu.set_max_registers(40, action="decrease")
+    batch, kv_head = at
+
+    def load(step, kb, j, carry):
+        slot = lax.rem(step, jnp.int32(stages))
+        span = (batch, pl.ds(kb * block_k, block_k), kv_head)
+        for ref, ring, loaded, consumed in buffers:
+            wait_free(step, stages, consumed.at[slot])
+            plgpu.copy_gmem_to_smem(ref.at[span], ring.at[slot], loaded.at[slot])
+        return carry
+
+    fold_visits(walk, row, load, (jnp.int32(0), jnp.int32(0)))
+
+
+def wait_free(step, stages: int, consumed):
+    """Before refilling a ring slot: wait until its last tile was used."""
+    @pl.when(step >= stages)
+    def _():
+        plgpu.barrier_wait(consumed)
 
 
 def visit_count(walk, row):
