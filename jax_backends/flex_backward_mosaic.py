@@ -98,13 +98,9 @@ def _dq(q, k, v, dout, lse, delta, geometry: Geometry, tables, scale, stages):
             row0 = qi * BLOCK + wg * rows
             span = (b, pl.ds(row0, rows), head)
             vector = (b, head, pl.ds(row0, rows))
-            copies = ((q_ref.at[span], q_smem), (do_ref.at[span], do_smem),
-                      (lse_ref.at[vector], lse_smem2.at[wg]),
-                      (delta_ref.at[vector], delta_smem2.at[wg]))
-            for (source, target), barrier in zip(copies, own):
-                plgpu.copy_gmem_to_smem(source, target, barrier.at[wg])
-            for barrier in own:
-                plgpu.barrier_wait(barrier.at[wg])
+            _copy_and_wait(((q_ref.at[span], q_smem), (do_ref.at[span], do_smem),
+                            (lse_ref.at[vector], lse_smem2.at[wg]),
+                            (delta_ref.at[vector], delta_smem2.at[wg])), own, wg)
             lse = plgpu.load(lse_smem2.at[wg], (), layout=_ROW)
             delta = plgpu.load(delta_smem2.at[wg], (), layout=_ROW)
 
@@ -199,10 +195,7 @@ def _dkv(q, k, v, dout, lse, delta, geometry: Geometry, tables, scale, stages,
             k_smem, v_smem = k_smem2.at[wg], v_smem2.at[wg]
             row0 = kj * BLOCK + wg * rows
             span = (b, pl.ds(row0, rows), kv_head)
-            for (ref, smem), barrier in zip(((k_ref, k_smem), (v_ref, v_smem)), own):
-                plgpu.copy_gmem_to_smem(ref.at[span], smem, barrier.at[wg])
-            for barrier in own:
-                plgpu.barrier_wait(barrier.at[wg])
+            _copy_and_wait(((k_ref.at[span], k_smem), (v_ref.at[span], v_smem)), own, wg)
             q_loaded, do_loaded, lse_loaded, delta_loaded = loaded
 
             def visit(step, head, qb, j, carry):
@@ -301,6 +294,15 @@ def _product(a_smem, b_smem):
 
     rows, cols = a_smem.shape[0], b_smem.shape[1]
     return pl.run_scoped(run, plgpu.ACC((rows, cols), jnp.float32))
+
+
+def _copy_and_wait(copies, barriers, wg):
+    """A compute warpgroup's own tiles: each (source, target) copied by TMA
+    on its barrier array's slot `wg`, all issued before any is waited for."""
+    for (source, target), barrier in zip(copies, barriers):
+        plgpu.copy_gmem_to_smem(source, target, barrier.at[wg])
+    for barrier in barriers:
+        plgpu.barrier_wait(barrier.at[wg])
 
 
 def _tiles(count: int, rows: int, head_dim: int, dtype):
