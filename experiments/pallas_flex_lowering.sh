@@ -3,7 +3,7 @@
 # (option forward_lowering=mosaic, Hopper only; issue #6), on one GPU:
 #
 #   experiments/pallas_flex_lowering.sh OUT [check] [speed] [stages] [table] [paper]
-#                                           [backward]
+#                                           [backward] [mosaic_backward]
 #
 # check: the Mosaic forward on all 14 families at 2k tokens, 8:2 heads,
 #   fwd and bwd (the backward starts from its out and lse), one repeat:
@@ -20,7 +20,10 @@
 #   experiments/paper_*_masks.flags: pallas_flex, then torch.flex.
 # backward: the Mosaic backward (backward_lowering=mosaic, 128 x 128
 #   tiles): the check part's 14 families with it, then the six seed masks
-#   at LCAB_SEQLENS, fwd and bwd, with each backward lowering.
+#   at LCAB_SEQLENS, fwd and bwd, with each backward lowering. The Mosaic
+#   kernels split each tile into LCAB_BACKWARD_PARTS strips (default 1).
+# mosaic_backward: the backward part without its Triton run, the timed
+#   rows first.
 # Rows land in OUT/<part>/<lowering>/; a short table is printed last.
 set -u
 out=$1
@@ -66,15 +69,21 @@ for part in "$@"; do
              --directions=fwd,bwd --warmup=1 --iters=3)
       run "$out/paper/jax" --backends=jax.pallas_flex "${paper[@]}"
       run "$out/paper/torch" --framework=torch --backends=torch.flex "${paper[@]}" ;;
-    backward)
-      backward=--backend_options=jax.pallas_flex:backward_lowering=mosaic
-      run "$out/backward/check" --backends=jax.pallas_flex "$backward" --masks=$all_masks \
-        --seqlens=2k --heads=8:2 --directions=fwd,bwd --warmup=0 --iters=1 --flush_l2=false
+    backward|mosaic_backward)
+      backward=--backend_options=jax.pallas_flex:backward_lowering=mosaic,jax.pallas_flex:backward_parts=${LCAB_BACKWARD_PARTS:-1}
       timed=(--masks=$seed_masks --seqlens="${LCAB_SEQLENS:-16k,32k}" --heads=64:8
              --directions=fwd,bwd --warmup=1 --iters=5)
-      run "$out/backward/mosaic" --backends=jax.pallas_flex "$backward" "${timed[@]}"
-      run "$out/backward/triton" --backends=jax.pallas_flex "${timed[@]}" ;;
-    *) echo "unknown part $part (check, speed, stages, table, paper, backward)"; exit 2 ;;
+      check=(--masks=$all_masks --seqlens=2k --heads=8:2 --directions=fwd,bwd --warmup=0
+             --iters=1 --flush_l2=false)
+      if [ "$part" = backward ]; then
+        run "$out/backward/check" --backends=jax.pallas_flex "$backward" "${check[@]}"
+        run "$out/backward/mosaic" --backends=jax.pallas_flex "$backward" "${timed[@]}"
+        run "$out/backward/triton" --backends=jax.pallas_flex "${timed[@]}"
+      else
+        run "$out/mosaic_backward/timed" --backends=jax.pallas_flex "$backward" "${timed[@]}"
+        run "$out/mosaic_backward/check" --backends=jax.pallas_flex "$backward" "${check[@]}"
+      fi ;;
+    *) echo "unknown part $part (check, speed, stages, table, paper, backward, mosaic_backward)"; exit 2 ;;
   esac
 done
 python3 - "$out" <<'PY'

@@ -48,6 +48,7 @@ BLOCK = ROWS_PER_WARPGROUP * COMPUTE_WARPGROUPS  # both plan blocks: 128
 _TRANSFORMS = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
 _ROW = plgpu.Layout.WGMMA.reduce(1)  # one value per tile row
 _COLUMN = plgpu.Layout.WGMMA.reduce(0)  # one value per tile column
+PARTS = (1, 2)  # strips per tile (backward's `parts`)
 
 
 def problem(block_q: int, block_k: int, dtype, head_dim: int) -> str | None:
@@ -63,21 +64,26 @@ def problem(block_q: int, block_k: int, dtype, head_dim: int) -> str | None:
 
 
 def backward(q, k, v, dout, lse2, delta, geometry: Geometry, tables, *,
-             heads_together: bool = False, stages: int = 2):
+             heads_together: bool = False, stages: int = 2, parts: int = 1):
     """(dq, dk, dv) of padded inputs: lse2 (base 2) and delta are
-    (batch, heads, padded_q) float32, as flex_kernel._backward takes them."""
+    (batch, heads, padded_q) float32, as flex_kernel._backward takes them.
+    parts: each tile's streamed side (dQ's keys, dK/dV's queries) in this
+    many strips, so a warpgroup's scores take 1/parts of the registers."""
+    if parts not in PARTS:
+        raise ValueError(f"parts={parts}: choose one of {', '.join(map(str, PARTS))}")
     scale = 1.0 / math.sqrt(q.shape[3])
     lse_safe = jnp.where(lse2 == -jnp.inf, 0.0, lse2)  # rows that see nothing meet only masks
-    dq = _dq(q, k, v, dout, lse_safe, delta, geometry, tables, scale, stages)
+    dq = _dq(q, k, v, dout, lse_safe, delta, geometry, tables, scale, stages, parts)
     dk, dv = _dkv(q, k, v, dout, lse_safe, delta, geometry, tables, scale, stages,
-                  heads_together)
+                  heads_together, parts)
     return dq, dk, dv
 
 
-def _dq(q, k, v, dout, lse, delta, geometry: Geometry, tables, scale, stages):
+def _dq(q, k, v, dout, lse, delta, geometry: Geometry, tables, scale, stages, parts):
     batch, _, heads, head_dim = q.shape
     group = heads // k.shape[2]
     rows, dtype = ROWS_PER_WARPGROUP, q.dtype
+    cols = geometry.block_k // parts
     qk_scale = scale * _LOG2E
 
     def kernel(*refs):
@@ -108,16 +114,20 @@ def _dq(q, k, v, dout, lse, delta, geometry: Geometry, tables, scale, stages):
                 slot = slot_of(step)
                 first = None if j is None else slice_bounds(ids, slices, lo[qi, j])
                 plgpu.barrier_wait(k_loaded.at[slot])
-                s = _product(q_smem, plgpu.transpose_ref(k_smem.at[slot], (1, 0)))
-                if j is not None:
-                    s = masked(s, first, ids, slices, lo[qi, j], hi[qi, j], row0,
-                               kb * geometry.block_k)
-                p = jnp.exp2(s * qk_scale - lax.broadcast_in_dim(lse, s.shape, [0]))
-                plgpu.barrier_wait(v_loaded.at[slot])
-                dp = _product(do_smem, plgpu.transpose_ref(v_smem.at[slot], (1, 0)))
+                for part in range(parts):  # the tile's keys in `parts` column strips
+                    k_part = k_smem.at[slot, pl.ds(part * cols, cols)]
+                    v_part = v_smem.at[slot, pl.ds(part * cols, cols)]
+                    s = _product(q_smem, plgpu.transpose_ref(k_part, (1, 0)))
+                    if j is not None:
+                        s = masked(s, first, ids, slices, lo[qi, j], hi[qi, j], row0,
+                                   kb * geometry.block_k + part * cols)
+                    p = jnp.exp2(s * qk_scale - lax.broadcast_in_dim(lse, s.shape, [0]))
+                    if part == 0:
+                        plgpu.barrier_wait(v_loaded.at[slot])
+                    dp = _product(do_smem, plgpu.transpose_ref(v_part, (1, 0)))
+                    ds = p * (dp - lax.broadcast_in_dim(delta, dp.shape, [0]))
+                    dq = accumulate(dq, ds.astype(dtype), k_part)
                 plgpu.barrier_arrive(v_consumed.at[slot])
-                ds = p * (dp - lax.broadcast_in_dim(delta, dp.shape, [0]))
-                dq = accumulate(dq, ds.astype(dtype), k_smem.at[slot])
                 plgpu.barrier_arrive(k_consumed.at[slot])
                 return dq
 
@@ -162,11 +172,12 @@ def _dq(q, k, v, dout, lse, delta, geometry: Geometry, tables, scale, stages):
 
 
 def _dkv(q, k, v, dout, lse, delta, geometry: Geometry, tables, scale, stages,
-         heads_together):
+         heads_together, parts):
     batch, _, heads, head_dim = q.shape
     kv_heads = k.shape[2]
     group = heads // kv_heads
     rows, dtype, block_q = ROWS_PER_WARPGROUP, q.dtype, geometry.block_q
+    cols = block_q // parts
     qk_scale = scale * _LOG2E
 
     def kernel(*refs):
@@ -203,26 +214,34 @@ def _dkv(q, k, v, dout, lse, delta, geometry: Geometry, tables, scale, stages,
                 slot = slot_of(step)
                 first = None if j is None else slice_bounds(ids, slices, lo[kj, j])
                 plgpu.barrier_wait(q_loaded.at[slot])
-                s_t = _product(k_smem, plgpu.transpose_ref(q_smem.at[slot], (1, 0)))
-                if j is not None:
-                    s_t = masked(s_t, first, ids, slices, lo[kj, j], hi[kj, j], row0,
-                                 qb * block_q, transposed=True)
-                plgpu.barrier_wait(lse_loaded.at[slot])
-                lse = plgpu.load(lse_smem.at[slot], (), layout=_COLUMN)
-                p_t = jnp.exp2(s_t * qk_scale - lax.broadcast_in_dim(lse, s_t.shape, [1]))
-                plgpu.barrier_wait(do_loaded.at[slot])
+                for part in range(parts):  # the tile's queries in `parts` strips
+                    strip = pl.ds(part * cols, cols)
+                    q_part, do_part = q_smem.at[slot, strip], do_smem.at[slot, strip]
+                    s_t = _product(k_smem, plgpu.transpose_ref(q_part, (1, 0)))
+                    if j is not None:
+                        s_t = masked(s_t, first, ids, slices, lo[kj, j], hi[kj, j], row0,
+                                     qb * block_q + part * cols, transposed=True)
+                    if part == 0:
+                        plgpu.barrier_wait(lse_loaded.at[slot])
+                    lse = plgpu.load(lse_smem.at[slot, strip], (), layout=_COLUMN)
+                    p_t = jnp.exp2(s_t * qk_scale - lax.broadcast_in_dim(lse, s_t.shape, [1]))
+                    if part == 0:
+                        plgpu.barrier_wait(do_loaded.at[slot])
 
-                def dv_and_dp(refs):  # two wgmmas, one wait
-                    dv_ref, dp_ref = refs
-                    plgpu.wgmma(dv_ref, p_t.astype(dtype), do_smem.at[slot])
-                    plgpu.wgmma(dp_ref, v_smem, plgpu.transpose_ref(do_smem.at[slot], (1, 0)))
+                    def dv_and_dp(refs):  # two wgmmas, one wait
+                        dv_ref, dp_ref = refs
+                        plgpu.wgmma(dv_ref, p_t.astype(dtype), do_part)
+                        plgpu.wgmma(dp_ref, v_smem, plgpu.transpose_ref(do_part, (1, 0)))
 
-                zeros = plgpu.layout_cast(jnp.zeros(s_t.shape, jnp.float32), plgpu.Layout.WGMMA)
-                dv, dp_t = pl.run_state(dv_and_dp)((plgpu.ACC.init(dv), plgpu.ACC.init(zeros)))
-                plgpu.barrier_wait(delta_loaded.at[slot])
-                delta = plgpu.load(delta_smem.at[slot], (), layout=_COLUMN)
-                ds_t = p_t * (dp_t - lax.broadcast_in_dim(delta, dp_t.shape, [1]))
-                dk = accumulate(dk, ds_t.astype(dtype), q_smem.at[slot])
+                    zeros = plgpu.layout_cast(jnp.zeros(s_t.shape, jnp.float32),
+                                              plgpu.Layout.WGMMA)
+                    dv, dp_t = pl.run_state(dv_and_dp)((plgpu.ACC.init(dv),
+                                                        plgpu.ACC.init(zeros)))
+                    if part == 0:
+                        plgpu.barrier_wait(delta_loaded.at[slot])
+                    delta = plgpu.load(delta_smem.at[slot, strip], (), layout=_COLUMN)
+                    ds_t = p_t * (dp_t - lax.broadcast_in_dim(delta, dp_t.shape, [1]))
+                    dk = accumulate(dk, ds_t.astype(dtype), q_part)
                 plgpu.barrier_arrive(consumed.at[slot])
                 return dk, dv
 

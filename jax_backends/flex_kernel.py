@@ -94,6 +94,9 @@ class Lowering:
     # The backward's: "triton", or "mosaic" (Hopper; flex_backward_mosaic,
     # on 128 x 128 backward tiles). Not "auto" until it is measured.
     backward_lowering: str = "triton"
+    # The Mosaic backward's tiles in this many strips along the streamed side
+    # (flex_backward_mosaic.PARTS): 2 halves a warpgroup's score registers.
+    backward_parts: int = 1
 
     def __post_init__(self):
         if self.dkv_launch not in DKV_LAUNCHES:
@@ -109,6 +112,9 @@ class Lowering:
                              f"{', '.join(BACKWARD_LOWERINGS)}")
         if self.interpret and self.backward_lowering == "mosaic":
             raise ValueError("backward_lowering=mosaic has no interpret mode (a CUDA GPU only)")
+        if self.backward_parts not in flex_backward_mosaic.PARTS:
+            raise ValueError(f"backward_parts={self.backward_parts}: choose one of "
+                             f"{', '.join(map(str, flex_backward_mosaic.PARTS))}")
         if self.forward_stages < 2:
             raise ValueError(f"forward_stages={self.forward_stages}: the K/V ring needs 2 or more")
 
@@ -378,7 +384,8 @@ def _backward(q, k, v, delta, lse2, dout, plan: Geometry, tables, lowering: Lowe
             and lowering.is_mosaic("backward", bq, bk, q.dtype, head_dim)):
         return flex_backward_mosaic.backward(
             q, k, v, dout, lse2, delta, plan, tables,
-            heads_together=_heads_together(plan, kv_heads * batch, lowering))
+            heads_together=_heads_together(plan, kv_heads * batch, lowering),
+            parts=lowering.backward_parts)
     dq = None if fused else _dq(q, k, v, delta, lse2, dout, plan, tables, lowering, scale,
                                 dq_in)
 

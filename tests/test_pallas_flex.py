@@ -342,9 +342,10 @@ def test_the_mosaic_forward_lowers_for_a_gpu_on_every_family(head_dim, dtype, bl
         assert "lcab_flex_forward_mosaic" in text, name
 
 
-@pytest.mark.parametrize("head_dim,dtype,heads_together", [(128, jnp.bfloat16, False),
-                                                          (64, jnp.float16, True)])
-def test_the_mosaic_backward_lowers_for_a_gpu_on_every_family(head_dim, dtype, heads_together):
+@pytest.mark.parametrize("head_dim,dtype,heads_together,parts", [
+    (128, jnp.bfloat16, False, 1), (64, jnp.float16, True, 1), (128, jnp.bfloat16, True, 2)])
+def test_the_mosaic_backward_lowers_for_a_gpu_on_every_family(head_dim, dtype, heads_together,
+                                                              parts):
     """As the forward: lowered to Mosaic GPU's MLIR, both kernels, every
     family (its numbers are for a GPU to check)."""
     for name in MASK_NAMES:
@@ -356,7 +357,7 @@ def test_the_mosaic_backward_lowers_for_a_gpu_on_every_family(head_dim, dtype, h
 
         def gradients(q, k, v, dout, lse2, delta, t, plan=plan):
             return flex_backward_mosaic.backward(q, k, v, dout, lse2, delta, plan.geometry, t,
-                                                 heads_together=heads_together)
+                                                 heads_together=heads_together, parts=parts)
 
         text = jax.jit(gradients).trace(q, kv, kv, q, rows, rows, tables).lower(
             lowering_platforms=("cuda",)).as_text()
@@ -404,6 +405,8 @@ def test_the_mosaic_backward_is_chosen_only_by_name():
         Lowering(backward_lowering="auto")
     with pytest.raises(ValueError, match="backward_lowering=mosaic has no interpret mode"):
         Lowering(interpret=True, backward_lowering="mosaic")
+    with pytest.raises(ValueError, match="backward_parts=3: choose one of 1, 2"):
+        Lowering(backward_parts=3)
 
 
 def test_the_backend_runs_through_the_correctness_gate(tmp_path):
