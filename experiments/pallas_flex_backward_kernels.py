@@ -6,7 +6,8 @@
 For each mask (64:8 heads, d=128, bf16, batch 1, chatqa2 documents): the
 whole Triton backward (its default 64 x 64 plan), and the Mosaic backward's
 dQ and dK/dV kernels alone for each `parts` (flex_backward_mosaic.PARTS),
-on a 128 x 128 plan. TFLOP/s count the kernel's own matmuls over the
+and dK/dV with 240 / 24 registers per compute / memory thread, on a
+128 x 128 plan. TFLOP/s count the kernel's own matmuls over the
 mask's exact area: dQ 3, dK/dV 4, a whole backward 5 (the harness's
 convention) plus the Triton dQ pass's 2 recomputed ones left out. One
 warm-up, median of five; a JSON line per kernel goes to --out and a table
@@ -68,11 +69,26 @@ def _kernels(mask, seqlen):
             q, k, v, do, r, r, geometry, tables, scale, 2, False, parts))
         yield f"mosaic dq, parts={parts}", 3, dq, (q, k, v, dout, rows)
         yield f"mosaic dkv, parts={parts}", 4, dkv, (q, k, v, dout, rows)
+    # dK/dV with FA3's register split (240 per compute thread, 24 for TMA).
+    dkv = jax.jit(lambda q, k, v, do, r: _with_registers((240, 24), flex_backward_mosaic._dkv,
+                                                        q, k, v, do, r, r, geometry, tables,
+                                                        scale, 2, False, 2))
+    yield "mosaic dkv, parts=2, registers 240/24", 4, dkv, (q, k, v, dout, rows)
     triton_plan = make_plan(mask, 64, 64)
     triton_tables = jax.tree.map(jnp.asarray, triton_plan.tables())
     whole = jax.jit(lambda q, k, v, do, r: flex_kernel._backward(
         q, k, v, r, r, do, triton_plan.geometry, triton_tables, flex_kernel.Lowering()))
     yield "triton backward (dq + dkv)", 5, whole, (q, k, v, dout, rows)
+
+
+def _with_registers(registers, fn, *args):
+    """fn traced with flex_backward_mosaic.DKV_REGISTERS set to `registers`."""
+    kept = flex_backward_mosaic.DKV_REGISTERS
+    flex_backward_mosaic.DKV_REGISTERS = registers
+    try:
+        return fn(*args)
+    finally:
+        flex_backward_mosaic.DKV_REGISTERS = kept
 
 
 def main(argv):

@@ -3,10 +3,10 @@
 # (option forward_lowering=mosaic, Hopper only; issue #6), on one GPU:
 #
 #   experiments/pallas_flex_lowering.sh OUT [check] [speed] [stages] [table] [paper]
-#                                           [backward] [mosaic_backward]
+#                                           [backward] [mosaic_backward] [flex_table]
 #
 # check: the Mosaic forward on all 14 families at 2k tokens, 8:2 heads,
-#   fwd and bwd (the backward starts from its out and lse), one repeat:
+#   fwd and bwd (the default backward, from its out and lse), one repeat:
 #   every row passes the correctness probe or shows MISMATCH.
 # speed: the forward of the seed's six masks at LCAB_SEQLENS (16k,32k),
 #   64:8 heads, d=128, bf16, one warm-up and five repeats: pallas_flex
@@ -24,6 +24,7 @@
 #   kernels split each tile into LCAB_BACKWARD_PARTS strips (default 1).
 # mosaic_backward: the backward part without its Triton run, the timed
 #   rows first.
+# flex_table: the table part's pallas_flex rows alone (default options).
 # Rows land in OUT/<part>/<lowering>/; a short table is printed last.
 set -u
 out=$1
@@ -63,6 +64,9 @@ for part in "$@"; do
              --directions=fwd,bwd --warmup=1 --iters=5)
       run "$out/table/jax" --backends=jax.pallas_flex,jax.fa3,jax.cudnn "${table[@]}"
       run "$out/table/torch" --framework=torch --backends=torch.flex "${table[@]}" ;;
+    flex_table)
+      run "$out/flex_table/${LCAB_SEQLENS:-16k,32k}" --backends=jax.pallas_flex --masks=$seed_masks \
+        --seqlens="${LCAB_SEQLENS:-16k,32k}" --heads=64:8 --directions=fwd,bwd --warmup=1 --iters=5 ;;
     paper)
       paper=(--masks=full,sliding_window,global_sliding_window,share_question,causal_blockwise,prefix_lm_document,prefix_lm_causal,block_sparse,var_block_sparse
              --doc_distribution=prolong64k --seqlens="${LCAB_SEQLENS:-32k}" --heads=64:8
@@ -78,12 +82,13 @@ for part in "$@"; do
       if [ "$part" = backward ]; then
         run "$out/backward/check" --backends=jax.pallas_flex "$backward" "${check[@]}"
         run "$out/backward/mosaic" --backends=jax.pallas_flex "$backward" "${timed[@]}"
-        run "$out/backward/triton" --backends=jax.pallas_flex "${timed[@]}"
+        run "$out/backward/triton" --backends=jax.pallas_flex \
+          --backend_options=jax.pallas_flex:backward_lowering=triton "${timed[@]}"
       else
         run "$out/mosaic_backward/timed" --backends=jax.pallas_flex "$backward" "${timed[@]}"
         run "$out/mosaic_backward/check" --backends=jax.pallas_flex "$backward" "${check[@]}"
       fi ;;
-    *) echo "unknown part $part (check, speed, stages, table, paper, backward, mosaic_backward)"; exit 2 ;;
+    *) echo "unknown part $part (check, speed, stages, table, flex_table, paper, backward, mosaic_backward)"; exit 2 ;;
   esac
 done
 python3 - "$out" <<'PY'

@@ -240,7 +240,7 @@ class AllGatherBackend(ContextParallelBackend):
 
     def _pallas_attention(self, workload, dispatch):
         kernel, tables = cp_inner.PallasRing.for_masks(
-            self.inner, _gathered_masks(workload.mask, dispatch))
+            self.inner, _gathered_masks(workload.mask, dispatch), workload)
 
         def per_rank(q, k, v, tables):
             k, v = (jax.lax.all_gather(x, AXIS, axis=1, tiled=True) for x in (k, v))
@@ -289,19 +289,21 @@ class RingBackend(ContextParallelBackend):
         return cp_inner.ring_support(self.inner_name, self.inner,
                                      self.sub_workloads(workload, dispatch), dispatch.cp)
 
-    def ring_kernel(self, mask, dispatch, schedule: "Schedule"):
+    def ring_kernel(self, workload, dispatch, schedule: "Schedule"):
         """The ring kernel and its (rank, step, ...) tables: at step s rank r
         holds the K/V shard of rank schedule.sources[s][r]."""
         cp = dispatch.cp
         kernel, tables = cp_inner.ring_kernel(self.inner_name, self.inner,
-                                              _step_masks(mask, dispatch, schedule.sources),
+                                              _step_masks(workload.mask, dispatch,
+                                                          schedule.sources),
+                                              workload,
                                               merge_in_kernel=self.merge == "in_kernel")
         by_rank = lambda t: t.reshape(cp, cp, *t.shape[1:])  # noqa: E731
         return kernel, jax.tree.map(by_rank, tables)
 
     def local_attention(self, workload, dispatch):
         schedule = self.schedule(dispatch.cp)
-        kernel, tables = self.ring_kernel(workload.mask, dispatch, schedule)
+        kernel, tables = self.ring_kernel(workload, dispatch, schedule)
         ring = functools.partial(_ring, AXIS, schedule, kernel)
 
         def per_rank(q, k, v, tables):
@@ -491,7 +493,8 @@ class UlyssesBackend(ContextParallelBackend):
         mask = self.sequence_mask(workload, dispatch)
         tiling, lowering = self.inner.tiling, self.inner.lowering
         forward = flex_plan.make_plan(mask, tiling.block_q, tiling.block_k)
-        backward = flex_plan.make_plan(mask, tiling.backward_block_q, tiling.backward_block_k)
+        backward = flex_plan.make_plan(
+            mask, *self.inner.backward_blocks(workload.dtype, workload.head_dim))
         return lambda q, k, v: flex_kernel.flex_attention(q, k, v, forward, backward,
                                                           lowering)[0]
 
@@ -548,7 +551,7 @@ class UspBackend(RingBackend):
 
     def local_attention(self, workload, dispatch):
         schedule = self.schedule(dispatch.cp)
-        kernel, tables = self.ring_kernel(workload.mask, dispatch, schedule)
+        kernel, tables = self.ring_kernel(workload, dispatch, schedule)
         ring = functools.partial(_ring, "ring", schedule, kernel)
         ulysses = self.ulysses_size > 1
 

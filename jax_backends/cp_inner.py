@@ -156,12 +156,15 @@ class PallasRing:
     merge_in_kernel: bool = False
 
     @classmethod
-    def for_masks(cls, inner: Backend, masks: Sequence[AttnMask]):
-        """The kernel and the masks' (forward, backward) tables, stacked on axis 0."""
+    def for_masks(cls, inner: Backend, masks: Sequence[AttnMask], workload: Workload,
+                  summing: bool = False):
+        """The kernel and the masks' (forward, backward) tables, stacked on
+        axis 0; summing: the backward adds onto running sums (Triton's
+        blocks, PallasFlexBackend.backward_blocks)."""
         tiling = inner.tiling
+        blocks = inner.backward_blocks(workload.dtype, workload.head_dim, summing)
         forward = [flex_plan.make_plan(m, tiling.block_q, tiling.block_k) for m in masks]
-        backward = [flex_plan.make_plan(m, tiling.backward_block_q, tiling.backward_block_k)
-                    for m in masks]
+        backward = [flex_plan.make_plan(m, *blocks) for m in masks]
         as_arrays = lambda tree: jax.tree.map(jnp.asarray, tree)  # noqa: E731
         forward_geometry, forward_tables = flex_plan.stack_plans(forward)
         backward_geometry, backward_tables = flex_plan.stack_plans(backward)
@@ -199,7 +202,8 @@ class DenseRing:
     merge_in_kernel: ClassVar[bool] = False  # XLA merges after each step
 
     @classmethod
-    def for_masks(cls, inner: Backend, masks: Sequence[AttnMask]):
+    def for_masks(cls, inner: Backend, masks: Sequence[AttnMask], workload: Workload,
+                  summing: bool = False):
         return cls(), np.stack([m.to_dense(expressions.DENSE_MASK_CELLS) for m in masks])
 
     def attend(self, q, k, v, visible):
@@ -213,10 +217,11 @@ _RING_KERNELS = {PALLAS: PallasRing, DENSE: DenseRing}
 MERGES_IN_KERNEL = (PALLAS,)  # ring kernels that can continue from a running (out, lse)
 
 
-def ring_kernel(name: str, inner: Backend, masks: Sequence[AttnMask],
+def ring_kernel(name: str, inner: Backend, masks: Sequence[AttnMask], workload: Workload,
                 merge_in_kernel: bool = False):
     """(kernel, tables stacked on axis 0) of a ring-capable inner."""
-    kernel, tables = _RING_KERNELS[name].for_masks(inner, masks)
+    kernel, tables = _RING_KERNELS[name].for_masks(inner, masks, workload,
+                                                   summing=merge_in_kernel)
     if merge_in_kernel:  # the strategy admits it for MERGES_IN_KERNEL only
         kernel = dataclasses.replace(kernel, merge_in_kernel=True)
     return kernel, tables

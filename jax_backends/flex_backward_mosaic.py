@@ -49,6 +49,9 @@ _TRANSFORMS = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
 _ROW = plgpu.Layout.WGMMA.reduce(1)  # one value per tile row
 _COLUMN = plgpu.Layout.WGMMA.reduce(0)  # one value per tile column
 PARTS = (1, 2)  # strips per tile (backward's `parts`)
+# dK/dV's registers per thread: compute and memory warpgroups (setmaxnreg;
+# 2 x 128 x 232 + 128 x 40 fill the SM's 64k).
+DKV_REGISTERS = (232, 40)
 
 
 def problem(block_q: int, block_k: int, dtype, head_dim: int) -> str | None:
@@ -202,7 +205,7 @@ def _dkv(q, k, v, dout, lse, delta, geometry: Geometry, tables, scale, stages,
 
         @pl.when(wg < COMPUTE_WARPGROUPS)
         def _compute():
-            plgpu.set_max_registers(232, action="increase")
+            plgpu.set_max_registers(DKV_REGISTERS[0], action="increase")
             k_smem, v_smem = k_smem2.at[wg], v_smem2.at[wg]
             row0 = kj * BLOCK + wg * rows
             span = (b, pl.ds(row0, rows), kv_head)
@@ -228,7 +231,7 @@ def _dkv(q, k, v, dout, lse, delta, geometry: Geometry, tables, scale, stages,
                     if part == 0:
                         plgpu.barrier_wait(do_loaded.at[slot])
 
-                    def dv_and_dp(refs):  # two wgmmas, one wait
+                    def dv_and_dp(refs, p_t=p_t, do_part=do_part):  # two wgmmas, one wait
                         dv_ref, dp_ref = refs
                         plgpu.wgmma(dv_ref, p_t.astype(dtype), do_part)
                         plgpu.wgmma(dp_ref, v_smem, plgpu.transpose_ref(do_part, (1, 0)))
@@ -257,7 +260,7 @@ def _dkv(q, k, v, dout, lse, delta, geometry: Geometry, tables, scale, stages,
 
         @pl.when(wg == COMPUTE_WARPGROUPS)
         def _memory():
-            plgpu.set_max_registers(40, action="decrease")
+            plgpu.set_max_registers(DKV_REGISTERS[1], action="decrease")
 
             def load(step, head, qb, j, carry):
                 slot = slot_of(step)

@@ -57,7 +57,7 @@ _LN2 = math.log(2.0)
 
 DKV_LAUNCHES = ("auto", "head_major", "heads_together")
 FORWARD_LOWERINGS = ("auto", "triton", "mosaic")
-BACKWARD_LOWERINGS = ("triton", "mosaic")
+BACKWARD_LOWERINGS = ("auto", "triton", "mosaic")
 # Programs that run at once: two 4-warp dK/dV programs per SM of an H100's
 # 132 (an estimate; only the launch choice depends on it).
 _CONCURRENT_PROGRAMS = 264
@@ -91,12 +91,14 @@ class Lowering:
     forward_lowering: str = "auto"
     # Shared-memory slots of the Mosaic forward's K/V ring.
     forward_stages: int = 2
-    # The backward's: "triton", or "mosaic" (Hopper; flex_backward_mosaic,
-    # on 128 x 128 backward tiles). Not "auto" until it is measured.
-    backward_lowering: str = "triton"
+    # The backward's, as the forward's (flex_backward_mosaic, on 128 x 128
+    # backward tiles): 1.23-1.34x the Triton backward on an H100
+    # (results/gpu/2026-11-26-h100-pallas-flex-mosaic-backward/).
+    backward_lowering: str = "auto"
     # The Mosaic backward's tiles in this many strips along the streamed side
-    # (flex_backward_mosaic.PARTS): 2 halves a warpgroup's score registers.
-    backward_parts: int = 1
+    # (flex_backward_mosaic.PARTS): 2 halves a warpgroup's score registers,
+    # which took dK/dV from 392 to 552 TFLOP/s of its matmuls (H100).
+    backward_parts: int = 2
 
     def __post_init__(self):
         if self.dkv_launch not in DKV_LAUNCHES:

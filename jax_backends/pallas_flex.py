@@ -9,15 +9,16 @@ nothing is repeated in memory (dK/dV programs read K/V once per group,
 forward and dQ programs once per query head). The kernels are lowered
 through Triton (on a CPU they run in Pallas interpret mode); on Hopper the
 forward goes through Mosaic GPU where it fits (`forward_lowering=auto`,
-jax_backends/flex_kernel_mosaic.py), and `backward_lowering=mosaic` asks
-for the Mosaic backward (jax_backends/flex_backward_mosaic.py).
+jax_backends/flex_kernel_mosaic.py) and so does the backward
+(`backward_lowering=auto`, jax_backends/flex_backward_mosaic.py, on
+128 x 128 backward tiles; the Triton backward takes 64 x 64).
 """
 
 from __future__ import annotations
 
 import dataclasses
 
-from jax_backends import _shared, flex_kernel, flex_plan
+from jax_backends import _shared, flex_backward_mosaic, flex_kernel, flex_plan
 from lcab.backend import Backend, Support
 from lcab.workloads import Workload
 
@@ -28,15 +29,17 @@ class Tiling:
 
     block_q: int = 128
     block_k: int = 128  # 64 read 344 forward at full 32k on an H100, 128 read 403
-    backward_block_q: int = 64
-    backward_block_k: int = 64
+    # None: 128 x 128 where the Mosaic backward runs, else 64 x 64 (Triton's
+    # best on an H100): PallasFlexBackend.backward_blocks.
+    backward_block_q: int | None = None
+    backward_block_k: int | None = None
 
 
 class PallasFlexBackend(Backend):
     name = "jax.pallas_flex"
     framework = "jax"
-    description = ("LCAB's flexible-mask flash attention (Pallas: Mosaic GPU forward on Hopper, "
-                   "Triton elsewhere and backward), any mask")
+    description = ("LCAB's flexible-mask flash attention (Pallas: Mosaic GPU on Hopper, "
+                   "Triton elsewhere), any mask")
     dtypes = ("bfloat16", "float16", "float32")
     head_dims = (16, 32, 64, 128)  # Triton tiles are powers of two
     requires = ("jax", "jax.experimental.pallas", "jax.experimental.pallas.triton")
@@ -49,12 +52,10 @@ class PallasFlexBackend(Backend):
     def __init__(self, **options):
         tiling_keys = {field.name for field in dataclasses.fields(Tiling)}
         tiling = {k: v for k, v in options.items() if k in tiling_keys}
-        if options.get("backward_lowering") == "mosaic":  # its tiles, unless chosen
-            tiling = {"backward_block_q": 128, "backward_block_k": 128, **tiling}
         self.tiling = Tiling(**tiling)
         for key in tiling_keys:
             size = getattr(self.tiling, key)
-            if size < 16 or size & (size - 1):
+            if size is not None and (size < 16 or size & (size - 1)):
                 raise ValueError(f"{key}={size}: blocks are powers of two from 16 (Triton tiles)")
         lowering = {k: v for k, v in options.items() if k not in tiling_keys}
         # The Mosaic kernels have no interpret mode; mask_support says so on a CPU.
@@ -67,11 +68,27 @@ class PallasFlexBackend(Backend):
     def environment_problem(cls) -> str | None:
         return _shared.pallas_platform_problem()
 
+    def backward_blocks(self, dtype: str, head_dim: int, summing: bool = False) -> tuple[int, int]:
+        """The backward's (block_q, block_k): as set, else the Mosaic
+        backward's 128 x 128 where it runs, else 64 x 64. summing: the
+        gradients are added onto running sums (a ring's steps), which only
+        the Triton backward does."""
+        tiling = self.tiling
+        if tiling.backward_block_q is not None and tiling.backward_block_k is not None:
+            return tiling.backward_block_q, tiling.backward_block_k
+        mosaic = (flex_backward_mosaic.BLOCK,) * 2
+        if summing or self.lowering.mosaic_problem("backward", *mosaic, dtype, head_dim):
+            chosen = (64, 64)
+        else:
+            chosen = mosaic
+        return tiling.backward_block_q or chosen[0], tiling.backward_block_k or chosen[1]
+
     def mask_support(self, workload: Workload) -> Support:
         tiling, lowering = self.tiling, self.lowering
         chosen = {}
+        backward_blocks = self.backward_blocks(workload.dtype, workload.head_dim)
         for direction, blocks in (("forward", (tiling.block_q, tiling.block_k)),
-                                  ("backward", (tiling.backward_block_q, tiling.backward_block_k))):
+                                  ("backward", backward_blocks)):
             problem = lowering.mosaic_problem(direction, *blocks, workload.dtype,
                                               workload.head_dim)
             if getattr(lowering, f"{direction}_lowering") == "mosaic" and problem:
@@ -88,7 +105,8 @@ class PallasFlexBackend(Backend):
         tiling = self.tiling
         return (
             flex_plan.make_plan(workload.mask, tiling.block_q, tiling.block_k),
-            flex_plan.make_plan(workload.mask, tiling.backward_block_q, tiling.backward_block_k),
+            flex_plan.make_plan(workload.mask,
+                                *self.backward_blocks(workload.dtype, workload.head_dim)),
         )
 
     def build(self, workload: Workload):

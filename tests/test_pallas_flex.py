@@ -396,17 +396,43 @@ def test_the_mosaic_backward_is_chosen_only_by_name():
     assert "backward blocks 128 x 128, not 64 x 64" in problem(64, 64, "bfloat16", 128)
     from lcab import registry
     workload = Workload(1, 256, 256, 4, 2, 64, "bfloat16", small_mask("causal", 256))
-    assert Lowering().backward_lowering == "triton"  # unmeasured: never by default
+    assert Lowering().backward_lowering == "auto"
     mosaic = registry.load_backend("jax.pallas_flex", {"backward_lowering": "mosaic"})
-    assert (mosaic.tiling.backward_block_q, mosaic.tiling.backward_block_k) == (128, 128)
     support = mosaic.mask_support(workload)
     assert not support.ok and "backward_lowering=mosaic: needs a CUDA GPU" in support.reason
-    with pytest.raises(ValueError, match="choose one of triton, mosaic"):
-        Lowering(backward_lowering="auto")
+    with pytest.raises(ValueError, match="choose one of auto, triton, mosaic"):
+        Lowering(backward_lowering="wgmma")
     with pytest.raises(ValueError, match="backward_lowering=mosaic has no interpret mode"):
         Lowering(interpret=True, backward_lowering="mosaic")
     with pytest.raises(ValueError, match="backward_parts=3: choose one of 1, 2"):
         Lowering(backward_parts=3)
+
+
+def test_the_backward_blocks_follow_the_backward_that_runs(monkeypatch):
+    """128 x 128 where the Mosaic backward runs (a Hopper GPU, faked here),
+    64 x 64 for the Triton one: on a CPU, for float32 or head_dim 32, and
+    for a ring adding onto running sums; blocks that are set always win."""
+    from jax_backends import _shared
+    from lcab import registry
+    auto = registry.load_backend("jax.pallas_flex", {})
+    assert auto.backward_blocks("bfloat16", 128) == (64, 64)  # this CPU
+    monkeypatch.setattr(_shared, "gpu_problem", lambda **_: None)
+    auto = registry.load_backend("jax.pallas_flex", {"interpret": False})
+    assert auto.backward_blocks("bfloat16", 128) == (128, 128)
+    assert auto.backward_blocks("float16", 64) == (128, 128)
+    assert auto.backward_blocks("float32", 128) == (64, 64)
+    assert auto.backward_blocks("bfloat16", 32) == (64, 64)
+    assert auto.backward_blocks("bfloat16", 128, summing=True) == (64, 64)
+    triton = registry.load_backend("jax.pallas_flex",
+                                   {"interpret": False, "backward_lowering": "triton"})
+    assert triton.backward_blocks("bfloat16", 128) == (64, 64)
+    set_blocks = registry.load_backend("jax.pallas_flex",
+                                       {"interpret": False, "backward_block_q": 32})
+    assert set_blocks.backward_blocks("bfloat16", 128) == (32, 128)
+    workload = Workload(1, 256, 256, 4, 2, 128, "bfloat16", small_mask("causal", 256))
+    backward_plan = auto.plans(workload)[1]
+    assert (backward_plan.block_q, backward_plan.block_k) == (128, 128)
+    assert "forward Mosaic GPU, backward Mosaic GPU" in auto.mask_support(workload).how
 
 
 def test_the_backend_runs_through_the_correctness_gate(tmp_path):
