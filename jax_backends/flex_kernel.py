@@ -92,7 +92,7 @@ class Lowering:
     # Shared-memory slots of the Mosaic forward's K/V ring.
     forward_stages: int = 2
     # The backward's, as the forward's (flex_backward_mosaic, on 128 x 128
-    # backward tiles): 1.23-1.34x the Triton backward on an H100
+    # backward tiles): 1.16-1.34x the Triton backward on an H100
     # (results/gpu/2026-11-26-h100-pallas-flex-mosaic-backward/).
     backward_lowering: str = "auto"
     # The Mosaic backward's tiles in this many strips along the streamed side

@@ -407,13 +407,20 @@ def _readme_section(heading: str) -> str:
 
 
 def test_the_readme_pallas_flex_table_comes_from_the_committed_h100_rows():
-    """README, jax.pallas_flex v5: every TFLOP/s cell of its table is the
-    committed row's figure, and every ratio is those figures' quotient."""
-    folder = ROOT / "results/gpu/2026-11-26-h100-pallas-flex-mosaic"
-    frame = results.load([folder / "call3", folder / "call5"])
+    """README, jax.pallas_flex v6: every TFLOP/s cell of its table is the
+    committed row's figure (pallas_flex from v6's H100 calls, the other
+    kernels from v5's), and every ratio is those figures' quotient."""
+    v6 = ROOT / "results/gpu/2026-11-26-pallas-flex-mosaic-backward"
+    v5 = ROOT / "results/gpu/2026-11-26-h100-pallas-flex-mosaic"
+    flex = results.load([v6 / "call4" / "flex_table", v6 / "call2" / "mosaic_backward" / "timed"])
+    others = results.load([v5 / "call3", v5 / "call5"])
+    frame = pd.concat([flex, others[others["backend"] != "jax.pallas_flex"]])
+    assert set(flex["device"]) == set(others["device"]) == {"NVIDIA H100 80GB HBM3"}
+    assert flex["notes"].str.contains("forward Mosaic GPU, backward Mosaic GPU").all()
     ok = frame[frame["status"] == "OK"]
     figure = {(r.backend, r.mask, r.seqlen, r.direction): r.tflops for r in ok.itertuples()}
-    section = _readme_section("## Our own kernel: jax.pallas_flex (v5")
+    assert len(figure) == len(ok)  # one row per cell
+    section = _readme_section("## Our own kernel: jax.pallas_flex (v6")
     lines = [line for line in section.splitlines()
              if line.startswith("| ") and line.split("|")[2].strip()[:-1].isdigit()]
     assert len(lines) == 18  # six masks at 16k, 32k, 64k
