@@ -4,6 +4,7 @@
 #
 #   experiments/pallas_flex_lowering.sh OUT [check] [speed] [stages] [table] [paper]
 #                                           [backward] [mosaic_backward] [flex_table]
+#                                           [fused_backward]
 #
 # check: the Mosaic forward on all 14 families at 2k tokens, 8:2 heads,
 #   fwd and bwd (the default backward, from its out and lse), one repeat:
@@ -25,6 +26,9 @@
 # mosaic_backward: the backward part without its Triton run, the timed
 #   rows first.
 # flex_table: the table part's pallas_flex rows alone (default options).
+# fused_backward: the one-pass Mosaic backward (fused_backward=true; v7
+#   draft): the six seed masks at LCAB_SEQLENS timed, then the check part's
+#   14 families.
 # Rows land in OUT/<part>/<lowering>/; a short table is printed last.
 set -u
 out=$1
@@ -64,6 +68,12 @@ for part in "$@"; do
              --directions=fwd,bwd --warmup=1 --iters=5)
       run "$out/table/jax" --backends=jax.pallas_flex,jax.fa3,jax.cudnn "${table[@]}"
       run "$out/table/torch" --framework=torch --backends=torch.flex "${table[@]}" ;;
+    fused_backward)
+      fused=--backend_options=jax.pallas_flex:fused_backward=true
+      run "$out/fused_backward/timed" --backends=jax.pallas_flex "$fused" --masks=$seed_masks \
+        --seqlens="${LCAB_SEQLENS:-16k,32k}" --heads=64:8 --directions=fwd,bwd --warmup=1 --iters=5
+      run "$out/fused_backward/check" --backends=jax.pallas_flex "$fused" --masks=$all_masks \
+        --seqlens=2k --heads=8:2 --directions=fwd,bwd --warmup=0 --iters=1 --flush_l2=false ;;
     flex_table)
       run "$out/flex_table/${LCAB_SEQLENS:-16k,32k}" --backends=jax.pallas_flex --masks=$seed_masks \
         --seqlens="${LCAB_SEQLENS:-16k,32k}" --heads=64:8 --directions=fwd,bwd --warmup=1 --iters=5 ;;
@@ -88,7 +98,7 @@ for part in "$@"; do
         run "$out/mosaic_backward/timed" --backends=jax.pallas_flex "$backward" "${timed[@]}"
         run "$out/mosaic_backward/check" --backends=jax.pallas_flex "$backward" "${check[@]}"
       fi ;;
-    *) echo "unknown part $part (check, speed, stages, table, flex_table, paper, backward, mosaic_backward)"; exit 2 ;;
+    *) echo "unknown part $part (check, speed, stages, table, flex_table, paper, backward, mosaic_backward, fused_backward)"; exit 2 ;;
   esac
 done
 python3 - "$out" <<'PY'

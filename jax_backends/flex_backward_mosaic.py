@@ -45,9 +45,9 @@ from jax_backends.flex_plan import Geometry
 
 _LOG2E = math.log2(math.e)
 BLOCK = ROWS_PER_WARPGROUP * COMPUTE_WARPGROUPS  # both plan blocks: 128
-_TRANSFORMS = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
-_ROW = plgpu.Layout.WGMMA.reduce(1)  # one value per tile row
-_COLUMN = plgpu.Layout.WGMMA.reduce(0)  # one value per tile column
+TRANSFORMS = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
+ROW = plgpu.Layout.WGMMA.reduce(1)  # one value per tile row
+COLUMN = plgpu.Layout.WGMMA.reduce(0)  # one value per tile column
 PARTS = (1, 2)  # strips per tile (backward's `parts`)
 # dK/dV's registers per thread: compute and memory warpgroups (setmaxnreg;
 # 2 x 128 x 232 + 128 x 40 fill the SM's 64k).
@@ -107,11 +107,11 @@ def _dq(q, k, v, dout, lse, delta, geometry: Geometry, tables, scale, stages, pa
             row0 = qi * BLOCK + wg * rows
             span = (b, pl.ds(row0, rows), head)
             vector = (b, head, pl.ds(row0, rows))
-            _copy_and_wait(((q_ref.at[span], q_smem), (do_ref.at[span], do_smem),
+            copy_and_wait(((q_ref.at[span], q_smem), (do_ref.at[span], do_smem),
                             (lse_ref.at[vector], lse_smem2.at[wg]),
                             (delta_ref.at[vector], delta_smem2.at[wg])), own, wg)
-            lse = plgpu.load(lse_smem2.at[wg], (), layout=_ROW)
-            delta = plgpu.load(delta_smem2.at[wg], (), layout=_ROW)
+            lse = plgpu.load(lse_smem2.at[wg], (), layout=ROW)
+            delta = plgpu.load(delta_smem2.at[wg], (), layout=ROW)
 
             def visit(step, kb, j, dq):
                 slot = slot_of(step)
@@ -120,14 +120,14 @@ def _dq(q, k, v, dout, lse, delta, geometry: Geometry, tables, scale, stages, pa
                 for part in range(parts):  # the tile's keys in `parts` column strips
                     k_part = k_smem.at[slot, pl.ds(part * cols, cols)]
                     v_part = v_smem.at[slot, pl.ds(part * cols, cols)]
-                    s = _product(q_smem, plgpu.transpose_ref(k_part, (1, 0)))
+                    s = product(q_smem, plgpu.transpose_ref(k_part, (1, 0)))
                     if j is not None:
                         s = masked(s, first, ids, slices, lo[qi, j], hi[qi, j], row0,
                                    kb * geometry.block_k + part * cols)
                     p = jnp.exp2(s * qk_scale - lax.broadcast_in_dim(lse, s.shape, [0]))
                     if part == 0:
                         plgpu.barrier_wait(v_loaded.at[slot])
-                    dp = _product(do_smem, plgpu.transpose_ref(v_part, (1, 0)))
+                    dp = product(do_smem, plgpu.transpose_ref(v_part, (1, 0)))
                     ds = p * (dp - lax.broadcast_in_dim(delta, dp.shape, [0]))
                     dq = accumulate(dq, ds.astype(dtype), k_part)
                 plgpu.barrier_arrive(v_consumed.at[slot])
@@ -149,12 +149,12 @@ def _dq(q, k, v, dout, lse, delta, geometry: Geometry, tables, scale, stages, pa
     def entry(*refs):
         pl.run_scoped(
             lambda *scoped: kernel(*refs, scoped),
-            [_tiles(COMPUTE_WARPGROUPS, rows, head_dim, dtype),
-             _tiles(COMPUTE_WARPGROUPS, rows, head_dim, dtype),
+            [tiles(COMPUTE_WARPGROUPS, rows, head_dim, dtype),
+             tiles(COMPUTE_WARPGROUPS, rows, head_dim, dtype),
              plgpu.SMEM((COMPUTE_WARPGROUPS, rows), jnp.float32),
              plgpu.SMEM((COMPUTE_WARPGROUPS, rows), jnp.float32),
-             _tiles(stages, geometry.block_k, head_dim, dtype),
-             _tiles(stages, geometry.block_k, head_dim, dtype)],
+             tiles(stages, geometry.block_k, head_dim, dtype),
+             tiles(stages, geometry.block_k, head_dim, dtype)],
             (plgpu.Barrier(num_barriers=COMPUTE_WARPGROUPS),) * 4,
             (plgpu.Barrier(num_barriers=stages),) * 2,
             (plgpu.Barrier(num_arrivals=COMPUTE_WARPGROUPS, num_barriers=stages),) * 2,
@@ -171,7 +171,7 @@ def _dq(q, k, v, dout, lse, delta, geometry: Geometry, tables, scale, stages, pa
         compiler_params=plgpu.CompilerParams(approx_math=True),
         kernel_name="lcab_flex_dq_mosaic",
     )
-    return call(*_walk_inputs(tables, "by_q"), q, k, v, dout, lse, delta)
+    return call(*walk_inputs(tables, "by_q"), q, k, v, dout, lse, delta)
 
 
 def _dkv(q, k, v, dout, lse, delta, geometry: Geometry, tables, scale, stages,
@@ -209,7 +209,7 @@ def _dkv(q, k, v, dout, lse, delta, geometry: Geometry, tables, scale, stages,
             k_smem, v_smem = k_smem2.at[wg], v_smem2.at[wg]
             row0 = kj * BLOCK + wg * rows
             span = (b, pl.ds(row0, rows), kv_head)
-            _copy_and_wait(((k_ref.at[span], k_smem), (v_ref.at[span], v_smem)), own, wg)
+            copy_and_wait(((k_ref.at[span], k_smem), (v_ref.at[span], v_smem)), own, wg)
             q_loaded, do_loaded, lse_loaded, delta_loaded = loaded
 
             def visit(step, head, qb, j, carry):
@@ -220,13 +220,13 @@ def _dkv(q, k, v, dout, lse, delta, geometry: Geometry, tables, scale, stages,
                 for part in range(parts):  # the tile's queries in `parts` strips
                     strip = pl.ds(part * cols, cols)
                     q_part, do_part = q_smem.at[slot, strip], do_smem.at[slot, strip]
-                    s_t = _product(k_smem, plgpu.transpose_ref(q_part, (1, 0)))
+                    s_t = product(k_smem, plgpu.transpose_ref(q_part, (1, 0)))
                     if j is not None:
                         s_t = masked(s_t, first, ids, slices, lo[kj, j], hi[kj, j], row0,
                                      qb * block_q + part * cols, transposed=True)
                     if part == 0:
                         plgpu.barrier_wait(lse_loaded.at[slot])
-                    lse = plgpu.load(lse_smem.at[slot, strip], (), layout=_COLUMN)
+                    lse = plgpu.load(lse_smem.at[slot, strip], (), layout=COLUMN)
                     p_t = jnp.exp2(s_t * qk_scale - lax.broadcast_in_dim(lse, s_t.shape, [1]))
                     if part == 0:
                         plgpu.barrier_wait(do_loaded.at[slot])
@@ -242,7 +242,7 @@ def _dkv(q, k, v, dout, lse, delta, geometry: Geometry, tables, scale, stages,
                                                         plgpu.ACC.init(zeros)))
                     if part == 0:
                         plgpu.barrier_wait(delta_loaded.at[slot])
-                    delta = plgpu.load(delta_smem.at[slot, strip], (), layout=_COLUMN)
+                    delta = plgpu.load(delta_smem.at[slot, strip], (), layout=COLUMN)
                     ds_t = p_t * (dp_t - lax.broadcast_in_dim(delta, dp_t.shape, [1]))
                     dk = accumulate(dk, ds_t.astype(dtype), q_part)
                 plgpu.barrier_arrive(consumed.at[slot])
@@ -279,10 +279,10 @@ def _dkv(q, k, v, dout, lse, delta, geometry: Geometry, tables, scale, stages,
     def entry(*refs):
         pl.run_scoped(
             lambda *scoped: kernel(*refs, scoped),
-            [_tiles(COMPUTE_WARPGROUPS, rows, head_dim, dtype),
-             _tiles(COMPUTE_WARPGROUPS, rows, head_dim, dtype),
-             _tiles(stages, block_q, head_dim, dtype),
-             _tiles(stages, block_q, head_dim, dtype),
+            [tiles(COMPUTE_WARPGROUPS, rows, head_dim, dtype),
+             tiles(COMPUTE_WARPGROUPS, rows, head_dim, dtype),
+             tiles(stages, block_q, head_dim, dtype),
+             tiles(stages, block_q, head_dim, dtype),
              plgpu.SMEM((stages, block_q), jnp.float32),
              plgpu.SMEM((stages, block_q), jnp.float32)],
             (plgpu.Barrier(num_barriers=COMPUTE_WARPGROUPS),) * 2,
@@ -305,10 +305,10 @@ def _dkv(q, k, v, dout, lse, delta, geometry: Geometry, tables, scale, stages,
         compiler_params=plgpu.CompilerParams(approx_math=True),
         kernel_name="lcab_flex_dkv_mosaic",
     )
-    return call(*_walk_inputs(tables, "by_k"), q, k, v, dout, lse, delta)
+    return call(*walk_inputs(tables, "by_k"), q, k, v, dout, lse, delta)
 
 
-def _product(a_smem, b_smem):
+def product(a_smem, b_smem):
     """a @ b of two shared-memory operands, into a fresh float32 accumulator."""
     def run(acc_ref):
         plgpu.wgmma(acc_ref, a_smem, b_smem)
@@ -318,7 +318,7 @@ def _product(a_smem, b_smem):
     return pl.run_scoped(run, plgpu.ACC((rows, cols), jnp.float32))
 
 
-def _copy_and_wait(copies, barriers, wg):
+def copy_and_wait(copies, barriers, wg):
     """A compute warpgroup's own tiles: each (source, target) copied by TMA
     on its barrier array's slot `wg`, all issued before any is waited for."""
     for (source, target), barrier in zip(copies, barriers):
@@ -327,9 +327,9 @@ def _copy_and_wait(copies, barriers, wg):
         plgpu.barrier_wait(barrier.at[wg])
 
 
-def _tiles(count: int, rows: int, head_dim: int, dtype):
-    return plgpu.SMEM((count, rows, head_dim), dtype, transforms=_TRANSFORMS)
+def tiles(count: int, rows: int, head_dim: int, dtype):
+    return plgpu.SMEM((count, rows, head_dim), dtype, transforms=TRANSFORMS)
 
 
-def _walk_inputs(tables, walk: str):
+def walk_inputs(tables, walk: str):
     return [*tables[walk], tables["slice_ids"], tables["slices"]]

@@ -47,7 +47,12 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from jax_backends import _shared, flex_backward_mosaic, flex_kernel_mosaic
+from jax_backends import (
+    _shared,
+    flex_backward_fused_mosaic,
+    flex_backward_mosaic,
+    flex_kernel_mosaic,
+)
 from jax_backends.flex_plan import FlexPlan, Geometry
 from lcab.masks.slices import BI_CAUSAL, CAUSAL, INV_CAUSAL
 
@@ -82,8 +87,10 @@ class Lowering:
     # _TAIL_LIMIT of the pass).
     dkv_launch: str = "auto"
     # One backward pass instead of two: the dK/dV programs also add each
-    # tile's dQ share into a float32 buffer with atomics, so P is computed
-    # once per tile rather than twice (FA2's original scheme).
+    # tile's dQ share into a float32 buffer, so P is computed once per tile
+    # rather than twice: by atomics in Triton (FA2's original scheme,
+    # measured 2.6x slower), by TMA reduce-adds in Mosaic GPU (FA3's;
+    # flex_backward_fused_mosaic, a draft not yet run on a GPU).
     fused_backward: bool = False
     # The forward's lowering: "triton" (also the CPU's, interpreted),
     # "mosaic" (Hopper: wgmma, TMA, warp specialised; flex_kernel_mosaic) or
@@ -127,7 +134,9 @@ class Lowering:
         chosen = getattr(self, f"{direction}_lowering")
         if self.interpret or chosen == "triton":
             return f"{direction}_lowering={chosen}, interpret={self.interpret}"
-        kernels = flex_kernel_mosaic if direction == "forward" else flex_backward_mosaic
+        kernels = (flex_kernel_mosaic if direction == "forward"
+                   else flex_backward_fused_mosaic if self.fused_backward
+                   else flex_backward_mosaic)
         return (_shared.gpu_problem(capability=flex_kernel_mosaic.SM90, exact=True)
                 or kernels.problem(block_q, block_k, dtype, head_dim))
 
@@ -382,12 +391,14 @@ def _backward(q, k, v, delta, lse2, dout, plan: Geometry, tables, lowering: Lowe
     scale = 1.0 / math.sqrt(head_dim)
     fused = lowering.fused_backward
     dq_in, dk_in, dv_in = onto if onto is not None else (None, None, None)
-    if (onto is None and not fused
-            and lowering.is_mosaic("backward", bq, bk, q.dtype, head_dim)):
-        return flex_backward_mosaic.backward(
-            q, k, v, dout, lse2, delta, plan, tables,
-            heads_together=_heads_together(plan, kv_heads * batch, lowering),
-            parts=lowering.backward_parts)
+    if onto is None and lowering.is_mosaic("backward", bq, bk, q.dtype, head_dim):
+        together = _heads_together(plan, kv_heads * batch, lowering)
+        if fused:
+            return flex_backward_fused_mosaic.backward(q, k, v, dout, lse2, delta, plan, tables,
+                                                       heads_together=together)
+        return flex_backward_mosaic.backward(q, k, v, dout, lse2, delta, plan, tables,
+                                             heads_together=together,
+                                             parts=lowering.backward_parts)
     dq = None if fused else _dq(q, k, v, delta, lse2, dout, plan, tables, lowering, scale,
                                 dq_in)
 

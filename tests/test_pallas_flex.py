@@ -8,7 +8,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jax_backends import flex_backward_mosaic, flex_kernel, flex_kernel_mosaic
+from jax_backends import (
+    flex_backward_fused_mosaic,
+    flex_backward_mosaic,
+    flex_kernel,
+    flex_kernel_mosaic,
+)
 from jax_backends.flex_kernel import Lowering, block_gradients, flex_attention, flex_attention_onto
 from jax_backends.flex_plan import make_plan, stack_plans
 from lcab import reference, results
@@ -362,6 +367,30 @@ def test_the_mosaic_backward_lowers_for_a_gpu_on_every_family(head_dim, dtype, h
         text = jax.jit(gradients).trace(q, kv, kv, q, rows, rows, tables).lower(
             lowering_platforms=("cuda",)).as_text()
         assert "lcab_flex_dq_mosaic" in text and "lcab_flex_dkv_mosaic" in text, name
+
+
+@pytest.mark.parametrize("dtype,heads_together", [(jnp.bfloat16, False), (jnp.float16, True)])
+def test_the_one_pass_mosaic_backward_lowers_for_a_gpu_on_every_family(dtype, heads_together):
+    """The v7 draft (dQ by TMA reduce-adds from the dK/dV kernel): lowered
+    to Mosaic GPU's MLIR for every family; not yet run on a GPU."""
+    for name in MASK_NAMES:
+        plan = make_plan(small_mask(name, 300), 128, 128)
+        tables = jax.tree.map(jnp.asarray, plan.tables())
+        q = jax.ShapeDtypeStruct((2, plan.padded_q, 4, 128), dtype)
+        kv = jax.ShapeDtypeStruct((2, plan.padded_k, 2, 128), dtype)
+        rows = jax.ShapeDtypeStruct((2, 4, plan.padded_q), jnp.float32)
+
+        def gradients(q, k, v, dout, lse2, delta, t, plan=plan):
+            return flex_backward_fused_mosaic.backward(q, k, v, dout, lse2, delta, plan.geometry,
+                                                       t, heads_together=heads_together)
+
+        text = jax.jit(gradients).trace(q, kv, kv, q, rows, rows, tables).lower(
+            lowering_platforms=("cuda",)).as_text()
+        # One Mosaic kernel (its name is inside the serialised module); dQ is its third result.
+        assert text.count("stablehlo.custom_call @mosaic_gpu") == 1, name
+        assert ":3 = stablehlo.custom_call @mosaic_gpu" in text, name
+    assert "head_dim 128, not 64" in flex_backward_fused_mosaic.problem(128, 128, "bfloat16", 64)
+    assert flex_backward_fused_mosaic.problem(128, 128, "bfloat16", 128) is None
 
 
 def test_the_mosaic_forward_says_what_it_cannot_take():

@@ -1,0 +1,218 @@
+"""jax.pallas_flex's one-pass Mosaic GPU backward (Hopper; v7 draft, not
+yet run on a GPU): dK, dV and dQ from one kernel, FA3's scheme.
+
+flex_backward_mosaic's dK/dV kernel, with the dQ pass folded in: one
+program per (kv block, kv head, batch); two compute warpgroups of 64 key
+rows hold K and V while the memory warpgroup feeds 64-row strips of Q,
+dO, lse and delta along the plan's kv-block column, for every query head
+of the group in turn. Per strip each compute warpgroup forms its 64 x 64
+dS^T as the two-kernel backward does (S^T = K Q^T, P^T, dV += P^T dO,
+dP^T = V dO^T, dK += dS^T Q), writes it to shared memory, and once both
+halves are there computes half of the strip's dQ share, dS K over the
+block's 128 keys and 64 of the head's columns, which a TMA reduce-add
+puts into a float32 dQ in global memory. The dQ kernel and its recompute
+of S and dP go: 5 tile matmuls instead of 7.
+
+Shared memory at head_dim 128: K and V by rows (32 KiB each), K by column
+halves for dQ's right operand (32 KiB), two slots of Q and dO strips (64
+KiB), dS^T (16 KiB) and two float32 dQ halves (32 KiB): 208 KiB of 227.
+Needs what flex_backward_mosaic.problem asks, and head_dim 128 (its
+column halves are 64 wide).
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+from jax_backends import flex_backward_mosaic as two_pass
+from jax_backends.flex_kernel_mosaic import (
+    COMPUTE_WARPGROUPS,
+    ROWS_PER_WARPGROUP,
+    accumulate,
+    fold_visits,
+    masked,
+    slice_bounds,
+    wait_free,
+)
+from jax_backends.flex_plan import Geometry
+
+_LOG2E = math.log2(math.e)
+STRIP = ROWS_PER_WARPGROUP  # query rows a step: half a plan tile
+HEAD_DIM = 2 * STRIP  # dQ's columns split between the two compute warpgroups
+
+
+def problem(block_q: int, block_k: int, dtype, head_dim: int) -> str | None:
+    """Why this backward cannot run these inputs; None if it can."""
+    if head_dim != HEAD_DIM:
+        return f"the one-pass Mosaic backward takes head_dim {HEAD_DIM}, not {head_dim}"
+    return two_pass.problem(block_q, block_k, dtype, head_dim)
+
+
+def backward(q, k, v, dout, lse2, delta, geometry: Geometry, tables, *,
+             heads_together: bool = False, stages: int = 2):
+    """(dq, dk, dv) of padded inputs, as flex_backward_mosaic.backward."""
+    batch, padded_q, heads, head_dim = q.shape
+    kv_heads = k.shape[2]
+    group = heads // kv_heads
+    rows, dtype, block_q = ROWS_PER_WARPGROUP, q.dtype, geometry.block_q
+    strips = block_q // STRIP
+    scale = 1.0 / math.sqrt(head_dim)
+    qk_scale = scale * _LOG2E
+    lse = jnp.where(lse2 == -jnp.inf, 0.0, lse2)  # rows that see nothing meet only masks
+
+    def kernel(*refs):
+        *walk, ids, slices, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dq_ref, dk_ref, \
+            dv_ref, scoped = refs
+        buffers, own, loaded, consumed, ds_ready, ds_free = scoped
+        k_smem2, k_columns, v_smem2, q_smem, do_smem, lse_smem, delta_smem, ds_smem, dq_smem = \
+            buffers
+        lo, hi = walk[4], walk[5]
+        b, kv_head = lax.axis_index("batch"), lax.axis_index("kv_heads")
+        kj = walk[7][lax.axis_index("kv_seq")]
+        wg = lax.axis_index("wg")
+        slot_of = lambda step: lax.rem(step, jnp.int32(stages))  # noqa: E731
+
+        def for_each_strip(body, carry):
+            """body(step, q head, q block, j, strip, carry) over the group's
+            heads, the column's visits and each visit's strips; step counts
+            strips and runs on across heads."""
+            def one_visit(step, head, qb, j, c):
+                for strip in range(strips):
+                    c = body(step * strips + strip, head, qb, j, strip, c)
+                return c
+
+            def one_head(h, state):
+                head = kv_head * group + h
+                return fold_visits(walk, kj, lambda step, qb, j, c: one_visit(step, head, qb, j,
+                                                                              c), state)
+
+            return lax.fori_loop(0, group, one_head, (jnp.int32(0), carry))
+
+        @pl.when(wg < COMPUTE_WARPGROUPS)
+        def _compute():
+            plgpu.set_max_registers(two_pass.DKV_REGISTERS[0], action="increase")
+            k_smem, v_smem, k_half = k_smem2.at[wg], v_smem2.at[wg], k_columns.at[wg]
+            row0 = kj * two_pass.BLOCK + wg * rows
+            span = (b, pl.ds(row0, rows), kv_head)
+            columns = (b, pl.ds(kj * two_pass.BLOCK, two_pass.BLOCK), kv_head,
+                       pl.ds(wg * STRIP, STRIP))
+            two_pass.copy_and_wait(((k_ref.at[span], k_smem), (v_ref.at[span], v_smem),
+                                    (k_ref.at[columns], k_half)), own, wg)
+            q_loaded, do_loaded, lse_loaded, delta_loaded = loaded
+
+            def visit(step, head, qb, j, strip, carry):
+                dk, dv = carry
+                slot = slot_of(step)
+                first = None if j is None else slice_bounds(ids, slices, lo[kj, j])
+                q_part, do_part = q_smem.at[slot], do_smem.at[slot]
+                q0 = qb * block_q + strip * STRIP
+                plgpu.barrier_wait(q_loaded.at[slot])
+                s_t = two_pass.product(k_smem, plgpu.transpose_ref(q_part, (1, 0)))
+                if j is not None:
+                    s_t = masked(s_t, first, ids, slices, lo[kj, j], hi[kj, j], row0, q0,
+                                 transposed=True)
+                plgpu.barrier_wait(lse_loaded.at[slot])
+                lse_t = plgpu.load(lse_smem.at[slot], (), layout=two_pass.COLUMN)
+                p_t = jnp.exp2(s_t * qk_scale - lax.broadcast_in_dim(lse_t, s_t.shape, [1]))
+                plgpu.barrier_wait(do_loaded.at[slot])
+
+                def dv_and_dp(refs):  # two wgmmas, one wait
+                    dv_ref, dp_ref = refs
+                    plgpu.wgmma(dv_ref, p_t.astype(dtype), do_part)
+                    plgpu.wgmma(dp_ref, v_smem, plgpu.transpose_ref(do_part, (1, 0)))
+
+                zeros = plgpu.layout_cast(jnp.zeros(s_t.shape, jnp.float32), plgpu.Layout.WGMMA)
+                dv, dp_t = pl.run_state(dv_and_dp)((plgpu.ACC.init(dv), plgpu.ACC.init(zeros)))
+                plgpu.barrier_wait(delta_loaded.at[slot])
+                delta_t = plgpu.load(delta_smem.at[slot], (), layout=two_pass.COLUMN)
+                ds_t = (p_t * (dp_t - lax.broadcast_in_dim(delta_t, dp_t.shape, [1]))).astype(dtype)
+                dk = accumulate(dk, ds_t, q_part)
+                plgpu.barrier_arrive(consumed.at[slot])
+
+                # The strip's dS^T from both warpgroups, then this one's dQ columns.
+                wait_free(step, 1, ds_free)  # both read the last strip's dS^T
+                ds_smem.at[pl.ds(wg * rows, rows)][...] = ds_t
+                plgpu.commit_smem()
+                plgpu.barrier_arrive(ds_ready)
+                plgpu.barrier_wait(ds_ready)
+                dq_share = two_pass.product(plgpu.transpose_ref(ds_smem, (1, 0)), k_half)
+                plgpu.barrier_arrive(ds_free)
+                plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # the last share has left
+                dq_smem.at[wg][...] = dq_share
+                plgpu.commit_smem()
+                plgpu.copy_smem_to_gmem(
+                    dq_smem.at[wg], dq_ref.at[b, pl.ds(q0, STRIP), head, pl.ds(wg * STRIP, STRIP)],
+                    reduction_op="add")
+                return dk, dv
+
+            zeros = plgpu.layout_cast(jnp.zeros((rows, head_dim), jnp.float32),
+                                      plgpu.Layout.WGMMA)
+            _, (dk, dv) = for_each_strip(visit, (zeros, zeros))
+            k_smem[...] = (dk * scale).astype(dtype)
+            v_smem[...] = dv.astype(dtype)
+            plgpu.commit_smem()
+            plgpu.copy_smem_to_gmem(k_smem, dk_ref.at[span])
+            plgpu.copy_smem_to_gmem(v_smem, dv_ref.at[span])
+            plgpu.wait_smem_to_gmem(0)
+
+        @pl.when(wg == COMPUTE_WARPGROUPS)
+        def _memory():
+            plgpu.set_max_registers(two_pass.DKV_REGISTERS[1], action="decrease")
+
+            def load(step, head, qb, j, strip, carry):
+                slot = slot_of(step)
+                wait_free(step, stages, consumed.at[slot])
+                q0 = qb * block_q + strip * STRIP
+                tile = (b, pl.ds(q0, STRIP), head)
+                vector = (b, head, pl.ds(q0, STRIP))
+                sources = (q_ref.at[tile], do_ref.at[tile], lse_ref.at[vector],
+                           delta_ref.at[vector])
+                for source, smem, ready in zip(sources, (q_smem, do_smem, lse_smem, delta_smem),
+                                               loaded):
+                    plgpu.copy_gmem_to_smem(source, smem.at[slot], ready.at[slot])
+                return carry
+
+            for_each_strip(load, jnp.int32(0))
+
+    def entry(*refs):
+        pl.run_scoped(
+            lambda *scoped: kernel(*refs, scoped),
+            [two_pass.tiles(COMPUTE_WARPGROUPS, rows, head_dim, dtype),
+             two_pass.tiles(COMPUTE_WARPGROUPS, two_pass.BLOCK, STRIP, dtype),
+             two_pass.tiles(COMPUTE_WARPGROUPS, rows, head_dim, dtype),
+             two_pass.tiles(stages, STRIP, head_dim, dtype),
+             two_pass.tiles(stages, STRIP, head_dim, dtype),
+             plgpu.SMEM((stages, STRIP), jnp.float32),
+             plgpu.SMEM((stages, STRIP), jnp.float32),
+             plgpu.SMEM((two_pass.BLOCK, STRIP), dtype, transforms=two_pass.TRANSFORMS),
+             plgpu.SMEM((COMPUTE_WARPGROUPS, STRIP, STRIP), jnp.float32)],
+            (plgpu.Barrier(num_barriers=COMPUTE_WARPGROUPS),) * 3,
+            (plgpu.Barrier(num_barriers=stages),) * 4,
+            plgpu.Barrier(num_arrivals=COMPUTE_WARPGROUPS, num_barriers=stages),
+            plgpu.Barrier(num_arrivals=COMPUTE_WARPGROUPS),
+            plgpu.Barrier(num_arrivals=COMPUTE_WARPGROUPS),
+            collective_axes="wg",
+        )
+
+    grid, names = ((kv_heads, geometry.num_k_blocks, batch), ("kv_heads", "kv_seq", "batch"))
+    if not heads_together:
+        grid, names = (grid[1], grid[0], batch), (names[1], names[0], "batch")
+    # pl.kernel, not plgpu.kernel: the latter's vmap wrapper takes no Ref
+    # operands, and dQ's float32 sum is one (the kernel adds into it).
+    call = pl.kernel(
+        entry,
+        out_type=[jax.ShapeDtypeStruct(k.shape, dtype), jax.ShapeDtypeStruct(v.shape, dtype)],
+        mesh=plgpu.Mesh(grid=grid, grid_names=names, num_threads=COMPUTE_WARPGROUPS + 1,
+                        thread_name="wg", kernel_name="lcab_flex_dkv_dq_mosaic"),
+        compiler_params=plgpu.CompilerParams(approx_math=True),
+        name="lcab_flex_dkv_dq_mosaic",
+    )
+    dq_sum = jax.new_ref(jnp.zeros((batch, padded_q, heads, head_dim), jnp.float32))
+    dk, dv = call(*two_pass.walk_inputs(tables, "by_k"), q, k, v, dout, lse, delta, dq_sum)
+    return (jax.freeze(dq_sum) * scale).astype(dtype), dk, dv
