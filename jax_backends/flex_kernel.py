@@ -100,7 +100,7 @@ class Lowering:
     forward_stages: int = 2
     # The backward's, as the forward's (flex_backward_mosaic, on 128 x 128
     # backward tiles): 1.16-1.34x the Triton backward on an H100
-    # (results/gpu/2026-11-26-h100-pallas-flex-mosaic-backward/).
+    # (results/gpu/2026-11-26-pallas-flex-mosaic-backward/).
     backward_lowering: str = "auto"
     # The Mosaic backward's tiles in this many strips along the streamed side
     # (flex_backward_mosaic.PARTS): 2 halves a warpgroup's score registers,
