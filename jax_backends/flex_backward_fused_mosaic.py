@@ -15,7 +15,9 @@ of S and dP go: 5 tile matmuls instead of 7.
 
 Shared memory at head_dim 128: K and V by rows (32 KiB each), K by column
 halves for dQ's right operand (32 KiB), two slots of Q and dO strips (64
-KiB), dS^T (16 KiB) and two float32 dQ halves (32 KiB): 208 KiB of 227.
+KiB), lse and delta strips, dS^T (16 KiB) and two float32 dQ halves (32
+KiB): 215,184 bytes as lowered (each buffer rounded up to 1 KiB) of the
+232,448 an H100 block may use; a third slot would not fit.
 Needs what flex_backward_mosaic.problem asks, and head_dim 128 (its
 column halves are 64 wide).
 """
@@ -57,6 +59,8 @@ def problem(block_q: int, block_k: int, dtype, head_dim: int) -> str | None:
 def backward(q, k, v, dout, lse2, delta, geometry: Geometry, tables, *,
              heads_together: bool = False, stages: int = 2):
     """(dq, dk, dv) of padded inputs, as flex_backward_mosaic.backward."""
+    if stages != 2:
+        raise ValueError(f"stages={stages}: the one-pass backward fits two slots only")
     batch, padded_q, heads, head_dim = q.shape
     kv_heads = k.shape[2]
     group = heads // kv_heads
