@@ -4,7 +4,7 @@
 #
 #   experiments/pallas_flex_lowering.sh OUT [check] [speed] [stages] [table] [paper]
 #                                           [backward] [mosaic_backward] [flex_table]
-#                                           [fused_backward]
+#                                           [fused_backward] [persistent]
 #
 # check: the Mosaic forward on all 14 families at 2k tokens, 8:2 heads,
 #   fwd and bwd (the default backward, from its out and lse), one repeat:
@@ -29,6 +29,9 @@
 # fused_backward: the one-pass Mosaic backward (fused_backward=true; v7
 #   draft): the six seed masks at LCAB_SEQLENS timed, then the check part's
 #   14 families.
+# persistent: the persistent Mosaic forward (forward_persistent=true; v8
+#   draft): the speed part's masks, one process with it and one without
+#   (same call), then the check part's 14 families with it.
 # Rows land in OUT/<part>/<lowering>/; a short table is printed last.
 set -u
 out=$1
@@ -74,6 +77,15 @@ for part in "$@"; do
         --seqlens="${LCAB_SEQLENS:-16k,32k}" --heads=64:8 --directions=fwd,bwd --warmup=1 --iters=5
       run "$out/fused_backward/check" --backends=jax.pallas_flex "$fused" --masks=$all_masks \
         --seqlens=2k --heads=8:2 --directions=fwd,bwd --warmup=0 --iters=1 --flush_l2=false ;;
+    persistent)
+      speed=(--masks=$seed_masks --seqlens="${LCAB_SEQLENS:-16k,32k}" --heads=64:8
+             --directions=fwd --warmup=1 --iters=5)
+      run "$out/persistent/on" --backends=jax.pallas_flex \
+        --backend_options=jax.pallas_flex:forward_persistent=true "${speed[@]}"
+      run "$out/persistent/off" --backends=jax.pallas_flex "${speed[@]}"
+      run "$out/persistent/check" --backends=jax.pallas_flex \
+        --backend_options=jax.pallas_flex:forward_persistent=true --masks=$all_masks \
+        --seqlens=2k --heads=8:2 --directions=fwd,bwd --warmup=0 --iters=1 --flush_l2=false ;;
     flex_table)
       run "$out/flex_table/${LCAB_SEQLENS:-16k,32k}" --backends=jax.pallas_flex --masks=$seed_masks \
         --seqlens="${LCAB_SEQLENS:-16k,32k}" --heads=64:8 --directions=fwd,bwd --warmup=1 --iters=5 ;;
@@ -98,7 +110,7 @@ for part in "$@"; do
         run "$out/mosaic_backward/timed" --backends=jax.pallas_flex "$backward" "${timed[@]}"
         run "$out/mosaic_backward/check" --backends=jax.pallas_flex "$backward" "${check[@]}"
       fi ;;
-    *) echo "unknown part $part (check, speed, stages, table, flex_table, paper, backward, mosaic_backward, fused_backward)"; exit 2 ;;
+    *) echo "unknown part $part (check, speed, stages, table, flex_table, paper, backward, mosaic_backward, fused_backward, persistent)"; exit 2 ;;
   esac
 done
 python3 - "$out" <<'PY'

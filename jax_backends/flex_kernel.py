@@ -98,6 +98,9 @@ class Lowering:
     forward_lowering: str = "auto"
     # Shared-memory slots of the Mosaic forward's K/V ring.
     forward_stages: int = 2
+    # The Mosaic forward as a persistent kernel, one program per SM (v8
+    # draft, not yet run on a GPU; flex_kernel_mosaic.forward).
+    forward_persistent: bool = False
     # The backward's, as the forward's (flex_backward_mosaic, on 128 x 128
     # backward tiles): 1.16-1.34x the Triton backward on an H100
     # (results/gpu/2026-11-26-pallas-flex-mosaic-backward/).
@@ -357,7 +360,8 @@ def _forward(q, k, v, plan: Geometry, tables, lowering: Lowering, out_dtype=None
     same rows over other keys to continue from."""
     if (onto is None and out_dtype is None
             and lowering.is_mosaic("forward", plan.block_q, plan.block_k, q.dtype, q.shape[3])):
-        return flex_kernel_mosaic.forward(q, k, v, plan, tables, stages=lowering.forward_stages)
+        return flex_kernel_mosaic.forward(q, k, v, plan, tables, stages=lowering.forward_stages,
+                                          persistent=lowering.forward_persistent)
     batch, seq_q, heads, head_dim = q.shape
     group = heads // k.shape[2]
     bq, bk = plan.block_q, plan.block_k

@@ -10,9 +10,13 @@ The memory warpgroup follows the program's plan row: its full runs, then
 its partial tiles; the compute warpgroups walk the same row and mask the
 partial tiles' scores by the union of their slices.
 
-Forward only: the backward stays flex_kernel's (Triton). Needs bf16 or
-f16, head_dim a multiple of 64 (at most 256) and a plan of 128-row q
-blocks and 64- or 128-column kv blocks (`problem` says what does not fit).
+A persistent variant (v8 draft, `persistent`, not yet run on a GPU) runs
+one program per SM over the same work items, so the memory warpgroup fills
+the ring for the next item during this one's last tiles and epilogue.
+The backward is flex_backward_mosaic's (it shares fold_visits, masked and
+the K/V feeder with this module). Needs bf16 or f16, head_dim a multiple
+of 64 (at most 256) and a plan of 128-row q blocks and 64- or 128-column
+kv blocks (`problem` says what does not fit).
 It has no CPU path: Mosaic GPU's interpret mode (jax 0.10.2) lacks
 layout_cast and run_state and, with those patched out, hangs on this
 warp-specialised pattern (JAX's own attention_mgpu as well); on a CPU the
@@ -55,11 +59,14 @@ def problem(block_q: int, block_k: int, dtype, head_dim: int) -> str | None:
     return None
 
 
-def forward(q, k, v, geometry: Geometry, tables, *, stages: int = 2):
+def forward(q, k, v, geometry: Geometry, tables, *, stages: int = 2, persistent: bool = False):
     """(out, lse2) of q against k, v over the plan's "by_q" walk; the inputs
     are padded to the plan's blocks (flex_kernel._forward_padded), lse2 is
     (batch, heads, padded_q) float32 in base 2, -inf on rows that see
-    nothing (their out is 0)."""
+    nothing (their out is 0). persistent: one program per SM, each taking
+    every programs-th (q block, head, batch) in launch order, so the TMA
+    warpgroup fills the K/V ring for the next one while the compute
+    warpgroups finish this one (v8 draft, not yet run on a GPU)."""
     batch, seq_q, heads, head_dim = q.shape
     group = heads // k.shape[2]
     block_k = geometry.block_k
@@ -67,6 +74,9 @@ def forward(q, k, v, geometry: Geometry, tables, *, stages: int = 2):
     dtype = q.dtype
     qk_scale = _LOG2E / math.sqrt(head_dim)
     walk = [*tables["by_q"], tables["slice_ids"], tables["slices"]]
+    q_blocks = geometry.num_q_blocks
+    items = q_blocks * heads * batch
+    programs = min(items, streaming_multiprocessors()) if persistent else items
 
     def kernel(*refs):
         *walk_refs, ids, slices, q_ref, k_ref, v_ref, out_ref, lse_ref, scoped = refs
@@ -74,9 +84,27 @@ def forward(q, k, v, geometry: Geometry, tables, *, stages: int = 2):
         (qo_smem2, k_smem, v_smem, lse_smem2), loaded, consumed, schedule = scoped
         k_loaded, v_loaded, q_loaded = loaded
         k_consumed, v_consumed = consumed
-        b, head = lax.axis_index("batch"), lax.axis_index("heads")
-        qi = order[lax.axis_index("q_seq")]
         wg = lax.axis_index("wg")
+
+        def where(item):
+            """(q block, head, batch) of work item `item` (None: this
+            program's own), in the launch order of one program per item."""
+            if item is None:
+                return (order[lax.axis_index("q_seq")], lax.axis_index("heads"),
+                        lax.axis_index("batch"))
+            return (order[lax.rem(item, q_blocks)], lax.rem(lax.div(item, q_blocks), heads),
+                    lax.div(item, q_blocks * heads))
+
+        def each_item(body):
+            """body(item, step) -> step over this program's items; step
+            counts K/V tiles and runs on across items (the ring's slots)."""
+            if not persistent:
+                body(None, jnp.int32(0))
+                return
+            program = lax.axis_index("program")
+            count = lax.div(items - program + programs - 1, programs)
+            lax.fori_loop(0, count, lambda n, step: body(program + n * programs, step),
+                          jnp.int32(0))
 
         def slot_of(step):
             return lax.rem(step, jnp.int32(stages))
@@ -89,74 +117,94 @@ def forward(q, k, v, geometry: Geometry, tables, *, stages: int = 2):
         def _compute():
             plgpu.set_max_registers(232, action="increase")
             qo_smem, lse_smem = qo_smem2.at[wg], lse_smem2.at[wg]
-            row0 = qi * BLOCK_Q + wg * rows
-            visits = visit_count(walk_refs, qi)
-            plgpu.copy_gmem_to_smem(q_ref.at[b, pl.ds(row0, rows), head], qo_smem,
-                                    q_loaded.at[wg])
-            plgpu.barrier_wait(q_loaded.at[wg])
-            acc = plgpu.layout_cast(jnp.zeros((rows, head_dim), jnp.float32), plgpu.Layout.WGMMA)
-            m = plgpu.layout_cast(jnp.full((rows,), -jnp.inf, jnp.float32), plgpu.Layout.WGMMA.reduce(1))
-            l = plgpu.layout_cast(jnp.zeros((rows,), jnp.float32), plgpu.Layout.WGMMA.reduce(1))
 
-            @pl.when(visits > 0)
-            def _():
-                plgpu.barrier_wait(k_loaded.at[0])
+            def one_item(item, step0):
+                qi, head, b = where(item)
+                row0 = qi * BLOCK_Q + wg * rows
+                visits = visit_count(walk_refs, qi)
+                end = step0 + visits if persistent else visits  # the step after its last visit
+                if persistent:
+                    plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # the last item's out left
+                plgpu.copy_gmem_to_smem(q_ref.at[b, pl.ds(row0, rows), head], qo_smem,
+                                        q_loaded.at[wg])
+                plgpu.barrier_wait(q_loaded.at[wg])
+                acc = plgpu.layout_cast(jnp.zeros((rows, head_dim), jnp.float32),
+                                        plgpu.Layout.WGMMA)
+                m = plgpu.layout_cast(jnp.full((rows,), -jnp.inf, jnp.float32),
+                                      plgpu.Layout.WGMMA.reduce(1))
+                l = plgpu.layout_cast(jnp.zeros((rows,), jnp.float32), plgpu.Layout.WGMMA.reduce(1))
 
-            pl.when(wg == 1)(take_turn)
+                @pl.when(visits > 0)
+                def _():
+                    plgpu.barrier_wait(k_loaded.at[slot_of(step0) if persistent else 0])
 
-            def visit(step, kb, j, carry):
-                acc, m, l = carry
-                slot = slot_of(step)
+                pl.when(wg == 1)(take_turn)
 
-                # A partial tile's first slice, loaded before the matmul.
-                first = None if j is None else slice_bounds(ids, slices, lo[qi, j])
+                def visit(step, kb, j, carry):
+                    acc, m, l = carry
+                    slot = slot_of(step)
 
-                def scores(acc_ref):
-                    plgpu.wgmma(acc_ref, qo_smem, plgpu.transpose_ref(k_smem.at[slot], (1, 0)))
-                    take_turn()
-                    return acc_ref[...]
+                    # A partial tile's first slice, loaded before the matmul.
+                    first = None if j is None else slice_bounds(ids, slices, lo[qi, j])
 
-                s = pl.run_scoped(scores, plgpu.ACC((rows, block_k), jnp.float32))
-                plgpu.barrier_arrive(k_consumed.at[slot])
-                if j is not None:
-                    s = masked(s, first, ids, slices, lo[qi, j], hi[qi, j], row0, kb * block_k)
-                m_next = jnp.maximum(m, s.max(axis=1) * qk_scale)
-                # Rows that have seen nothing yet only meet partial tiles.
-                m_safe = m_next if j is None else jnp.where(m_next == -jnp.inf, 0.0, m_next)
-                alpha = jnp.exp2(m - m_safe)
-                p = jnp.exp2(s * qk_scale - lax.broadcast_in_dim(m_safe, s.shape, [0]))
-                acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
-                l = l * alpha
-                p16 = p.astype(dtype)
-                if head_dim <= 128:  # FA3's order for small heads (measured in JAX's kernel)
-                    l = l + p.sum(axis=1)
-                    acc, l, m_next, p16 = lax.optimization_barrier((acc, l, m_next, p16))
-                plgpu.barrier_arrive(schedule)  # softmax done
-                plgpu.barrier_wait(v_loaded.at[slot])
-                plgpu.barrier_wait(schedule)  # the tensor cores are ours
-                if head_dim > 128:
-                    l = l + p.sum(axis=1)
-                acc = accumulate(acc, p16, v_smem.at[slot],
-                                 lambda: _wait_next(step, visits, k_loaded, slot_of))
-                plgpu.barrier_arrive(v_consumed.at[slot])
-                return acc, m_next, l
+                    def scores(acc_ref):
+                        plgpu.wgmma(acc_ref, qo_smem,
+                                    plgpu.transpose_ref(k_smem.at[slot], (1, 0)))
+                        take_turn()
+                        return acc_ref[...]
 
-            _, (acc, m, l) = fold_visits(walk_refs, qi, visit, (jnp.int32(0), (acc, m, l)))
-            pl.when(wg == 0)(take_turn)
-            seen = l > 0
-            l_safe = jnp.where(seen, l, 1.0)
-            acc = acc / lax.broadcast_in_dim(l_safe, acc.shape, [0])
-            qo_smem[...] = acc.astype(dtype)
-            lse_smem[...] = jnp.where(seen, m + jnp.log2(l_safe), -jnp.inf)
-            plgpu.commit_smem()
-            plgpu.copy_smem_to_gmem(qo_smem, out_ref.at[b, pl.ds(row0, rows), head])
-            plgpu.copy_smem_to_gmem(lse_smem, lse_ref.at[b, head, pl.ds(row0, rows)])
+                    s = pl.run_scoped(scores, plgpu.ACC((rows, block_k), jnp.float32))
+                    plgpu.barrier_arrive(k_consumed.at[slot])
+                    if j is not None:
+                        s = masked(s, first, ids, slices, lo[qi, j], hi[qi, j], row0,
+                                   kb * block_k)
+                    m_next = jnp.maximum(m, s.max(axis=1) * qk_scale)
+                    # Rows that have seen nothing yet only meet partial tiles.
+                    m_safe = m_next if j is None else jnp.where(m_next == -jnp.inf, 0.0, m_next)
+                    alpha = jnp.exp2(m - m_safe)
+                    p = jnp.exp2(s * qk_scale - lax.broadcast_in_dim(m_safe, s.shape, [0]))
+                    acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
+                    l = l * alpha
+                    p16 = p.astype(dtype)
+                    if head_dim <= 128:  # FA3's order for small heads (measured in JAX's kernel)
+                        l = l + p.sum(axis=1)
+                        acc, l, m_next, p16 = lax.optimization_barrier((acc, l, m_next, p16))
+                    plgpu.barrier_arrive(schedule)  # softmax done
+                    plgpu.barrier_wait(v_loaded.at[slot])
+                    plgpu.barrier_wait(schedule)  # the tensor cores are ours
+                    if head_dim > 128:
+                        l = l + p.sum(axis=1)
+                    acc = accumulate(acc, p16, v_smem.at[slot],
+                                     lambda: _wait_next(step, end, k_loaded, slot_of))
+                    plgpu.barrier_arrive(v_consumed.at[slot])
+                    return acc, m_next, l
+
+                step, (acc, m, l) = fold_visits(walk_refs, qi, visit, (step0, (acc, m, l)))
+                pl.when(wg == 0)(take_turn)
+                seen = l > 0
+                l_safe = jnp.where(seen, l, 1.0)
+                acc = acc / lax.broadcast_in_dim(l_safe, acc.shape, [0])
+                qo_smem[...] = acc.astype(dtype)
+                lse_smem[...] = jnp.where(seen, m + jnp.log2(l_safe), -jnp.inf)
+                plgpu.commit_smem()
+                plgpu.copy_smem_to_gmem(qo_smem, out_ref.at[b, pl.ds(row0, rows), head])
+                plgpu.copy_smem_to_gmem(lse_smem, lse_ref.at[b, head, pl.ds(row0, rows)])
+                return step
+
+            each_item(one_item)
             plgpu.wait_smem_to_gmem(0)
 
         @pl.when(wg == COMPUTE_WARPGROUPS)
         def _memory():
-            feed_kv(walk_refs, qi, (b, lax.div(head, jnp.int32(group))), block_k, stages,
-                    ((k_ref, k_smem, k_loaded, k_consumed), (v_ref, v_smem, v_loaded, v_consumed)))
+            plgpu.set_max_registers(40, action="decrease")
+
+            def one_item(item, step):
+                qi, head, b = where(item)
+                return feed_row(walk_refs, qi, (b, lax.div(head, jnp.int32(group))), block_k,
+                                stages, ((k_ref, k_smem, k_loaded, k_consumed),
+                                         (v_ref, v_smem, v_loaded, v_consumed)), step)
+
+            each_item(one_item)
 
     def entry(*refs):
         transforms = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
@@ -176,18 +224,30 @@ def forward(q, k, v, geometry: Geometry, tables, *, stages: int = 2):
             collective_axes="wg",
         )
 
+    if persistent:
+        grid, grid_names = (programs,), ("program",)
+    else:
+        grid, grid_names = (q_blocks, heads, batch), ("q_seq", "heads", "batch")
     call = plgpu.kernel(
         entry,
         out_type=[jax.ShapeDtypeStruct(q.shape, dtype),
                   jax.ShapeDtypeStruct((batch, heads, seq_q), jnp.float32)],
-        grid=(geometry.num_q_blocks, heads, batch),
-        grid_names=("q_seq", "heads", "batch"),
+        grid=grid,
+        grid_names=grid_names,
         num_threads=COMPUTE_WARPGROUPS + 1,
         thread_name="wg",
         compiler_params=plgpu.CompilerParams(approx_math=True),
-        kernel_name="lcab_flex_forward_mosaic",
+        kernel_name="lcab_flex_forward_persistent" if persistent else "lcab_flex_forward_mosaic",
     )
     return call(*walk, q, k, v)
+
+
+def streaming_multiprocessors() -> int:
+    """The GPU's SM count (a persistent kernel's programs); an H100's 132
+    where JAX does not say (a CPU lowering for a GPU)."""
+    device = jax.devices()[0]
+    count = getattr(device, "core_count", None) if device.platform == "gpu" else None
+    return int(count or 132)
 
 
 def fold_visits(walk, row, body, state):
@@ -214,6 +274,11 @@ def feed_kv(walk, row, at, block_k: int, stages: int, buffers):
     wait until the ring slot is free again, then copy the block of ref at
     (batch, kv head) = `at` into it by TMA."""
     plgpu.set_max_registers(40, action="decrease")
+    feed_row(walk, row, at, block_k, stages, buffers, jnp.int32(0))
+
+
+def feed_row(walk, row, at, block_k: int, stages: int, buffers, step):
+    """feed_kv's loads from ring step `step` on; returns the step after them."""
     batch, kv_head = at
 
     def load(step, kb, j, carry):
@@ -224,7 +289,8 @@ def feed_kv(walk, row, at, block_k: int, stages: int, buffers):
             plgpu.copy_gmem_to_smem(ref.at[span], ring.at[slot], loaded.at[slot])
         return carry
 
-    fold_visits(walk, row, load, (jnp.int32(0), jnp.int32(0)))
+    step, _ = fold_visits(walk, row, load, (step, jnp.int32(0)))
+    return step
 
 
 def wait_free(step, stages: int, consumed):
@@ -281,11 +347,12 @@ def masked(s, first, ids, slices, lo, hi, row0, col0, transposed: bool = False):
     return lax.fori_loop(lo + 1, hi, lambda t, m: add(slice_bounds(ids, slices, t), m), scores)
 
 
-def _wait_next(step, visits, k_loaded, slot_of):
-    """Wait for the next visit's K tile while this visit's P @ V runs."""
+def _wait_next(step, end, k_loaded, slot_of):
+    """Wait for the next visit's K tile while this visit's P @ V runs
+    (`end`: the step after this item's last visit)."""
     following = step + 1
 
-    @pl.when(following < visits)
+    @pl.when(following < end)
     def _():
         plgpu.barrier_wait(k_loaded.at[slot_of(following)])
 
