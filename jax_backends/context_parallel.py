@@ -262,6 +262,14 @@ class RingBackend(ContextParallelBackend):
     options = {**ContextParallelBackend.options, "merge": str}
 
     def __init__(self, merge: str = "separate", **options):
+        if merge == "in_kernel" and options.get("inner", cp_inner.DEFAULT) == cp_inner.PALLAS:
+            # Each step's gradients are added onto the running sums, which
+            # only the Triton backward does: its blocks, and its name in the notes.
+            if str(options.get("backward_lowering", "triton")) not in ("auto", "triton"):
+                raise ValueError("merge=in_kernel adds each step's gradients onto running sums, "
+                                 "which only the Triton backward does: not backward_lowering="
+                                 f"{options['backward_lowering']}")
+            options = {**options, "backward_lowering": "triton"}
         super().__init__(**options)
         if merge not in MERGES:
             raise ValueError(f"merge={merge!r} is not one of {', '.join(MERGES)}")

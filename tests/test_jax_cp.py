@@ -75,6 +75,11 @@ def test_only_a_pallas_flex_ring_merges_inside_its_kernel():
         RingBackend(inner="jax.xla", merge="in_kernel")
     with pytest.raises(ValueError, match="merge='fused' is not one of separate, in_kernel"):
         RingBackend(merge="fused")
+    # Its steps add gradients onto running sums: the Triton backward's job.
+    assert RingBackend(merge="in_kernel").inner.lowering.backward_lowering == "triton"
+    assert RingBackend().inner.lowering.backward_lowering == "auto"
+    with pytest.raises(ValueError, match="only the Triton backward does: not backward_lowering"):
+        RingBackend(merge="in_kernel", backward_lowering="mosaic")
 
 
 def test_usp_splits_ranks_into_ulysses_groups_and_a_ring():
