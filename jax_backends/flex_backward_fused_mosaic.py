@@ -24,6 +24,7 @@ column halves are 64 wide).
 
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
@@ -36,7 +37,6 @@ from jax_backends import flex_backward_mosaic as two_pass
 from jax_backends.flex_kernel_mosaic import (
     COMPUTE_WARPGROUPS,
     ROWS_PER_WARPGROUP,
-    accumulate,
     fold_visits,
     masked,
     slice_bounds,
@@ -110,33 +110,21 @@ def backward(q, k, v, dout, lse2, delta, geometry: Geometry, tables, *,
                                     (k_ref.at[columns], k_half)), own, wg)
             q_loaded, do_loaded, lse_loaded, delta_loaded = loaded
 
+            def mask_strip(first, j, col0, s_t):
+                return masked(s_t, first, ids, slices, lo[kj, j], hi[kj, j], row0, col0,
+                              transposed=True)
+
             def visit(step, head, qb, j, strip, carry):
                 dk, dv = carry
                 slot = slot_of(step)
                 first = None if j is None else slice_bounds(ids, slices, lo[kj, j])
-                q_part, do_part = q_smem.at[slot], do_smem.at[slot]
                 q0 = qb * block_q + strip * STRIP
                 plgpu.barrier_wait(q_loaded.at[slot])
-                s_t = two_pass.product(k_smem, plgpu.transpose_ref(q_part, (1, 0)))
-                if j is not None:
-                    s_t = masked(s_t, first, ids, slices, lo[kj, j], hi[kj, j], row0, q0,
-                                 transposed=True)
-                plgpu.barrier_wait(lse_loaded.at[slot])
-                lse_t = plgpu.load(lse_smem.at[slot], (), layout=two_pass.COLUMN)
-                p_t = jnp.exp2(s_t * qk_scale - lax.broadcast_in_dim(lse_t, s_t.shape, [1]))
-                plgpu.barrier_wait(do_loaded.at[slot])
-
-                def dv_and_dp(refs):  # two wgmmas, one wait
-                    dv_ref, dp_ref = refs
-                    plgpu.wgmma(dv_ref, p_t.astype(dtype), do_part)
-                    plgpu.wgmma(dp_ref, v_smem, plgpu.transpose_ref(do_part, (1, 0)))
-
-                zeros = plgpu.layout_cast(jnp.zeros(s_t.shape, jnp.float32), plgpu.Layout.WGMMA)
-                dv, dp_t = pl.run_state(dv_and_dp)((plgpu.ACC.init(dv), plgpu.ACC.init(zeros)))
-                plgpu.barrier_wait(delta_loaded.at[slot])
-                delta_t = plgpu.load(delta_smem.at[slot], (), layout=two_pass.COLUMN)
-                ds_t = (p_t * (dp_t - lax.broadcast_in_dim(delta_t, dp_t.shape, [1]))).astype(dtype)
-                dk = accumulate(dk, ds_t, q_part)
+                mask = None if j is None else functools.partial(mask_strip, first, j, q0)
+                dk, dv, ds_t = two_pass.dkv_strip(
+                    k_smem, v_smem, q_smem.at[slot], do_smem.at[slot], lse_smem.at[slot],
+                    delta_smem.at[slot], dk, dv, mask,
+                    (lse_loaded.at[slot], do_loaded.at[slot], delta_loaded.at[slot]), qk_scale)
                 plgpu.barrier_arrive(consumed.at[slot])
 
                 # The strip's dS^T from both warpgroups, then this one's dQ columns.
@@ -158,12 +146,9 @@ def backward(q, k, v, dout, lse2, delta, geometry: Geometry, tables, *,
             zeros = plgpu.layout_cast(jnp.zeros((rows, head_dim), jnp.float32),
                                       plgpu.Layout.WGMMA)
             _, (dk, dv) = for_each_strip(visit, (zeros, zeros))
-            k_smem[...] = (dk * scale).astype(dtype)
-            v_smem[...] = dv.astype(dtype)
-            plgpu.commit_smem()
-            plgpu.copy_smem_to_gmem(k_smem, dk_ref.at[span])
-            plgpu.copy_smem_to_gmem(v_smem, dv_ref.at[span])
-            plgpu.wait_smem_to_gmem(0)
+            # The last dQ shares are waited for too (the same thread issued them).
+            two_pass.store_kv_gradients(dk * scale, dv, k_smem, v_smem, dk_ref.at[span],
+                                        dv_ref.at[span])
 
         @pl.when(wg == COMPUTE_WARPGROUPS)
         def _memory():

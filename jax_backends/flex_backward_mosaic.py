@@ -23,6 +23,7 @@ has no CPU run; the tests lower it to Mosaic GPU's MLIR.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
@@ -212,6 +213,10 @@ def _dkv(q, k, v, dout, lse, delta, geometry: Geometry, tables, scale, stages,
             copy_and_wait(((k_ref.at[span], k_smem), (v_ref.at[span], v_smem)), own, wg)
             q_loaded, do_loaded, lse_loaded, delta_loaded = loaded
 
+            def mask_strip(first, j, col0, s_t):
+                return masked(s_t, first, ids, slices, lo[kj, j], hi[kj, j], row0, col0,
+                              transposed=True)
+
             def visit(step, head, qb, j, carry):
                 dk, dv = carry
                 slot = slot_of(step)
@@ -219,44 +224,21 @@ def _dkv(q, k, v, dout, lse, delta, geometry: Geometry, tables, scale, stages,
                 plgpu.barrier_wait(q_loaded.at[slot])
                 for part in range(parts):  # the tile's queries in `parts` strips
                     strip = pl.ds(part * cols, cols)
-                    q_part, do_part = q_smem.at[slot, strip], do_smem.at[slot, strip]
-                    s_t = product(k_smem, plgpu.transpose_ref(q_part, (1, 0)))
-                    if j is not None:
-                        s_t = masked(s_t, first, ids, slices, lo[kj, j], hi[kj, j], row0,
-                                     qb * block_q + part * cols, transposed=True)
-                    if part == 0:
-                        plgpu.barrier_wait(lse_loaded.at[slot])
-                    lse = plgpu.load(lse_smem.at[slot, strip], (), layout=COLUMN)
-                    p_t = jnp.exp2(s_t * qk_scale - lax.broadcast_in_dim(lse, s_t.shape, [1]))
-                    if part == 0:
-                        plgpu.barrier_wait(do_loaded.at[slot])
-
-                    def dv_and_dp(refs, p_t=p_t, do_part=do_part):  # two wgmmas, one wait
-                        dv_ref, dp_ref = refs
-                        plgpu.wgmma(dv_ref, p_t.astype(dtype), do_part)
-                        plgpu.wgmma(dp_ref, v_smem, plgpu.transpose_ref(do_part, (1, 0)))
-
-                    zeros = plgpu.layout_cast(jnp.zeros(s_t.shape, jnp.float32),
-                                              plgpu.Layout.WGMMA)
-                    dv, dp_t = pl.run_state(dv_and_dp)((plgpu.ACC.init(dv),
-                                                        plgpu.ACC.init(zeros)))
-                    if part == 0:
-                        plgpu.barrier_wait(delta_loaded.at[slot])
-                    delta = plgpu.load(delta_smem.at[slot, strip], (), layout=COLUMN)
-                    ds_t = p_t * (dp_t - lax.broadcast_in_dim(delta, dp_t.shape, [1]))
-                    dk = accumulate(dk, ds_t.astype(dtype), q_part)
+                    mask = None if j is None else functools.partial(
+                        mask_strip, first, j, qb * block_q + part * cols)
+                    waits = (lse_loaded.at[slot], do_loaded.at[slot],
+                             delta_loaded.at[slot]) if part == 0 else ()
+                    dk, dv, _ = dkv_strip(
+                        k_smem, v_smem, q_smem.at[slot, strip], do_smem.at[slot, strip],
+                        lse_smem.at[slot, strip], delta_smem.at[slot, strip], dk, dv, mask,
+                        waits, qk_scale)
                 plgpu.barrier_arrive(consumed.at[slot])
                 return dk, dv
 
             zeros = plgpu.layout_cast(jnp.zeros((rows, head_dim), jnp.float32),
                                       plgpu.Layout.WGMMA)
             _, (dk, dv) = for_each_head(visit, (zeros, zeros))
-            k_smem[...] = (dk * scale).astype(dtype)
-            v_smem[...] = dv.astype(dtype)
-            plgpu.commit_smem()
-            plgpu.copy_smem_to_gmem(k_smem, dk_ref.at[span])
-            plgpu.copy_smem_to_gmem(v_smem, dv_ref.at[span])
-            plgpu.wait_smem_to_gmem(0)
+            store_kv_gradients(dk * scale, dv, k_smem, v_smem, dk_ref.at[span], dv_ref.at[span])
 
         @pl.when(wg == COMPUTE_WARPGROUPS)
         def _memory():
@@ -306,6 +288,50 @@ def _dkv(q, k, v, dout, lse, delta, geometry: Geometry, tables, scale, stages,
         kernel_name="lcab_flex_dkv_mosaic",
     )
     return call(*walk_inputs(tables, "by_k"), q, k, v, dout, lse, delta)
+
+
+def dkv_strip(k_smem, v_smem, q_part, do_part, lse_part, delta_part, dk, dv, mask, waits,
+              qk_scale):
+    """One strip of a dK/dV tile, transposed so the warpgroup's key rows
+    are wgmma's M: S^T = K Q^T (mask(S^T) on a partial tile), P^T,
+    dV += P^T dO, dP^T = V dO^T, dS^T, dK += dS^T Q. waits: the lse, dO and
+    delta barriers to wait for before their first use (empty: loaded).
+    Returns dK, dV and dS^T in the inputs' dtype."""
+    lse_wait, do_wait, delta_wait = waits or (None,) * 3
+    dtype = q_part.dtype
+    s_t = product(k_smem, plgpu.transpose_ref(q_part, (1, 0)))
+    if mask is not None:
+        s_t = mask(s_t)
+    if lse_wait is not None:
+        plgpu.barrier_wait(lse_wait)
+    lse = plgpu.load(lse_part, (), layout=COLUMN)
+    p_t = jnp.exp2(s_t * qk_scale - lax.broadcast_in_dim(lse, s_t.shape, [1]))
+    if do_wait is not None:
+        plgpu.barrier_wait(do_wait)
+
+    def dv_and_dp(refs):  # two wgmmas, one wait
+        dv_ref, dp_ref = refs
+        plgpu.wgmma(dv_ref, p_t.astype(dtype), do_part)
+        plgpu.wgmma(dp_ref, v_smem, plgpu.transpose_ref(do_part, (1, 0)))
+
+    zeros = plgpu.layout_cast(jnp.zeros(s_t.shape, jnp.float32), plgpu.Layout.WGMMA)
+    dv, dp_t = pl.run_state(dv_and_dp)((plgpu.ACC.init(dv), plgpu.ACC.init(zeros)))
+    if delta_wait is not None:
+        plgpu.barrier_wait(delta_wait)
+    delta = plgpu.load(delta_part, (), layout=COLUMN)
+    ds_t = (p_t * (dp_t - lax.broadcast_in_dim(delta, dp_t.shape, [1]))).astype(dtype)
+    return accumulate(dk, ds_t, q_part), dv, ds_t
+
+
+def store_kv_gradients(dk, dv, k_smem, v_smem, dk_gmem, dv_gmem):
+    """A dK/dV program's epilogue: both gradients through the (now free) K
+    and V tiles in shared memory to global memory by TMA, then waited."""
+    k_smem[...] = dk.astype(k_smem.dtype)
+    v_smem[...] = dv.astype(v_smem.dtype)
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(k_smem, dk_gmem)
+    plgpu.copy_smem_to_gmem(v_smem, dv_gmem)
+    plgpu.wait_smem_to_gmem(0)
 
 
 def product(a_smem, b_smem):
