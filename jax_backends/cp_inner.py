@@ -156,13 +156,12 @@ class PallasRing:
     merge_in_kernel: bool = False
 
     @classmethod
-    def for_masks(cls, inner: Backend, masks: Sequence[AttnMask], workload: Workload,
-                  summing: bool = False):
+    def for_masks(cls, inner: Backend, masks: Sequence[AttnMask], workload: Workload):
         """The kernel and the masks' (forward, backward) tables, stacked on
-        axis 0; summing: the backward adds onto running sums (Triton's
-        blocks, PallasFlexBackend.backward_blocks)."""
+        axis 0 (the backward's blocks as the inner chooses them for the
+        workload: PallasFlexBackend.backward_blocks)."""
         tiling = inner.tiling
-        blocks = inner.backward_blocks(workload.dtype, workload.head_dim, summing)
+        blocks = inner.backward_blocks(workload.dtype, workload.head_dim)
         forward = [flex_plan.make_plan(m, tiling.block_q, tiling.block_k) for m in masks]
         backward = [flex_plan.make_plan(m, *blocks) for m in masks]
         as_arrays = lambda tree: jax.tree.map(jnp.asarray, tree)  # noqa: E731
@@ -202,8 +201,7 @@ class DenseRing:
     merge_in_kernel: ClassVar[bool] = False  # XLA merges after each step
 
     @classmethod
-    def for_masks(cls, inner: Backend, masks: Sequence[AttnMask], workload: Workload,
-                  summing: bool = False):
+    def for_masks(cls, inner: Backend, masks: Sequence[AttnMask], workload: Workload):
         return cls(), np.stack([m.to_dense(expressions.DENSE_MASK_CELLS) for m in masks])
 
     def attend(self, q, k, v, visible):
@@ -220,8 +218,7 @@ MERGES_IN_KERNEL = (PALLAS,)  # ring kernels that can continue from a running (o
 def ring_kernel(name: str, inner: Backend, masks: Sequence[AttnMask], workload: Workload,
                 merge_in_kernel: bool = False):
     """(kernel, tables stacked on axis 0) of a ring-capable inner."""
-    kernel, tables = _RING_KERNELS[name].for_masks(inner, masks, workload,
-                                                   summing=merge_in_kernel)
+    kernel, tables = _RING_KERNELS[name].for_masks(inner, masks, workload)
     if merge_in_kernel:  # the strategy admits it for MERGES_IN_KERNEL only
         kernel = dataclasses.replace(kernel, merge_in_kernel=True)
     return kernel, tables

@@ -68,16 +68,16 @@ class PallasFlexBackend(Backend):
     def environment_problem(cls) -> str | None:
         return _shared.pallas_platform_problem()
 
-    def backward_blocks(self, dtype: str, head_dim: int, summing: bool = False) -> tuple[int, int]:
+    def backward_blocks(self, dtype: str, head_dim: int) -> tuple[int, int]:
         """The backward's (block_q, block_k): as set, else the Mosaic
-        backward's 128 x 128 where it runs, else 64 x 64. summing: the
-        gradients are added onto running sums (a ring's steps), which only
-        the Triton backward does."""
+        backward's 128 x 128 where it runs, else 64 x 64. (A ring that adds
+        each step onto running sums builds its inner with the Triton
+        backward: jax.cp_ring's merge=in_kernel.)"""
         tiling = self.tiling
         if tiling.backward_block_q is not None and tiling.backward_block_k is not None:
             return tiling.backward_block_q, tiling.backward_block_k
         mosaic = (flex_backward_mosaic.BLOCK,) * 2
-        if summing or self.lowering.mosaic_problem("backward", *mosaic, dtype, head_dim):
+        if self.lowering.mosaic_problem("backward", *mosaic, dtype, head_dim):
             chosen = (64, 64)
         else:
             chosen = mosaic

@@ -421,7 +421,7 @@ def test_the_mosaic_forward_says_what_it_cannot_take():
         Lowering(forward_stages=1)
 
 
-def test_the_mosaic_backward_is_chosen_only_by_name():
+def test_the_mosaic_backward_says_what_it_cannot_take():
     problem = flex_backward_mosaic.problem
     assert problem(128, 128, "bfloat16", 128) is None and problem(128, 128, "float16", 64) is None
     assert "bf16 or f16" in problem(128, 128, "float32", 128)
@@ -455,7 +455,10 @@ def test_the_backward_blocks_follow_the_backward_that_runs(monkeypatch):
     assert auto.backward_blocks("float16", 64) == (128, 128)
     assert auto.backward_blocks("float32", 128) == (64, 64)
     assert auto.backward_blocks("bfloat16", 32) == (64, 64)
-    assert auto.backward_blocks("bfloat16", 128, summing=True) == (64, 64)
+    from jax_backends.context_parallel import RingBackend
+    summing = RingBackend(merge="in_kernel", interpret=False).inner  # adds onto running sums
+    assert summing.backward_blocks("bfloat16", 128) == (64, 64)
+    assert RingBackend(interpret=False).inner.backward_blocks("bfloat16", 128) == (128, 128)
     triton = registry.load_backend("jax.pallas_flex",
                                    {"interpret": False, "backward_lowering": "triton"})
     assert triton.backward_blocks("bfloat16", 128) == (64, 64)
