@@ -4,7 +4,8 @@
 #
 #   experiments/pallas_flex_lowering.sh OUT [check] [speed] [stages] [table] [paper]
 #                                           [backward] [mosaic_backward] [flex_table]
-#                                           [fused_backward] [persistent]
+#                                           [fused_backward] [fused_check]
+#                                           [persistent] [persistent_check]
 #
 # check: the Mosaic forward on all 14 families at 2k tokens, 8:2 heads,
 #   fwd and bwd (the default backward, from its out and lse), one repeat:
@@ -27,11 +28,12 @@
 #   rows first.
 # flex_table: the table part's pallas_flex rows alone (default options).
 # fused_backward: the one-pass Mosaic backward (fused_backward=true; v7
-#   draft): the six seed masks at LCAB_SEQLENS timed, then the check part's
-#   14 families.
+#   draft): the six seed masks at LCAB_SEQLENS timed, fwd and bwd.
+# fused_check: the check part's 14 families with fused_backward=true.
 # persistent: the persistent Mosaic forward (forward_persistent=true; v8
 #   draft): the speed part's masks, one process with it and one without
-#   (same call), then the check part's 14 families with it.
+#   (same call).
+# persistent_check: the check part's 14 families with forward_persistent=true.
 # Rows land in OUT/<part>/<lowering>/; a short table is printed last.
 set -u
 out=$1
@@ -74,15 +76,18 @@ for part in "$@"; do
     fused_backward)
       fused=--backend_options=jax.pallas_flex:fused_backward=true
       run "$out/fused_backward/timed" --backends=jax.pallas_flex "$fused" --masks=$seed_masks \
-        --seqlens="${LCAB_SEQLENS:-16k,32k}" --heads=64:8 --directions=fwd,bwd --warmup=1 --iters=5
-      run "$out/fused_backward/check" --backends=jax.pallas_flex "$fused" --masks=$all_masks \
+        --seqlens="${LCAB_SEQLENS:-16k,32k}" --heads=64:8 --directions=fwd,bwd --warmup=1 --iters=5 ;;
+    fused_check)
+      run "$out/fused_backward/check" --backends=jax.pallas_flex \
+        --backend_options=jax.pallas_flex:fused_backward=true --masks=$all_masks \
         --seqlens=2k --heads=8:2 --directions=fwd,bwd --warmup=0 --iters=1 --flush_l2=false ;;
     persistent)
       speed=(--masks=$seed_masks --seqlens="${LCAB_SEQLENS:-16k,32k}" --heads=64:8
              --directions=fwd --warmup=1 --iters=5)
       run "$out/persistent/on" --backends=jax.pallas_flex \
         --backend_options=jax.pallas_flex:forward_persistent=true "${speed[@]}"
-      run "$out/persistent/off" --backends=jax.pallas_flex "${speed[@]}"
+      run "$out/persistent/off" --backends=jax.pallas_flex "${speed[@]}" ;;
+    persistent_check)
       run "$out/persistent/check" --backends=jax.pallas_flex \
         --backend_options=jax.pallas_flex:forward_persistent=true --masks=$all_masks \
         --seqlens=2k --heads=8:2 --directions=fwd,bwd --warmup=0 --iters=1 --flush_l2=false ;;
@@ -110,7 +115,7 @@ for part in "$@"; do
         run "$out/mosaic_backward/timed" --backends=jax.pallas_flex "$backward" "${timed[@]}"
         run "$out/mosaic_backward/check" --backends=jax.pallas_flex "$backward" "${check[@]}"
       fi ;;
-    *) echo "unknown part $part (check, speed, stages, table, flex_table, paper, backward, mosaic_backward, fused_backward, persistent)"; exit 2 ;;
+    *) echo "unknown part $part (check, speed, stages, table, flex_table, paper, backward, mosaic_backward, fused_backward, fused_check, persistent, persistent_check)"; exit 2 ;;
   esac
 done
 python3 - "$out" <<'PY'
