@@ -1,17 +1,20 @@
 """jax.pallas_flex's backward kernels timed one by one on a GPU (issue #6):
 
     python3 experiments/pallas_flex_backward_kernels.py [--masks=full,causal_document]
-        [--seqlen=32768] [--out=FILE.jsonl]
+        [--seqlen=32768] [--kernels=mosaic,fused,triton] [--out=FILE.jsonl]
 
 For each mask (64:8 heads, d=128, bf16, batch 1, chatqa2 documents): the
 whole Triton backward (its default 64 x 64 plan), and the Mosaic backward's
 dQ and dK/dV kernels alone for each `parts` (flex_backward_mosaic.PARTS),
 and dK/dV with 240 / 24 registers per compute / memory thread, on a
-128 x 128 plan. TFLOP/s count the kernel's own matmuls over the
-mask's exact area: dQ 3, dK/dV 4, a whole backward 5 (the harness's
-convention) plus the Triton dQ pass's 2 recomputed ones left out. One
-warm-up, median of five; a JSON line per kernel goes to --out and a table
-to stdout. Set MOSAIC_GPU_DUMP_PTXAS=1 to see each kernel's registers and
+128 x 128 plan; the one-pass backward (flex_backward_fused_mosaic, v7)
+whole, and with its dQ staging unswizzled, with no dQ reduce-add (its dQ
+wrong: what the adds cost) and with 240 / 24 registers. TFLOP/s count
+the kernel's own matmuls over the mask's exact area: dQ 3, dK/dV 4, a
+whole backward 5 (the harness's convention; the Triton dQ pass's 2
+recomputed ones left out), the one-pass backward 5. One warm-up, median
+of five; a JSON line per kernel goes to --out and a table to stdout.
+Set MOSAIC_GPU_DUMP_PTXAS=1 to see each kernel's registers and
 spills in the log.
 """
 
@@ -20,17 +23,20 @@ from __future__ import annotations
 import json
 import math
 import time
+import types
 
 import jax
 import jax.numpy as jnp
 from absl import app, flags
 
-from jax_backends import flex_backward_mosaic, flex_kernel
+from jax_backends import flex_backward_fused_mosaic, flex_backward_mosaic, flex_kernel
 from jax_backends.flex_plan import make_plan
 from lcab.masks.factory import make_mask, taken_params
 
 _MASKS = flags.DEFINE_list("masks", ["full", "causal_document"], "mask families")
 _SEQLEN = flags.DEFINE_integer("seqlen", 32768, "tokens")
+_KERNELS = flags.DEFINE_list("kernels", ["mosaic", "fused", "triton"],
+                             "which kernels: names starting with these")
 _OUT = flags.DEFINE_string("out", None, "JSON lines, one per kernel")
 HEADS, KV_HEADS, HEAD_DIM = 64, 8, 128
 
@@ -74,6 +80,21 @@ def _kernels(mask, seqlen):
                                                         q, k, v, do, r, r, geometry, tables,
                                                         scale, 2, False, 2))
     yield "mosaic dkv, parts=2, registers 240/24", 4, dkv, (q, k, v, dout, rows)
+    fused = flex_backward_fused_mosaic
+
+    def one_pass(*patches):
+        def run(q, k, v, do, r):
+            return _patched(patches, fused.backward, q, k, v, do, r, r, geometry, tables)
+        return jax.jit(run)
+
+    no_reduce = types.SimpleNamespace(**vars(fused.plgpu))
+    no_reduce.copy_smem_to_gmem = lambda *args, **kwargs: None
+    args = (q, k, v, dout, rows)
+    yield "fused dkv+dq", 5, one_pass(), args
+    yield "fused dkv+dq, dQ staging unswizzled", 5, one_pass((fused, "DQ_TRANSFORMS", ())), args
+    yield "fused dkv+dq, no dQ reduce-add", 5, one_pass((fused, "plgpu", no_reduce)), args
+    yield ("fused dkv+dq, registers 240/24", 5,
+           one_pass((flex_backward_mosaic, "DKV_REGISTERS", (240, 24))), args)
     triton_plan = make_plan(mask, 64, 64)
     triton_tables = jax.tree.map(jnp.asarray, triton_plan.tables())
     whole = jax.jit(lambda q, k, v, do, r: flex_kernel._backward(
@@ -83,12 +104,19 @@ def _kernels(mask, seqlen):
 
 def _with_registers(registers, fn, *args):
     """fn traced with flex_backward_mosaic.DKV_REGISTERS set to `registers`."""
-    kept = flex_backward_mosaic.DKV_REGISTERS
-    flex_backward_mosaic.DKV_REGISTERS = registers
+    return _patched(((flex_backward_mosaic, "DKV_REGISTERS", registers),), fn, *args)
+
+
+def _patched(patches, fn, *args):
+    """fn(*args) traced with each (module, name, value) of patches set."""
+    kept = [(module, name, getattr(module, name)) for module, name, _ in patches]
+    for module, name, value in patches:
+        setattr(module, name, value)
     try:
         return fn(*args)
     finally:
-        flex_backward_mosaic.DKV_REGISTERS = kept
+        for module, name, value in kept:
+            setattr(module, name, value)
 
 
 def main(argv):
@@ -101,6 +129,8 @@ def main(argv):
                          **taken_params(name, distribution="chatqa2_long_sft"))
         matmul_flops = 2 * mask.area() * HEAD_DIM * HEADS
         for kernel, matmuls, fn, args in _kernels(mask, _SEQLEN.value):
+            if not kernel.startswith(tuple(_KERNELS.value)):
+                continue
             try:
                 ms = _median_ms(fn, *args)
                 tflops = matmuls * matmul_flops / (ms * 1e-3) / 1e12

@@ -47,6 +47,10 @@ from jax_backends.flex_plan import Geometry
 _LOG2E = math.log2(math.e)
 STRIP = ROWS_PER_WARPGROUP  # query rows a step: half a plan tile
 HEAD_DIM = 2 * STRIP  # dQ's columns split between the two compute warpgroups
+# dQ shares' float32 staging in shared memory: 128-byte swizzled rows, so
+# the wgmma-layout store is free of bank conflicts (unswizzled, each warp's
+# rows 256 bytes apart fall on the same banks).
+DQ_TRANSFORMS = (plgpu.TilingTransform((8, 32)), plgpu.SwizzleTransform(128))
 
 
 def problem(block_q: int, block_k: int, dtype, head_dim: int) -> str | None:
@@ -180,7 +184,7 @@ def backward(q, k, v, dout, lse2, delta, geometry: Geometry, tables, *,
              plgpu.SMEM((stages, STRIP), jnp.float32),
              plgpu.SMEM((stages, STRIP), jnp.float32),
              plgpu.SMEM((two_pass.BLOCK, STRIP), dtype, transforms=two_pass.TRANSFORMS),
-             plgpu.SMEM((COMPUTE_WARPGROUPS, STRIP, STRIP), jnp.float32)],
+             plgpu.SMEM((COMPUTE_WARPGROUPS, STRIP, STRIP), jnp.float32, transforms=DQ_TRANSFORMS)],
             (plgpu.Barrier(num_barriers=COMPUTE_WARPGROUPS),) * 3,
             (plgpu.Barrier(num_barriers=stages),) * 4,
             plgpu.Barrier(num_arrivals=COMPUTE_WARPGROUPS, num_barriers=stages),
