@@ -8,8 +8,8 @@ whole Triton backward (its default 64 x 64 plan), and the Mosaic backward's
 dQ and dK/dV kernels alone for each `parts` (flex_backward_mosaic.PARTS),
 and dK/dV with 240 / 24 registers per compute / memory thread, on a
 128 x 128 plan; the one-pass backward (flex_backward_fused_mosaic, v7)
-whole, and with its dQ staging unswizzled, with no dQ reduce-add (its dQ
-wrong: what the adds cost) and with 240 / 24 registers. TFLOP/s count
+whole, and with its dQ sum in dQ's own layout, with no dQ reduce-add or
+no dQ product (its dQ wrong: what each costs) and with 240 / 24 registers. TFLOP/s count
 the kernel's own matmuls over the mask's exact area: dQ 3, dK/dV 4, a
 whole backward 5 (the harness's convention; the Triton dQ pass's 2
 recomputed ones left out), the one-pass backward 5. One warm-up, median
@@ -23,7 +23,6 @@ from __future__ import annotations
 import json
 import math
 import time
-import types
 
 import jax
 import jax.numpy as jnp
@@ -87,12 +86,14 @@ def _kernels(mask, seqlen):
             return _patched(patches, fused.backward, q, k, v, do, r, r, geometry, tables)
         return jax.jit(run)
 
-    no_reduce = types.SimpleNamespace(**vars(fused.plgpu))
-    no_reduce.copy_smem_to_gmem = lambda *args, **kwargs: None
+    no_reduce = _Overridden(fused.plgpu, copy_smem_to_gmem=lambda *a, **k: None)
+    no_product = _Overridden(fused.two_pass, product=lambda a, b: fused.plgpu.layout_cast(
+        jnp.zeros((a.shape[0], b.shape[1]), jnp.float32), fused.plgpu.Layout.WGMMA))
     args = (q, k, v, dout, rows)
     yield "fused dkv+dq", 5, one_pass(), args
-    yield "fused dkv+dq, dQ staging unswizzled", 5, one_pass((fused, "DQ_TRANSFORMS", ())), args
+    yield "fused dkv+dq, dQ sum in dQ's layout", 5, one_pass((fused, "DQ_LAYOUT", "rows")), args
     yield "fused dkv+dq, no dQ reduce-add", 5, one_pass((fused, "plgpu", no_reduce)), args
+    yield "fused dkv+dq, no dQ product", 5, one_pass((fused, "two_pass", no_product)), args
     yield ("fused dkv+dq, registers 240/24", 5,
            one_pass((flex_backward_mosaic, "DKV_REGISTERS", (240, 24))), args)
     triton_plan = make_plan(mask, 64, 64)
@@ -100,6 +101,16 @@ def _kernels(mask, seqlen):
     whole = jax.jit(lambda q, k, v, do, r: flex_kernel._backward(
         q, k, v, r, r, do, triton_plan.geometry, triton_tables, flex_kernel.Lowering()))
     yield "triton backward (dq + dkv)", 5, whole, (q, k, v, dout, rows)
+
+
+class _Overridden:
+    """A module with some of its names replaced (the ablations' stand-ins)."""
+
+    def __init__(self, module, **names):
+        self._module, self._names = module, names
+
+    def __getattr__(self, name):
+        return self._names[name] if name in self._names else getattr(self._module, name)
 
 
 def _with_registers(registers, fn, *args):

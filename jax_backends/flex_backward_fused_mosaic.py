@@ -51,6 +51,11 @@ HEAD_DIM = 2 * STRIP  # dQ's columns split between the two compute warpgroups
 # the wgmma-layout store is free of bank conflicts (unswizzled, each warp's
 # rows 256 bytes apart fall on the same banks).
 DQ_TRANSFORMS = (plgpu.TilingTransform((8, 32)), plgpu.SwizzleTransform(128))
+# The float32 dQ sum in global memory: "tiles" gives each (strip, column
+# half) share one contiguous 16 KiB (FA3 keeps its dQ sum contiguous per
+# block too), permuted to dQ's layout afterwards; "rows" is dQ's own
+# layout, each share 64 runs of 256 bytes, 32 KiB apart.
+DQ_LAYOUT = "tiles"
 
 
 def problem(block_q: int, block_k: int, dtype, head_dim: int) -> str | None:
@@ -73,6 +78,23 @@ def backward(q, k, v, dout, lse2, delta, geometry: Geometry, tables, *,
     scale = 1.0 / math.sqrt(head_dim)
     qk_scale = scale * _LOG2E
     lse = jnp.where(lse2 == -jnp.inf, 0.0, lse2)  # rows that see nothing meet only masks
+    layout = DQ_LAYOUT
+    if layout == "tiles":
+        shape = (batch, heads, padded_q // STRIP, COMPUTE_WARPGROUPS, STRIP, STRIP)
+
+        def dq_share_ref(dq_ref, b, head, q0, wg):
+            return dq_ref.at[b, head, q0 // STRIP, wg]
+
+        def as_dq(total):  # (b, h, strip, half, row, col) -> (b, strip, row, h, half, col)
+            return total.transpose(0, 2, 4, 1, 3, 5).reshape(q.shape)
+    else:
+        shape = q.shape
+
+        def dq_share_ref(dq_ref, b, head, q0, wg):
+            return dq_ref.at[b, pl.ds(q0, STRIP), head, pl.ds(wg * STRIP, STRIP)]
+
+        def as_dq(total):
+            return total
 
     def kernel(*refs):
         *walk, ids, slices, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dq_ref, dk_ref, \
@@ -142,9 +164,8 @@ def backward(q, k, v, dout, lse2, delta, geometry: Geometry, tables, *,
                 plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # the last share has left
                 dq_smem.at[wg][...] = dq_share
                 plgpu.commit_smem()
-                plgpu.copy_smem_to_gmem(
-                    dq_smem.at[wg], dq_ref.at[b, pl.ds(q0, STRIP), head, pl.ds(wg * STRIP, STRIP)],
-                    reduction_op="add")
+                plgpu.copy_smem_to_gmem(dq_smem.at[wg], dq_share_ref(dq_ref, b, head, q0, wg),
+                                        reduction_op="add")
                 return dk, dv
 
             zeros = plgpu.layout_cast(jnp.zeros((rows, head_dim), jnp.float32),
@@ -206,6 +227,6 @@ def backward(q, k, v, dout, lse2, delta, geometry: Geometry, tables, *,
         compiler_params=plgpu.CompilerParams(approx_math=True),
         name="lcab_flex_dkv_dq_mosaic",
     )
-    dq_sum = jax.new_ref(jnp.zeros((batch, padded_q, heads, head_dim), jnp.float32))
+    dq_sum = jax.new_ref(jnp.zeros(shape, jnp.float32))
     dk, dv = call(*two_pass.walk_inputs(tables, "by_k"), q, k, v, dout, lse, delta, dq_sum)
-    return (jax.freeze(dq_sum) * scale).astype(dtype), dk, dv
+    return (as_dq(jax.freeze(dq_sum)) * scale).astype(dtype), dk, dv
