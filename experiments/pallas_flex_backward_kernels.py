@@ -6,14 +6,15 @@
 For each mask (64:8 heads, d=128, bf16, batch 1, chatqa2 documents): the
 whole Triton backward (its default 64 x 64 plan), and the Mosaic backward's
 dQ and dK/dV kernels alone for each `parts` (flex_backward_mosaic.PARTS),
-and dK/dV with 240 / 24 registers per compute / memory thread, on a
-128 x 128 plan; the one-pass backward (flex_backward_fused_mosaic, v7)
-whole, and with its dQ sum in dQ's own layout, with no dQ reduce-add or
-no dQ product (its dQ wrong: what each costs) and with 240 / 24 registers. TFLOP/s count
-the kernel's own matmuls over the mask's exact area: dQ 3, dK/dV 4, a
-whole backward 5 (the harness's convention; the Triton dQ pass's 2
-recomputed ones left out), the one-pass backward 5. One warm-up, median
-of five; a JSON line per kernel goes to --out and a table to stdout.
+and dK/dV with 232 / 40 registers per compute / memory thread (the split
+before 240 / 24), on a 128 x 128 plan; the one-pass backward
+(flex_backward_fused_mosaic, v7) whole, and with its dQ sum in dQ's own
+layout, with no dQ reduce-add or no dQ product (its dQ wrong: what each
+costs) and with 232 / 40 registers. TFLOP/s count the kernel's own matmuls
+over the mask's exact area: dQ 3, dK/dV 4, a whole backward 5 (the harness's
+convention; the Triton dQ pass's 2 recomputed ones left out), the one-pass
+backward 5. One warm-up, median of five; a JSON line per kernel goes to
+--out and a table to stdout.
 Set MOSAIC_GPU_DUMP_PTXAS=1 to see each kernel's registers and
 spills in the log.
 """
@@ -74,11 +75,11 @@ def _kernels(mask, seqlen):
             q, k, v, do, r, r, geometry, tables, scale, 2, False, parts))
         yield f"mosaic dq, parts={parts}", 3, dq, (q, k, v, dout, rows)
         yield f"mosaic dkv, parts={parts}", 4, dkv, (q, k, v, dout, rows)
-    # dK/dV with FA3's register split (240 per compute thread, 24 for TMA).
-    dkv = jax.jit(lambda q, k, v, do, r: _with_registers((240, 24), flex_backward_mosaic._dkv,
+    # dK/dV with the register split before FA3's (232 per compute thread, 40 for TMA).
+    dkv = jax.jit(lambda q, k, v, do, r: _with_registers((232, 40), flex_backward_mosaic._dkv,
                                                         q, k, v, do, r, r, geometry, tables,
                                                         scale, 2, False, 2))
-    yield "mosaic dkv, parts=2, registers 240/24", 4, dkv, (q, k, v, dout, rows)
+    yield "mosaic dkv, parts=2, registers 232/40", 4, dkv, (q, k, v, dout, rows)
     fused = flex_backward_fused_mosaic
 
     def one_pass(*patches):
@@ -94,8 +95,8 @@ def _kernels(mask, seqlen):
     yield "fused dkv+dq, dQ sum in dQ's layout", 5, one_pass((fused, "DQ_LAYOUT", "rows")), args
     yield "fused dkv+dq, no dQ reduce-add", 5, one_pass((fused, "plgpu", no_reduce)), args
     yield "fused dkv+dq, no dQ product", 5, one_pass((fused, "two_pass", no_product)), args
-    yield ("fused dkv+dq, registers 240/24", 5,
-           one_pass((flex_backward_mosaic, "DKV_REGISTERS", (240, 24))), args)
+    yield ("fused dkv+dq, registers 232/40", 5,
+           one_pass((flex_backward_mosaic, "DKV_REGISTERS", (232, 40))), args)
     triton_plan = make_plan(mask, 64, 64)
     triton_tables = jax.tree.map(jnp.asarray, triton_plan.tables())
     whole = jax.jit(lambda q, k, v, do, r: flex_kernel._backward(

@@ -51,8 +51,9 @@ ROW = plgpu.Layout.WGMMA.reduce(1)  # one value per tile row
 COLUMN = plgpu.Layout.WGMMA.reduce(0)  # one value per tile column
 PARTS = (1, 2)  # strips per tile (backward's `parts`)
 # dK/dV's registers per thread: compute and memory warpgroups (setmaxnreg;
-# 2 x 128 x 232 + 128 x 40 fill the SM's 64k).
-DKV_REGISTERS = (232, 40)
+# 2 x 128 x 240 + 128 x 24 of the SM's 64k, FA3's split). Timed alone on
+# an H100 (32k), dK/dV gained 2-6% over 232 / 40 (docs/pallas_flex.md).
+DKV_REGISTERS = (240, 24)
 
 
 def problem(block_q: int, block_k: int, dtype, head_dim: int) -> str | None:
