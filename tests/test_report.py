@@ -407,15 +407,19 @@ def _readme_section(heading: str) -> str:
 
 
 def test_the_readme_pallas_flex_table_comes_from_the_committed_h100_rows():
-    """README, jax.pallas_flex v6: every TFLOP/s cell of its table is the
-    committed row's figure (pallas_flex from v6's H100 calls, the other
-    kernels from v5's), and every ratio is those figures' quotient."""
-    v6 = ROOT / "results/gpu/2026-11-26-pallas-flex-mosaic-backward"
+    """README, jax.pallas_flex v6b: every TFLOP/s cell of its table is the
+    committed row's figure (pallas_flex, cuDNN and torch.flex from one H100
+    on 2026-11-27, FA3 from v5's H100 calls), and every ratio is those
+    figures' quotient."""
+    v6b = ROOT / "results/gpu/2026-11-27-pallas-flex-v6b"
     v5 = ROOT / "results/gpu/2026-11-26-h100-pallas-flex-mosaic"
-    flex = results.load([v6 / "call4" / "flex_table", v6 / "call2" / "mosaic_backward" / "timed"])
+    same = results.load([v6b / "call7", v6b / "call8"])
     others = results.load([v5 / "call3", v5 / "call5"])
-    frame = pd.concat([flex, others[others["backend"] != "jax.pallas_flex"]])
-    assert set(flex["device"]) == set(others["device"]) == {"NVIDIA H100 80GB HBM3"}
+    assert (same[same["backend"] == "jax.fa3"]["status"] == "UNAVAILABLE").all()
+    frame = pd.concat([same[same["backend"] != "jax.fa3"], others[others["backend"] == "jax.fa3"]])
+    assert set(frame["device"]) == {"NVIDIA H100 80GB HBM3"}
+    flex = same[same["backend"] == "jax.pallas_flex"]
+    assert set(flex["git_commit"]) == {"bac127be9b85"}
     assert flex["notes"].str.contains("forward Mosaic GPU, backward Mosaic GPU").all()
     ok = frame[frame["status"] == "OK"]
     figure = {(r.backend, r.mask, r.seqlen, r.direction): r.tflops for r in ok.itertuples()}
