@@ -1,5 +1,8 @@
-"""jax.pallas_flex's one-pass Mosaic GPU backward (Hopper; v7 draft, not
-yet run on a GPU): dK, dV and dQ from one kernel, FA3's scheme.
+"""jax.pallas_flex's one-pass Mosaic GPU backward (Hopper; v7): dK, dV and
+dQ from one kernel, FA3's scheme. Correct on an H100, but at half the
+two-pass backward's speed (registers spill, the reduce-adds are not
+hidden, the warpgroups meet each strip; docs/pallas_flex.md), so an
+option, off by default.
 
 flex_backward_mosaic's dK/dV kernel, with the dQ pass folded in: one
 program per (kv block, kv head, batch); two compute warpgroups of 64 key

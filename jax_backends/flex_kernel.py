@@ -90,7 +90,8 @@ class Lowering:
     # tile's dQ share into a float32 buffer, so P is computed once per tile
     # rather than twice: by atomics in Triton (FA2's original scheme,
     # measured 2.6x slower), by TMA reduce-adds in Mosaic GPU (FA3's;
-    # flex_backward_fused_mosaic, a draft not yet run on a GPU).
+    # flex_backward_fused_mosaic: correct, measured at half the two-pass
+    # speed; docs/pallas_flex.md says why).
     fused_backward: bool = False
     # The forward's lowering: "triton" (also the CPU's, interpreted),
     # "mosaic" (Hopper: wgmma, TMA, warp specialised; flex_kernel_mosaic) or
@@ -98,8 +99,8 @@ class Lowering:
     forward_lowering: str = "auto"
     # Shared-memory slots of the Mosaic forward's K/V ring.
     forward_stages: int = 2
-    # The Mosaic forward as a persistent kernel, one program per SM (v8
-    # draft, not yet run on a GPU; flex_kernel_mosaic.forward).
+    # The Mosaic forward as a persistent kernel, one program per SM (v8;
+    # flex_kernel_mosaic.forward).
     forward_persistent: bool = False
     # The backward's, as the forward's (flex_backward_mosaic, on 128 x 128
     # backward tiles): 1.16-1.34x the Triton backward on an H100

@@ -337,7 +337,7 @@ def test_the_mosaic_forward_lowers_for_a_gpu_on_every_family(head_dim, dtype, bl
     says why), so on a CPU it is lowered to Mosaic GPU's MLIR instead: that
     catches ops and layouts the lowering lacks; its numbers are checked on a
     GPU (results/gpu/2026-11-26-h100-pallas-flex-mosaic/). The persistent
-    draft gets 5 SMs, so its programs take uneven numbers of items."""
+    variant gets 5 SMs, so its programs take uneven numbers of items."""
     monkeypatch.setattr(flex_kernel_mosaic, "streaming_multiprocessors", lambda: 5)
     for name in MASK_NAMES:
         plan = make_plan(small_mask(name, 300), 128, block_k)  # 300: padded rows and columns
@@ -375,8 +375,9 @@ def test_the_mosaic_backward_lowers_for_a_gpu_on_every_family(head_dim, dtype, h
 
 @pytest.mark.parametrize("dtype,heads_together", [(jnp.bfloat16, False), (jnp.float16, True)])
 def test_the_one_pass_mosaic_backward_lowers_for_a_gpu_on_every_family(dtype, heads_together):
-    """The v7 draft (dQ by TMA reduce-adds from the dK/dV kernel): lowered
-    to Mosaic GPU's MLIR for every family; not yet run on a GPU."""
+    """v7 (dQ by TMA reduce-adds from the dK/dV kernel): lowered to Mosaic
+    GPU's MLIR for every family (its numbers are checked on a GPU:
+    results/gpu/2026-11-27-pallas-flex-v6b/)."""
     for name in MASK_NAMES:
         plan = make_plan(small_mask(name, 300), 128, 128)
         tables = jax.tree.map(jnp.asarray, plan.tables())

@@ -445,7 +445,8 @@ def test_the_readme_pallas_flex_table_comes_from_the_committed_h100_rows():
         if mask == "full":  # FA3's full-mask backward is MM: its backward against cuDNN
             fa3 = [fa3[0], _quotients(figure, mask, length, "jax.cudnn")[1]]
         columns = [(against_fa3, fa3),
-                   (cells[7].split(" / "), _quotients(figure, mask, length, "jax.pallas_flex", "full")),
+                   (cells[7].split(" / "),
+                    _quotients(figure, mask, length, "jax.pallas_flex", "full")),
                    (cells[8].split(" / "), _quotients(figure, mask, length, "torch.flex"))]
         for shown, exact in columns:
             if exact[0] is None:
