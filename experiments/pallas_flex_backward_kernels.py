@@ -14,9 +14,8 @@ costs) and with 232 / 40 registers. TFLOP/s count the kernel's own matmuls
 over the mask's exact area: dQ 3, dK/dV 4, a whole backward 5 (the harness's
 convention; the Triton dQ pass's 2 recomputed ones left out), the one-pass
 backward 5. One warm-up, median of five; a JSON line per kernel goes to
---out and a table to stdout.
-Set MOSAIC_GPU_DUMP_PTXAS=1 to see each kernel's registers and
-spills in the log.
+--out and a table to stdout. Set MOSAIC_GPU_DUMP_PTXAS=1 to see each
+kernel's registers and spills in the log.
 """
 
 from __future__ import annotations

@@ -27,11 +27,11 @@
 # mosaic_backward: the backward part without its Triton run, the timed
 #   rows first.
 # flex_table: the table part's pallas_flex rows alone (default options).
-# fused_backward: the one-pass Mosaic backward (fused_backward=true; v7
-#   draft): the six seed masks at LCAB_SEQLENS timed, fwd and bwd.
+# fused_backward: the one-pass Mosaic backward (fused_backward=true;
+#   v7): the six seed masks at LCAB_SEQLENS timed, fwd and bwd.
 # fused_check: the check part's 14 families with fused_backward=true.
-# persistent: the persistent Mosaic forward (forward_persistent=true; v8
-#   draft): the speed part's masks, one process with it and one without
+# persistent: the persistent Mosaic forward (forward_persistent=true;
+#   v8): the speed part's masks, one process with it and one without
 #   (same call).
 # persistent_check: the check part's 14 families with forward_persistent=true.
 # Rows land in OUT/<part>/<lowering>/; a short table is printed last.

@@ -51,13 +51,15 @@ _LOG2E = math.log2(math.e)
 STRIP = ROWS_PER_WARPGROUP  # query rows a step: half a plan tile
 HEAD_DIM = 2 * STRIP  # dQ's columns split between the two compute warpgroups
 # dQ shares' float32 staging in shared memory: 128-byte swizzled rows, so
-# the wgmma-layout store is free of bank conflicts (unswizzled, each warp's
-# rows 256 bytes apart fall on the same banks).
+# the wgmma-layout store avoids bank conflicts (unswizzled, a warp's rows
+# 256 bytes apart share banks). Measured no faster than unswizzled on an
+# H100 (results/gpu/2026-11-27-pallas-flex-v6b/), but not slower.
 DQ_TRANSFORMS = (plgpu.TilingTransform((8, 32)), plgpu.SwizzleTransform(128))
 # The float32 dQ sum in global memory: "tiles" gives each (strip, column
 # half) share one contiguous 16 KiB (FA3 keeps its dQ sum contiguous per
 # block too), permuted to dQ's layout afterwards; "rows" is dQ's own
-# layout, each share 64 runs of 256 bytes, 32 KiB apart.
+# layout, each share 64 runs of 256 bytes, 32 KiB apart. Both read the
+# same on an H100 (the same rows).
 DQ_LAYOUT = "tiles"
 
 
@@ -82,6 +84,8 @@ def backward(q, k, v, dout, lse2, delta, geometry: Geometry, tables, *,
     qk_scale = scale * _LOG2E
     lse = jnp.where(lse2 == -jnp.inf, 0.0, lse2)  # rows that see nothing meet only masks
     layout = DQ_LAYOUT
+    if layout not in ("tiles", "rows"):
+        raise ValueError(f"DQ_LAYOUT={layout!r}: choose 'tiles' or 'rows'")
     if layout == "tiles":
         shape = (batch, heads, padded_q // STRIP, COMPUTE_WARPGROUPS, STRIP, STRIP)
 

@@ -10,8 +10,8 @@ The memory warpgroup follows the program's plan row: its full runs, then
 its partial tiles; the compute warpgroups walk the same row and mask the
 partial tiles' scores by the union of their slices.
 
-A persistent variant (v8, `persistent`; correct on a GPU, within noise of
-the default but on short documents, so off by default) runs
+A persistent variant (v8, `persistent`; correct on a GPU, +2-10 % on
+short documents and -3 to +7 % elsewhere, so off by default) runs
 one program per SM over the same work items, so the memory warpgroup fills
 the ring for the next item during this one's last tiles and epilogue.
 The backward is flex_backward_mosaic's (it shares fold_visits, masked and
