@@ -516,3 +516,40 @@ def test_block_sizes_must_be_triton_tiles():
 
     with pytest.raises(registry.Unavailable, match="block_k=48: blocks are powers of two"):
         registry.load_backend("jax.pallas_flex", {"block_k": "48"})
+
+
+def test_the_backward_kernel_timing_script_lowers_every_mosaic_kernel_and_ablation():
+    """experiments/pallas_flex_backward_kernels.py reaches into the kernel
+    modules (DKV_REGISTERS, DQ_LAYOUT, the one-pass kernel's plgpu and
+    two_pass) to time ablations on a GPU: each Mosaic entry, ablations
+    included, still lowers to Mosaic GPU's MLIR, and the overrides are
+    undone afterwards. In its own process: the script defines absl flags
+    (--masks, --out) that LCAB's CLIs define too."""
+    import pathlib
+    import subprocess
+    import sys
+
+    root = pathlib.Path(__file__).parent.parent
+    program = """
+import importlib.util, sys
+from jax_backends import flex_backward_fused_mosaic as fused, flex_backward_mosaic as two_pass
+from lcab.masks import small_mask
+spec = importlib.util.spec_from_file_location("kernels", "experiments/pallas_flex_backward_kernels.py")
+script = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(script)
+kept = (two_pass.DKV_REGISTERS, fused.DQ_LAYOUT, fused.plgpu, fused.two_pass)
+for name, matmuls, fn, args in script._kernels(small_mask("causal_document", 512), 512):
+    if name.startswith("triton"):
+        continue
+    text = fn.trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+    assert "stablehlo.custom_call @mosaic_gpu" in text, name
+    print(matmuls, name)
+assert kept == (two_pass.DKV_REGISTERS, fused.DQ_LAYOUT, fused.plgpu, fused.two_pass)
+"""
+    done = subprocess.run([sys.executable, "-c", program], cwd=root, capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = done.stdout.splitlines()
+    assert len(lines) == 10, lines
+    assert sum(" fused dkv+dq" in line for line in lines) == 5, lines
+    assert all(line.split()[0] in ("3", "4", "5") for line in lines), lines
