@@ -532,7 +532,8 @@ def test_the_backward_kernel_timing_script_lowers_every_mosaic_kernel_and_ablati
     root = pathlib.Path(__file__).parent.parent
     program = """
 import importlib.util, sys
-from jax_backends import flex_backward_fused_mosaic as fused, flex_backward_mosaic as two_pass
+from jax_backends import flex_backward_fused_mosaic as fused
+from jax_backends import flex_backward_mosaic as two_pass
 from lcab.masks import small_mask
 spec = importlib.util.spec_from_file_location("kernels", "experiments/pallas_flex_backward_kernels.py")
 script = importlib.util.module_from_spec(spec)
