@@ -535,7 +535,8 @@ import importlib.util, sys
 from jax_backends import flex_backward_fused_mosaic as fused
 from jax_backends import flex_backward_mosaic as two_pass
 from lcab.masks import small_mask
-spec = importlib.util.spec_from_file_location("kernels", "experiments/pallas_flex_backward_kernels.py")
+path = "experiments/pallas_flex_backward_kernels.py"
+spec = importlib.util.spec_from_file_location("kernels", path)
 script = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(script)
 kept = (two_pass.DKV_REGISTERS, fused.DQ_LAYOUT, fused.plgpu, fused.two_pass)
