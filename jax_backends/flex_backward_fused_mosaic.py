@@ -189,14 +189,9 @@ def backward(q, k, v, dout, lse2, delta, geometry: Geometry, tables, *,
             def load(step, head, qb, j, strip, carry):
                 slot = slot_of(step)
                 wait_free(step, stages, consumed.at[slot])
-                q0 = qb * block_q + strip * STRIP
-                tile = (b, pl.ds(q0, STRIP), head)
-                vector = (b, head, pl.ds(q0, STRIP))
-                sources = (q_ref.at[tile], do_ref.at[tile], lse_ref.at[vector],
-                           delta_ref.at[vector])
-                for source, smem, ready in zip(sources, (q_smem, do_smem, lse_smem, delta_smem),
-                                               loaded):
-                    plgpu.copy_gmem_to_smem(source, smem.at[slot], ready.at[slot])
+                two_pass.load_query_rows((q_ref, do_ref, lse_ref, delta_ref),
+                                         (q_smem, do_smem, lse_smem, delta_smem), loaded, slot,
+                                         (b, head), qb * block_q + strip * STRIP, STRIP)
                 return carry
 
             for_each_strip(load, jnp.int32(0))

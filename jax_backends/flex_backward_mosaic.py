@@ -248,13 +248,9 @@ def _dkv(q, k, v, dout, lse, delta, geometry: Geometry, tables, scale, stages,
             def load(step, head, qb, j, carry):
                 slot = slot_of(step)
                 wait_free(step, stages, consumed.at[slot])
-                tile = (b, pl.ds(qb * block_q, block_q), head)
-                vector = (b, head, pl.ds(qb * block_q, block_q))
-                sources = (q_ref.at[tile], do_ref.at[tile], lse_ref.at[vector],
-                           delta_ref.at[vector])
-                for source, smem, ready in zip(sources, (q_smem, do_smem, lse_smem, delta_smem),
-                                               loaded):
-                    plgpu.copy_gmem_to_smem(source, smem.at[slot], ready.at[slot])
+                load_query_rows((q_ref, do_ref, lse_ref, delta_ref),
+                                (q_smem, do_smem, lse_smem, delta_smem), loaded, slot,
+                                (b, head), qb * block_q, block_q)
                 return carry
 
             for_each_head(load, jnp.int32(0))
@@ -333,6 +329,19 @@ def store_kv_gradients(dk, dv, k_smem, v_smem, dk_gmem, dv_gmem):
     plgpu.copy_smem_to_gmem(k_smem, dk_gmem)
     plgpu.copy_smem_to_gmem(v_smem, dv_gmem)
     plgpu.wait_smem_to_gmem(0)
+
+
+def load_query_rows(sources, rings, loaded, slot, at, row0, rows: int):
+    """A dK/dV memory warpgroup's feed: rows [row0, row0 + rows) of Q and
+    dO (tiles) and of lse and delta (vectors) of sources, at (batch, query
+    head) = `at`, copied by TMA into ring slot `slot` of each of rings, each
+    on its own barrier array of `loaded`."""
+    batch, head = at
+    tile, vector = (batch, pl.ds(row0, rows), head), (batch, head, pl.ds(row0, rows))
+    q_ref, do_ref, lse_ref, delta_ref = sources
+    chosen = (q_ref.at[tile], do_ref.at[tile], lse_ref.at[vector], delta_ref.at[vector])
+    for source, ring, ready in zip(chosen, rings, loaded):
+        plgpu.copy_gmem_to_smem(source, ring.at[slot], ready.at[slot])
 
 
 def product(a_smem, b_smem):
