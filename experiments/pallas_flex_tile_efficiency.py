@@ -3,46 +3,79 @@
 
     python3 experiments/pallas_flex_tile_efficiency.py ROWS_DIR [ROWS_DIR ...] [--block=128]
 
-For every mask and length with pallas_flex rows (fwd and bwd, OK) in the
-given result folders, and the full mask at the same length: the mask's
-exact area over the area of the tiles its plan computes (`useful`, what
-128 x 128 tiles can reach at best against the full mask), the share of
-those tiles that are partial, the measured TFLOP/s over the full mask's
+For every workload with pallas_flex rows (fwd and bwd, OK) in the given
+result folders, and the full mask at the same length, heads, head_dim and
+dtype: the mask's exact
+area over the area of the tiles its plan computes (`useful`, what
+128 x 128 tiles can reach at best against the full mask), the same if
+every slice had tiles of its own aligned to its first row and column
+(`aligned`: a bound for plans cut at document starts), the share of the
+plan's tiles that are partial, the measured TFLOP/s over the full mask's
 (`fwd / full`, `bwd / full`), and that ratio over `useful`: the rate per
-computed tile against the full mask's. Prints a markdown table.
+computed tile against the full mask's. A mask drawn from documents is
+named with its document distribution. Prints a markdown table.
 """
 
 from __future__ import annotations
+
+import json
 
 from absl import app, flags
 
 from jax_backends.flex_plan import make_plan
 from lcab import results
+from lcab.masks.mask import AttnMask
+from lcab.masks.slices import AttnSlice
 from lcab.model.validation import mask_of
 
 _BLOCK = flags.DEFINE_integer("block", 128, "the plan's q and kv block (the Mosaic kernels' 128)")
 
 
+def aligned_tiles(mask: AttnMask, block: int) -> int:
+    """Tiles computed if each slice were planned alone, from its own corner."""
+    tiles = 0
+    for piece in mask.slices:
+        rows, cols = piece.q_end - piece.q_start, piece.k_end - piece.k_start
+        alone = AttnMask(rows, cols, [AttnSlice(0, rows, 0, cols, piece.kind)])
+        tiles += make_plan(alone, block, block).tiles()
+    return tiles
+
+
+def _label(row) -> str:
+    params = row["mask_params"]
+    params = (json.loads(params) if isinstance(params, str) else params) or {}
+    documents = params.get("distribution")
+    return f"{row['mask']} ({documents})" if documents else row["mask"]
+
+
 def main(argv):
+    block = _BLOCK.value
     frame = results.load(argv[1:])
     rows = frame[(frame["backend"] == "jax.pallas_flex") & (frame["status"] == "OK")]
-    figure = {(r.mask, r.seqlen, r.direction): r.tflops for r in rows.itertuples()}
-    print("| mask | length | useful | partial tiles | fwd / full | bwd / full "
+    setting = ["heads_q", "heads_kv", "head_dim", "dtype"]  # full must match all of them
+    figure = {(r.mask_fingerprint, *(getattr(r, c) for c in setting), r.direction): r.tflops
+              for r in rows.itertuples()}
+    full = {(r.seqlen, *(getattr(r, c) for c in setting), r.direction): r.tflops
+            for r in rows.itertuples() if r.mask == "full"}
+    print("| mask | length | useful | aligned | partial tiles | fwd / full | bwd / full "
           "| per computed tile, fwd / bwd |")
-    print("|---|---|---|---|---|---|---|")
-    cases = rows.drop_duplicates(["mask", "seqlen"])
-    for _, row in cases.sort_values(["mask", "seqlen"]).iterrows():
-        name, length = row["mask"], row["seqlen"]  # not row.mask: a Series method
-        if any(key not in figure for d in ("fwd", "bwd")
-               for key in ((name, length, d), ("full", length, d))):
+    print("|---|---|---|---|---|---|---|---|")
+    cases = rows.drop_duplicates(["mask_fingerprint", *setting]).copy()
+    cases["label"] = cases.apply(_label, axis=1)
+    for _, row in cases.sort_values(["label", "seqlen"]).iterrows():
+        length, same = row["seqlen"], [row[c] for c in setting]
+        keys = [((row["mask_fingerprint"], *same, d), (length, *same, d)) for d in ("fwd", "bwd")]
+        if any(own not in figure or of_full not in full for own, of_full in keys):
             continue
         mask = mask_of(row)  # checked against the row's fingerprint
-        plan = make_plan(mask, _BLOCK.value, _BLOCK.value)
-        useful = mask.area() / (plan.tiles() * _BLOCK.value ** 2)
-        ratio = [figure[(name, length, d)] / figure[("full", length, d)] for d in ("fwd", "bwd")]
-        print(f"| {name} | {length // 1024}k | {useful:.2f} "
+        plan = make_plan(mask, block, block)
+        useful = mask.area() / (plan.tiles() * block ** 2)
+        aligned = mask.area() / (aligned_tiles(mask, block) * block ** 2)
+        ratio = [figure[own] / full[of_full] for own, of_full in keys]
+        print(f"| {row['label']} | {length // 1024}k | {useful:.2f} | {aligned:.2f} "
               f"| {plan.partial_tiles() / plan.tiles():.2f} | {ratio[0]:.2f} | {ratio[1]:.2f} "
               f"| {ratio[0] / useful:.2f} / {ratio[1] / useful:.2f} |")
+
 
 if __name__ == "__main__":
     app.run(main)

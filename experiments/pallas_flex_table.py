@@ -1,0 +1,155 @@
+"""The README's jax.pallas_flex tables (issue #6) from committed rows:
+
+    python3 experiments/pallas_flex_table.py ROWS_DIR [ROWS_DIR ...]
+
+Two markdown tables, TFLOP/s forward / backward: the seed's six masks at
+16k-64k (chatqa2 documents) and the paper's fourteen masks at 32k (ProLong
+64k documents), pallas_flex beside FA3, cuDNN, tokamax (Mosaic with its
+heuristic config, and its cuDNN path) and torch.flex, then pallas_flex's
+ratios: to FA3 (to cuDNN, marked, where FA3's figure failed the
+reference), to its own full-mask figure at the same length, and to
+torch.flex. Cells use the results table's codes (X, MM, -, ...); a cell
+with no row at all is left empty.
+
+A cell may have several rows across the folders (a backend retried in a
+later call after an UNAVAILABLE one): an OK row wins over any other, a
+verdict (X, MM, ...) over UNAVAILABLE, and two OK rows for one cell are an
+error, so no figure is silently chosen over another.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pandas as pd
+
+from lcab import results
+from lcab.report.tables import format_cell
+
+BACKENDS = {
+    "jax.pallas_flex": "pallas_flex",
+    "jax.fa3": "FA3",
+    "jax.cudnn": "cuDNN",
+    "jax.tokamax_mosaic_heuristic": "tokamax Mosaic",
+    "jax.tokamax_cudnn": "tokamax cuDNN",
+    "torch.flex": "torch.flex",
+}
+SEED_MASKS = ("full", "causal", "full_document", "causal_document",
+              "sliding_window_causal", "block_causal_document")
+PAPER_MASKS = ("full", "causal", "sliding_window", "sliding_window_causal",
+               "global_sliding_window", "full_document", "causal_document",
+               "block_causal_document", "share_question", "causal_blockwise",
+               "prefix_lm_document", "prefix_lm_causal", "block_sparse", "var_block_sparse")
+DIRECTIONS = ("fwd", "bwd")
+
+
+def _json(value) -> dict:
+    return (json.loads(value) if isinstance(value, str) else value) or {}
+
+
+def _rank(row) -> int:
+    """OK over any verdict (X, MM, E, ERR), and a verdict over UNAVAILABLE:
+    a backend that could not even be imported in one call says nothing
+    about the cell another call measured."""
+    return {"OK": 2, "UNAVAILABLE": 0}.get(row["status"], 1)
+
+
+def cells(frame: pd.DataFrame) -> dict[tuple, pd.Series]:
+    """(backend, mask, seqlen, the run's --doc_distribution, direction) -> its
+    one row."""
+    frame = frame[frame["backend"].isin(BACKENDS)].copy()
+    frame["distribution"] = frame["flags"].map(lambda flags: _json(flags)["doc_distribution"])
+    chosen: dict[tuple, pd.Series] = {}
+    for _, row in frame.iterrows():
+        key = (row["backend"], row["mask"], int(row["seqlen"]), row["distribution"],
+               row["direction"])
+        held = chosen.get(key)
+        if held is not None and held["status"] == "OK" and row["status"] == "OK":
+            raise ValueError(f"two OK rows for one cell {key}: runs {held['run_id']} "
+                             f"and {row['run_id']}")
+        if held is None or _rank(row) >= _rank(held):
+            chosen[key] = row
+    return chosen
+
+
+class Table:
+    def __init__(self, frame: pd.DataFrame, distribution: str):
+        self.cells = cells(frame)
+        self.distribution = distribution
+
+    def row(self, backend, mask, seqlen, direction):
+        """The cell's row from a run with this table's documents, else from
+        another run where the mask does not depend on the documents drawn
+        (full, causal, windows: the same workload)."""
+        found = self.cells.get((backend, mask, seqlen, self.distribution, direction))
+        if found is not None:
+            return found
+        others = [row for key, row in self.cells.items()
+                  if key[:3] == (backend, mask, seqlen) and key[4] == direction
+                  and "distribution" not in _json(row["mask_params"])]
+        if len(others) > 1:
+            raise ValueError(f"{backend} {mask} {seqlen} {direction}: rows from several runs")
+        return others[0] if others else None
+
+    def tflops(self, backend, mask, seqlen, direction) -> float | None:
+        row = self.row(backend, mask, seqlen, direction)
+        return row["tflops"] if row is not None and row["status"] == "OK" else None
+
+    def shown(self, backend, mask, seqlen) -> str:
+        rows = [self.row(backend, mask, seqlen, d) for d in DIRECTIONS]
+        if all(row is None for row in rows):
+            return ""
+        return " / ".join("" if row is None else format_cell(row["status"], row["tflops"])
+                          for row in rows)
+
+    def ratio(self, mask, seqlen, backend, of_mask=None, fallback=None) -> str:
+        """pallas_flex over `backend` (over `fallback`, named, where `backend`
+        has no OK figure but ran), fwd / bwd; empty where neither has one."""
+        parts = []
+        for direction in DIRECTIONS:
+            own = self.tflops("jax.pallas_flex", mask, seqlen, direction)
+            other = self.tflops(backend, of_mask or mask, seqlen, direction)
+            if own is None or other is None:
+                row = self.row(backend, of_mask or mask, seqlen, direction)
+                other = fallback and row is not None and row["status"] == "MISMATCH" \
+                    and self.tflops(fallback, mask, seqlen, direction)
+                parts.append(f"({own / other:.2f} of {BACKENDS[fallback]})"
+                             if own is not None and other else "")
+                continue
+            parts.append(f"{own / other:.2f}")
+        return "" if not any(parts) else " / ".join(parts)
+
+    def markdown(self, masks, seqlens) -> str:
+        head = ["mask", "length", *BACKENDS.values(), "flex / FA3", "flex / own full",
+                "flex / torch.flex"]
+        lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        for mask in masks:
+            for seqlen in seqlens:
+                if self.row("jax.pallas_flex", mask, seqlen, "fwd") is None:
+                    continue
+                line = [mask, f"{seqlen // 1024}k"]
+                line += [self.shown(backend, mask, seqlen) for backend in BACKENDS]
+                line += [self.ratio(mask, seqlen, "jax.fa3", fallback="jax.cudnn"),
+                         self.ratio(mask, seqlen, "jax.pallas_flex", of_mask="full"),
+                         self.ratio(mask, seqlen, "torch.flex")]
+                lines.append("| " + " | ".join(line) + " |")
+        return "\n".join(lines)
+
+
+def tables(paths) -> tuple[str, str]:
+    frame = results.load(paths)
+    seed = Table(frame, "chatqa2_long_sft").markdown(SEED_MASKS, (16384, 32768, 65536))
+    paper = Table(frame, "prolong64k").markdown(PAPER_MASKS, (32768,))
+    return seed, paper
+
+
+def main(argv):
+    if len(argv) < 2:
+        sys.exit(__doc__)
+    seed, paper = tables(argv[1:])
+    print(seed, paper, sep="\n\n")
+
+
+if __name__ == "__main__":
+    main(sys.argv)
