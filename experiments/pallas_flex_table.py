@@ -19,7 +19,6 @@ error, so no figure is silently chosen over another.
 
 from __future__ import annotations
 
-import json
 import sys
 
 import pandas as pd
@@ -47,10 +46,6 @@ DIRECTIONS = ("fwd", "bwd")
 SETTING = {"heads_q": 64, "heads_kv": 8, "head_dim": 128, "dtype": "bfloat16"}
 
 
-def _json(value) -> dict:
-    return (json.loads(value) if isinstance(value, str) else value) or {}
-
-
 def _rank(row) -> int:
     """OK over any verdict (X, MM, E, ERR), and a verdict over UNAVAILABLE:
     a backend that could not even be imported in one call says nothing
@@ -63,7 +58,8 @@ def cells(frame: pd.DataFrame) -> dict[tuple, pd.Series]:
     one row, among the rows in SETTING."""
     frame = frame[frame["backend"].isin(BACKENDS)
                   & (frame[list(SETTING)] == pd.Series(SETTING)).all(axis=1)].copy()
-    frame["distribution"] = frame["flags"].map(lambda flags: _json(flags).get("doc_distribution"))
+    frame["distribution"] = frame["flags"].map(
+        lambda flags: results.json_field(flags).get("doc_distribution"))
     chosen: dict[tuple, pd.Series] = {}
     for _, row in frame.iterrows():
         key = (row["backend"], row["mask"], int(row["seqlen"]), row["distribution"],
@@ -91,7 +87,7 @@ class Table:
             return found
         others = [row for key, row in self.cells.items()
                   if key[:3] == (backend, mask, seqlen) and key[4] == direction
-                  and "distribution" not in _json(row["mask_params"])]
+                  and "distribution" not in results.json_field(row["mask_params"])]
         if len(others) > 1:
             raise ValueError(f"{backend} {mask} {seqlen} {direction}: rows from several runs")
         return others[0] if others else None

@@ -18,8 +18,6 @@ named with its document distribution. Prints a markdown table.
 
 from __future__ import annotations
 
-import json
-
 from absl import app, flags
 
 from jax_backends.flex_plan import make_plan
@@ -42,9 +40,7 @@ def aligned_tiles(mask: AttnMask, block: int) -> int:
 
 
 def _label(row) -> str:
-    params = row["mask_params"]
-    params = (json.loads(params) if isinstance(params, str) else params) or {}
-    documents = params.get("distribution")
+    documents = results.json_field(row["mask_params"]).get("distribution")
     return f"{row['mask']} ({documents})" if documents else row["mask"]
 
 

@@ -65,14 +65,19 @@ COLUMNS: dict[str, str] = {
 JSON_COLUMNS = ("mask_params", "versions", "options")
 
 
+def json_field(value) -> dict:
+    """A JSON column's value as a dict: a frame from load() holds JSON
+    strings, raw rows hold dicts; {} for none (None, "", or a missing
+    value, NaN, in a frame)."""
+    if isinstance(value, str):
+        value = json.loads(value) if value else {}
+    return dict(value) if isinstance(value, Mapping) else {}
+
+
 def options_key(options) -> str:
     """Backend options as compared between rows: sorted compact JSON ("{}"
     for none, also for rows written before the column existed)."""
-    if isinstance(options, str):
-        options = json.loads(options) if options else {}
-    if not isinstance(options, Mapping):  # None, or a missing value (NaN) in a frame
-        options = {}
-    return json.dumps(dict(options), sort_keys=True)
+    return json.dumps(json_field(options), sort_keys=True)
 
 
 def default_options(options) -> bool:

@@ -4,7 +4,6 @@ device, its dispatch and its exact mask; and against published figures."""
 
 from __future__ import annotations
 
-import json
 import re
 
 import pandas as pd
@@ -15,7 +14,7 @@ from lcab.model.kernel_curve import KernelCurve
 from lcab.model.network import Network
 from lcab.model.strategies import STRATEGIES, Shape, predict
 from lcab.report.tables import inner_kernel
-from lcab.results import default_options
+from lcab.results import default_options, json_field
 
 # MagiAttention's CP figures (../shared/docs/anchors.md: H100, 8k tokens per
 # GPU, forward, per-GPU TFLOP/s, bars read by eye +-10), beside the model of
@@ -32,8 +31,7 @@ PUBLISHED = (
 
 def mask_of(row) -> AttnMask:
     """The row's exact mask, rebuilt from its family, length and parameters."""
-    params = row["mask_params"]
-    params = dict(json.loads(params) if isinstance(params, str) else params or {})
+    params = json_field(row["mask_params"])
     seed = params.pop("seed", 0)
     mask = make_mask(row["mask"], int(row["seqlen"]), seed=seed, **params)
     if row.get("mask_fingerprint") and mask.fingerprint() != row["mask_fingerprint"]:
