@@ -13,8 +13,8 @@ with no row at all is left empty.
 
 A cell may have several rows across the folders (a backend retried in a
 later call after an UNAVAILABLE one): an OK row wins over any other, a
-verdict (X, MM, ...) over UNAVAILABLE, and two OK rows for one cell are an
-error, so no figure is silently chosen over another.
+verdict (X, MM, E) over UNAVAILABLE or ERROR, and two OK rows for one
+cell are an error, so no figure is silently chosen over another.
 """
 
 from __future__ import annotations
@@ -47,10 +47,13 @@ SETTING = {"heads_q": 64, "heads_kv": 8, "head_dim": 128, "dtype": "bfloat16"}
 
 
 def _rank(row) -> int:
-    """OK over any verdict (X, MM, E, ERR), and a verdict over UNAVAILABLE:
-    a backend that could not even be imported in one call says nothing
-    about the cell another call measured."""
-    return {"OK": 2, "UNAVAILABLE": 0}.get(row["status"], 1)
+    """OK over any verdict (X, MM, E), and a verdict over a status of the
+    machine rather than the kernel (UNAVAILABLE, ERROR: the ones --resume
+    retries): a backend that could not even be imported in one call says
+    nothing about the cell another call measured."""
+    if row["status"] == "OK":
+        return 2
+    return 0 if row["status"] in results.RETRIED_ON_RESUME else 1
 
 
 def cells(frame: pd.DataFrame) -> dict[tuple, pd.Series]:
