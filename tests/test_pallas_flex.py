@@ -600,16 +600,11 @@ def test_slice_aligned_tiles_count_each_slice_from_its_own_corner():
     second one, which starts inside kv tile 0 (2 and 3 tiles): 6. Planned
     alone, the first document is one tile and the second a 2 x 2 lower
     triangle: 4."""
-    import importlib.util
-    import pathlib
-
     from lcab.masks.mask import AttnMask
     from lcab.masks.slices import AttnSlice
+    from tests import experiment_scripts
 
-    path = pathlib.Path(__file__).parent.parent / "experiments/pallas_flex_tile_efficiency.py"
-    spec = importlib.util.spec_from_file_location("tile_efficiency", path)
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    script = experiment_scripts.load("pallas_flex_tile_efficiency")
     mask = AttnMask(320, 320, [AttnSlice(0, 64, 0, 64, "causal"),
                                AttnSlice(64, 320, 64, 320, "causal")])
     assert make_plan(mask, 128, 128).tiles() == 6

@@ -27,6 +27,7 @@ from lcab.report import (
 )
 from lcab.report import figures, tables
 from lcab.status import LEGEND
+from tests import experiment_scripts
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 SAMPLE = ROOT / "tests" / "data" / "sample_results.jsonl"
@@ -409,22 +410,12 @@ def _readme_section(heading: str) -> str:
 _TABLE_ROWS = ROOT / "results/gpu/2026-11-27-pallas-flex-table"
 
 
-def _table_script():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(
-        "pallas_flex_table", ROOT / "experiments/pallas_flex_table.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
-    return script
-
-
 def test_the_readme_pallas_flex_tables_are_the_one_machine_rows():
     """README, jax.pallas_flex: both tables (the seed's six masks at
     16k-64k, the paper's fourteen at 32k) are experiments/pallas_flex_table.py's
     output on the committed rows, and every timed figure in them comes from
     one H100's calls 1-5 (03:04-03:28 UTC, 2026-11-27) at one commit."""
-    script = _table_script()
+    script = experiment_scripts.load("pallas_flex_table")
     seed, paper = script.tables([_TABLE_ROWS])
     section = _readme_section("## Our own kernel: jax.pallas_flex (v6")
     assert seed in section and paper in section
@@ -448,7 +439,7 @@ def test_the_pallas_flex_table_never_picks_between_two_measurements():
     """A cell measured twice (the same rows read twice) is an error, and an
     OK or X row wins over an UNAVAILABLE one (call 1's tokamax rows, which
     could not import it, lose to the later calls' figures and verdicts)."""
-    script = _table_script()
+    script = experiment_scripts.load("pallas_flex_table")
     frame = results.load([_TABLE_ROWS])
     with pytest.raises(ValueError, match="two OK rows for one cell"):
         script.cells(pd.concat([frame, frame]))
