@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from absl import app, flags
 
-from jax_backends.flex_plan import make_plan
+from jax_backends.pallas_flex.plan import make_plan
 from lcab import results
 from lcab.masks.mask import AttnMask
 from lcab.masks.slices import AttnSlice

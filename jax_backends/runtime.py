@@ -170,7 +170,7 @@ class JaxRuntime(Runtime):
         return float(np.median([self._batch_ms(None, (), calls, True) for _ in range(5)]))
 
     def golden_error(self, fn, inputs, directory, key, with_gradients, layout="bshd"):
-        from jax_backends import golden  # orbax only where golden data is asked for
+        from lcab import golden
 
         key = golden.golden_key(key, with_gradients)
         names = golden.INPUT_NAMES if with_gradients else golden.INPUT_NAMES[:3]

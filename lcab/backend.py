@@ -68,6 +68,16 @@ class Backend(abc.ABC):
     # Constructor options a run may set (--backend_options NAME:KEY=VALUE),
     # name -> type (int, float, bool or str). Rows say which were set.
     options: ClassVar[dict[str, type]] = {}
+    # The mask families this backend runs exactly (its supports() accepts a
+    # small square workload of each, in its first dtype and head_dim 128 or
+    # its first). The conformance suite (tests/conformance.py) holds every
+    # registered backend to it: each claim agrees with the float64
+    # reference where the backend can run, every other family is refused.
+    # None: not a kernel the suite checks (CP strategies, jax.module).
+    claimed_masks: ClassVar[frozenset[str] | None] = None
+    # Why this backend cannot sit inside a ring (ring_kernel() is None);
+    # a ring strategy shows it when asked to run this inner.
+    no_ring_kernel: ClassVar[str] = "it offers no (out, log-sum-exp) form"
 
     @classmethod
     def parse_options(cls, raw: Mapping[str, str]) -> dict[str, Any]:
@@ -137,6 +147,20 @@ class Backend(abc.ABC):
         """The FLOPs a row's TFLOP/s counts: the attention's (exact mask
         area); a backend timing more than attention (jax.module) adds its own."""
         return workload.flops(direction)
+
+    def ring_kernel(self) -> Any | None:
+        """What a context-parallel ring runs inside, where this kernel has
+        one: a framework object that attends a K/V block giving (out, lse)
+        and takes a block's gradients from the rows' final out and lse (the
+        framework's CP package states its shape). None: no such form (see
+        `no_ring_kernel`)."""
+        return None
+
+    def inner(self) -> tuple[str, dict[str, str]] | None:
+        """(registry name, options) of the kernel a strategy runs inside;
+        None for a kernel. Rows carry it in their `inner` and
+        `inner_options` columns."""
+        return None
 
     def probe_heads_kv(self, workload: Workload) -> int:
         """K/V heads of the correctness probe (few, to keep it small)."""

@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import pytest
 
-from jax_backends import golden
+from lcab import golden
 from lcab import results
 from lcab.masks import small_mask
 from lcab.runner import Case, Settings, run_cases

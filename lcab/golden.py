@@ -8,6 +8,10 @@ Every later run of it -- another kernel, a context-parallel strategy, a run
 at scale, the other framework -- runs on the saved inputs and reports the
 largest normalised difference from the saved results.
 
+The store is framework-neutral: orbax is imported only when a store is
+read or written, so a torch run keeps golden data without this module
+importing a framework itself.
+
 JAX saves jax.Arrays (each host its own shards); every run reads the store
 back as NumPy arrays on the host (`restore_numpy`) and places the inputs
 as its runtime places any input, so a CP run at scale, on any mesh, is
@@ -20,9 +24,7 @@ from __future__ import annotations
 import pathlib
 import re
 
-import jax
 import numpy as np
-import orbax.checkpoint as ocp
 
 INPUT_NAMES = ("q", "k", "v", "dout")
 
@@ -43,6 +45,8 @@ def exists(directory, key: str) -> bool:
 
 def save(directory, key: str, inputs: dict, results: dict) -> None:
     """Keep `inputs` and `results` (jax or NumPy arrays) as the golden data of key."""
+    import orbax.checkpoint as ocp  # only where golden data is asked for
+
     checkpointer = ocp.StandardCheckpointer()
     checkpointer.save(_path(directory, key), {"inputs": inputs, "results": results})
     checkpointer.wait_until_finished()
@@ -50,11 +54,20 @@ def save(directory, key: str, inputs: dict, results: dict) -> None:
 
 def restore_numpy(directory, key: str) -> dict:
     """The golden arrays as NumPy arrays on the host (no device is touched)."""
+    import orbax.checkpoint as ocp  # only where golden data is asked for
+
     path = _path(directory, key)
     checkpointer = ocp.PyTreeCheckpointer()
     tree = checkpointer.metadata(path).item_metadata.tree
-    args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), tree)
-    return checkpointer.restore(path, restore_args=args)
+    return checkpointer.restore(path, restore_args=_as_numpy(tree, ocp.RestoreArgs))
+
+
+def _as_numpy(tree, restore_args):
+    """Restore arguments asking for NumPy arrays, one per leaf of the
+    store's (nested dict) tree."""
+    if isinstance(tree, dict):
+        return {name: _as_numpy(leaf, restore_args) for name, leaf in tree.items()}
+    return restore_args(restore_type=np.ndarray)
 
 
 def normalised_error(results: dict, golden: dict) -> float:

@@ -1,6 +1,6 @@
 """jax.pallas_flex's forward through Pallas's Mosaic GPU lowering (Hopper).
 
-The same FlexPlan walk as flex_kernel's Triton forward, written the way
+The same FlexPlan walk as the Triton forward (triton.py), written the way
 FA3 runs on Hopper: per program three warpgroups, two computing (64 rows
 of the 128-row q block each, wgmma from shared memory) and one moving K/V
 tiles with TMA into a ring of `stages` shared-memory slots, handing them
@@ -10,11 +10,7 @@ The memory warpgroup follows the program's plan row: its full runs, then
 its partial tiles; the compute warpgroups walk the same row and mask the
 partial tiles' scores by the union of their slices.
 
-A persistent variant (v8, `persistent`; correct on a GPU, +2-10 % on
-short documents and -3 to +7 % elsewhere, so off by default) runs
-one program per SM over the same work items, so the memory warpgroup fills
-the ring for the next item during this one's last tiles and epilogue.
-The backward is flex_backward_mosaic's (it shares fold_visits, masked and
+The backward is mosaic_bwd_sm90's (it shares fold_visits, masked and
 the K/V feeder with this module). Needs bf16 or f16, head_dim a multiple
 of 64 (at most 256) and a plan of 128-row q blocks and 64- or 128-column
 kv blocks (`problem` says what does not fit).
@@ -27,6 +23,7 @@ checks it against the reference before it is timed.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import jax
@@ -35,7 +32,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from jax_backends.flex_plan import Geometry
+from jax_backends.pallas_flex.plan import Geometry
 from lcab.masks.slices import BI_CAUSAL, CAUSAL, INV_CAUSAL
 
 _LOG2E = math.log2(math.e)
@@ -44,6 +41,17 @@ COMPUTE_WARPGROUPS = 2
 BLOCK_Q = ROWS_PER_WARPGROUP * COMPUTE_WARPGROUPS
 SM90 = (9, 0)  # wgmma and TMA as lowered here: Hopper
 _FAR = 1 << 30  # a diagonal offset no tile reaches: "no edge on this side"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Config:
+    """The Mosaic forward's settings."""
+
+    stages: int = 2  # shared-memory slots of the K/V ring
+
+    def __post_init__(self):
+        if self.stages < 2:
+            raise ValueError(f"stages={self.stages}: the K/V ring needs 2 or more")
 
 
 def problem(block_q: int, block_k: int, dtype, head_dim: int) -> str | None:
@@ -60,14 +68,12 @@ def problem(block_q: int, block_k: int, dtype, head_dim: int) -> str | None:
     return None
 
 
-def forward(q, k, v, geometry: Geometry, tables, *, stages: int = 2, persistent: bool = False):
+def forward(q, k, v, geometry: Geometry, tables, config: Config = Config()):
     """(out, lse2) of q against k, v over the plan's "by_q" walk; the inputs
-    are padded to the plan's blocks (flex_kernel._forward_padded), lse2 is
+    are padded to the plan's blocks (ops._forward_padded), lse2 is
     (batch, heads, padded_q) float32 in base 2, -inf on rows that see
-    nothing (their out is 0). persistent: one program per SM, each taking
-    every programs-th (q block, head, batch) in launch order, so the TMA
-    warpgroup fills the K/V ring for the next one while the compute
-    warpgroups finish this one (v8)."""
+    nothing (their out is 0)."""
+    stages = config.stages
     batch, seq_q, heads, head_dim = q.shape
     group = heads // k.shape[2]
     block_k = geometry.block_k
@@ -76,8 +82,6 @@ def forward(q, k, v, geometry: Geometry, tables, *, stages: int = 2, persistent:
     qk_scale = _LOG2E / math.sqrt(head_dim)
     walk = [*tables["by_q"], tables["slice_ids"], tables["slices"]]
     q_blocks = geometry.num_q_blocks
-    items = q_blocks * heads * batch
-    programs = min(items, streaming_multiprocessors()) if persistent else items
 
     def kernel(*refs):
         *walk_refs, ids, slices, q_ref, k_ref, v_ref, out_ref, lse_ref, scoped = refs
@@ -87,25 +91,11 @@ def forward(q, k, v, geometry: Geometry, tables, *, stages: int = 2, persistent:
         k_consumed, v_consumed = consumed
         wg = lax.axis_index("wg")
 
-        def where(item):
-            """(q block, head, batch) of work item `item` (None: this
-            program's own), in the launch order of one program per item."""
-            if item is None:
-                return (order[lax.axis_index("q_seq")], lax.axis_index("heads"),
-                        lax.axis_index("batch"))
-            return (order[lax.rem(item, q_blocks)], lax.rem(lax.div(item, q_blocks), heads),
-                    lax.div(item, q_blocks * heads))
-
-        def each_item(body):
-            """body(item, step) -> step over this program's items; step
-            counts K/V tiles and runs on across items (the ring's slots)."""
-            if not persistent:
-                body(None, jnp.int32(0))
-                return
-            program = lax.axis_index("program")
-            count = lax.div(items - program + programs - 1, programs)
-            lax.fori_loop(0, count, lambda n, step: body(program + n * programs, step),
-                          jnp.int32(0))
+        def where():
+            """This program's (q block, head, batch), its q block in the
+            walk's launch order."""
+            return (order[lax.axis_index("q_seq")], lax.axis_index("heads"),
+                    lax.axis_index("batch"))
 
         def slot_of(step):
             return lax.rem(step, jnp.int32(stages))
@@ -119,13 +109,11 @@ def forward(q, k, v, geometry: Geometry, tables, *, stages: int = 2, persistent:
             plgpu.set_max_registers(232, action="increase")
             qo_smem, lse_smem = qo_smem2.at[wg], lse_smem2.at[wg]
 
-            def one_item(item, step0):
-                qi, head, b = where(item)
+            def one_item(step0):
+                qi, head, b = where()
                 row0 = qi * BLOCK_Q + wg * rows
                 visits = visit_count(walk_refs, qi)
-                end = step0 + visits if persistent else visits  # the step after its last visit
-                if persistent:
-                    plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # the last item's out left
+                end = visits  # the step after its last visit
                 plgpu.copy_gmem_to_smem(q_ref.at[b, pl.ds(row0, rows), head], qo_smem,
                                         q_loaded.at[wg])
                 plgpu.barrier_wait(q_loaded.at[wg])
@@ -137,7 +125,7 @@ def forward(q, k, v, geometry: Geometry, tables, *, stages: int = 2, persistent:
 
                 @pl.when(visits > 0)
                 def _():
-                    plgpu.barrier_wait(k_loaded.at[slot_of(step0) if persistent else 0])
+                    plgpu.barrier_wait(k_loaded.at[0])
 
                 pl.when(wg == 1)(take_turn)
 
@@ -192,20 +180,17 @@ def forward(q, k, v, geometry: Geometry, tables, *, stages: int = 2, persistent:
                 plgpu.copy_smem_to_gmem(lse_smem, lse_ref.at[b, head, pl.ds(row0, rows)])
                 return step
 
-            each_item(one_item)
+            one_item(jnp.int32(0))
             plgpu.wait_smem_to_gmem(0)
 
         @pl.when(wg == COMPUTE_WARPGROUPS)
         def _memory():
             plgpu.set_max_registers(40, action="decrease")
 
-            def one_item(item, step):
-                qi, head, b = where(item)
-                return feed_row(walk_refs, qi, (b, lax.div(head, jnp.int32(group))), block_k,
-                                stages, ((k_ref, k_smem, k_loaded, k_consumed),
-                                         (v_ref, v_smem, v_loaded, v_consumed)), step)
-
-            each_item(one_item)
+            qi, head, b = where()
+            feed_row(walk_refs, qi, (b, lax.div(head, jnp.int32(group))), block_k, stages,
+                     ((k_ref, k_smem, k_loaded, k_consumed), (v_ref, v_smem, v_loaded, v_consumed)),
+                     jnp.int32(0))
 
     def entry(*refs):
         transforms = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
@@ -225,30 +210,18 @@ def forward(q, k, v, geometry: Geometry, tables, *, stages: int = 2, persistent:
             collective_axes="wg",
         )
 
-    if persistent:
-        grid, grid_names = (programs,), ("program",)
-    else:
-        grid, grid_names = (q_blocks, heads, batch), ("q_seq", "heads", "batch")
     call = plgpu.kernel(
         entry,
         out_type=[jax.ShapeDtypeStruct(q.shape, dtype),
                   jax.ShapeDtypeStruct((batch, heads, seq_q), jnp.float32)],
-        grid=grid,
-        grid_names=grid_names,
+        grid=(q_blocks, heads, batch),
+        grid_names=("q_seq", "heads", "batch"),
         num_threads=COMPUTE_WARPGROUPS + 1,
         thread_name="wg",
         compiler_params=plgpu.CompilerParams(approx_math=True),
-        kernel_name="lcab_flex_forward_persistent" if persistent else "lcab_flex_forward_mosaic",
+        kernel_name="lcab_flex_forward_mosaic",
     )
     return call(*walk, q, k, v)
-
-
-def streaming_multiprocessors() -> int:
-    """The GPU's SM count (a persistent kernel's programs); an H100's 132
-    where JAX does not say (a CPU lowering for a GPU)."""
-    device = jax.devices()[0]
-    count = getattr(device, "core_count", None) if device.platform == "gpu" else None
-    return int(count or 132)
 
 
 def fold_visits(walk, row, body, state):

@@ -1,7 +1,7 @@
 """jax.pallas_flex's backward through Pallas's Mosaic GPU lowering (Hopper).
 
 Two kernels over one FlexPlan of 128 x 128 tiles, as the Triton backward
-(flex_kernel) but with wgmma from shared memory and a TMA warpgroup:
+(triton.py) but with wgmma from shared memory and a TMA warpgroup:
 
 - dQ, one program per (q block, q head, batch): two compute warpgroups of
   64 query rows each hold Q, dO, lse and delta; the memory warpgroup
@@ -15,7 +15,7 @@ Two kernels over one FlexPlan of 128 x 128 tiles, as the Triton backward
   Per tile, transposed so the key rows stay the wgmma's M: S^T = K Q^T,
   P^T, dV += P^T dO, dP^T = V dO^T, dK += dS^T Q.
 
-Partial tiles are masked as in the Mosaic forward (flex_kernel_mosaic.masked,
+Partial tiles are masked as in the Mosaic forward (mosaic_fwd_sm90.masked,
 one column range per row and slice). Needs bf16 or f16, head_dim 64 or
 128 (shared memory) and a 128 x 128 plan (`problem`). Like the forward it
 has no CPU run; the tests lower it to Mosaic GPU's MLIR.
@@ -23,6 +23,7 @@ has no CPU run; the tests lower it to Mosaic GPU's MLIR.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 
@@ -32,7 +33,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from jax_backends.flex_kernel_mosaic import (
+from jax_backends.pallas_flex.mosaic_fwd_sm90 import (
     COMPUTE_WARPGROUPS,
     ROWS_PER_WARPGROUP,
     accumulate,
@@ -42,14 +43,14 @@ from jax_backends.flex_kernel_mosaic import (
     slice_bounds,
     wait_free,
 )
-from jax_backends.flex_plan import Geometry
+from jax_backends.pallas_flex.plan import Geometry
 
 _LOG2E = math.log2(math.e)
 BLOCK = ROWS_PER_WARPGROUP * COMPUTE_WARPGROUPS  # both plan blocks: 128
 TRANSFORMS = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
 ROW = plgpu.Layout.WGMMA.reduce(1)  # one value per tile row
 COLUMN = plgpu.Layout.WGMMA.reduce(0)  # one value per tile column
-PARTS = (1, 2)  # strips per tile (backward's `parts`)
+PARTS = (1, 2)  # strips per tile (Config.parts)
 # dK/dV's registers per thread: compute and memory warpgroups (setmaxnreg;
 # 2 x 128 x 240 + 128 x 24 of the SM's 64k, FA3's split). Timed alone on
 # an H100 (32k), dK/dV gained 2-6% over 232 / 40 (docs/pallas_flex.md).
@@ -68,14 +69,29 @@ def problem(block_q: int, block_k: int, dtype, head_dim: int) -> str | None:
     return None
 
 
-def backward(q, k, v, dout, lse2, delta, geometry: Geometry, tables, *,
-             heads_together: bool = False, stages: int = 2, parts: int = 1):
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Config:
+    """The Mosaic backward's settings."""
+
+    stages: int = 2  # shared-memory slots of the streamed tiles' ring
+    # Each tile's streamed side (dQ's keys, dK/dV's queries) in this many
+    # strips, so a warpgroup's scores take 1/parts of the registers: with 2,
+    # dK/dV ran at 552 TFLOP/s of its matmuls where 1 gave 392 (H100).
+    parts: int = 2
+
+    def __post_init__(self):
+        if self.parts not in PARTS:
+            raise ValueError(f"parts={self.parts}: choose one of {', '.join(map(str, PARTS))}")
+        if self.stages < 2:
+            raise ValueError(f"stages={self.stages}: the ring needs 2 or more")
+
+
+def backward(q, k, v, dout, lse2, delta, geometry: Geometry, tables,
+             heads_together: bool = False, config: Config = Config()):
     """(dq, dk, dv) of padded inputs: lse2 (base 2) and delta are
-    (batch, heads, padded_q) float32, as flex_kernel._backward takes them.
-    parts: each tile's streamed side (dQ's keys, dK/dV's queries) in this
-    many strips, so a warpgroup's scores take 1/parts of the registers."""
-    if parts not in PARTS:
-        raise ValueError(f"parts={parts}: choose one of {', '.join(map(str, PARTS))}")
+    (batch, heads, padded_q) float32, as ops._backward takes them.
+    heads_together: dK/dV launches every kv head of a block together."""
+    stages, parts = config.stages, config.parts
     scale = 1.0 / math.sqrt(q.shape[3])
     lse_safe = jnp.where(lse2 == -jnp.inf, 0.0, lse2)  # rows that see nothing meet only masks
     dq = _dq(q, k, v, dout, lse_safe, delta, geometry, tables, scale, stages, parts)
@@ -270,7 +286,7 @@ def _dkv(q, k, v, dout, lse, delta, geometry: Geometry, tables, scale, stages,
             collective_axes="wg",
         )
 
-    # Every kv head of a block together, or one head after another (flex_kernel decides).
+    # Every kv head of a block together, or one head after another (ops decides).
     grid, names = ((kv_heads, geometry.num_k_blocks, batch), ("kv_heads", "kv_seq", "batch"))
     if not heads_together:
         grid, names = (grid[1], grid[0], batch), (names[1], names[0], "batch")

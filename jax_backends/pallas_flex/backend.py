@@ -1,0 +1,111 @@
+"""jax.pallas_flex: LCAB's own flexible-mask flash attention, in Pallas.
+
+Every mask family runs from its slices: the host plans, once per mask and
+block size, which tiles each program visits (plan.py), so the work follows
+the mask's area and empty tiles are never touched; partial tiles are
+masked element-wise by the slices that meet them. GQA indexes each query
+head's K/V head: nothing is repeated in memory. On Hopper both directions
+go through Mosaic GPU where they fit (128 x 128 backward tiles), Triton
+elsewhere (64 x 64 backward tiles, Triton's best on an H100); on a CPU the
+Triton kernels run in Pallas interpret mode.
+"""
+
+from __future__ import annotations
+
+from jax_backends import _shared
+from jax_backends.pallas_flex import mosaic_bwd_sm90, ops, plan, ring
+from lcab.backend import Backend, Support
+from lcab.masks import MASK_NAMES
+from lcab.workloads import Workload
+
+# Blocks of the forward (a q block of 128 rows is the Mosaic forward's two
+# warpgroups; block_k 128 read 403 TFLOP/s where 64 read 344, full 32k).
+FORWARD_BLOCKS = (128, 128)
+TRITON_BACKWARD_BLOCKS = (64, 64)
+
+
+class PallasFlexBackend(Backend):
+    name = "jax.pallas_flex"
+    framework = "jax"
+    description = ("LCAB's flexible-mask flash attention (Pallas: Mosaic GPU on Hopper, "
+                   "Triton elsewhere), any mask")
+    dtypes = ("bfloat16", "float16", "float32")
+    head_dims = (16, 32, 64, 128)  # Triton tiles are powers of two
+    requires = ("jax", "jax.experimental.pallas", "jax.experimental.pallas.triton")
+    claimed_masks = frozenset(MASK_NAMES)
+    # What a user may choose: tile sizes (None: the lowering's own) and,
+    # per direction, the lowering ("auto": Mosaic GPU where it fits).
+    options = {"block_q": int, "block_k": int, "backward_block_q": int,
+               "backward_block_k": int, "forward_lowering": str, "backward_lowering": str}
+
+    def __init__(self, **options):
+        unknown = sorted(set(options) - set(self.options))
+        if unknown:
+            raise ValueError(f"{self.name} has no option {unknown[0]!r}; its options: "
+                             f"{', '.join(sorted(self.options))}")
+        self.set_options = dict(sorted(options.items()))  # the row's notes name them
+        self.forward_blocks = (options.get("block_q", FORWARD_BLOCKS[0]),
+                               options.get("block_k", FORWARD_BLOCKS[1]))
+        self.chosen_backward_blocks = (options.get("backward_block_q"),
+                                       options.get("backward_block_k"))
+        for key, size in zip(("block_q", "block_k", "backward_block_q", "backward_block_k"),
+                             (*self.forward_blocks, *self.chosen_backward_blocks)):
+            if size is not None and (size < 16 or size & (size - 1)):
+                raise ValueError(f"{key}={size}: blocks are powers of two from 16 (Triton tiles)")
+        forward = options.get("forward_lowering", "auto")
+        backward = options.get("backward_lowering", "auto")
+        # The Mosaic kernels have no interpret mode; mask_support says so on a CPU.
+        mosaic = "mosaic" in (forward, backward)
+        self.lowering = ops.Lowering(forward=forward, backward=backward,
+                                     interpret=_shared.interpret_mode() and not mosaic)
+
+    @classmethod
+    def environment_problem(cls) -> str | None:
+        return _shared.pallas_platform_problem()
+
+    def backward_blocks(self, dtype: str, head_dim: int) -> tuple[int, int]:
+        """The backward's (block_q, block_k): as set, else the Mosaic
+        backward's 128 x 128 where it runs, else Triton's 64 x 64."""
+        mosaic = (mosaic_bwd_sm90.BLOCK,) * 2
+        fits = not self.lowering.mosaic_problem("backward", *mosaic, dtype, head_dim)
+        chosen = mosaic if fits else TRITON_BACKWARD_BLOCKS
+        given_q, given_k = self.chosen_backward_blocks
+        return given_q or chosen[0], given_k or chosen[1]
+
+    def mask_support(self, workload: Workload) -> Support:
+        lowering = self.lowering
+        chosen = {}
+        backward_blocks = self.backward_blocks(workload.dtype, workload.head_dim)
+        for direction, blocks in (("forward", self.forward_blocks),
+                                  ("backward", backward_blocks)):
+            problem = lowering.mosaic_problem(direction, *blocks, workload.dtype,
+                                              workload.head_dim)
+            if getattr(lowering, direction) == "mosaic" and problem:
+                return Support.no(f"{direction}_lowering=mosaic: {problem}")
+            chosen[direction] = "Triton" if problem else "Mosaic GPU"
+        mode = "interpret mode" if lowering.interpret else "compiled"
+        mode += f"; forward {chosen['forward']}, backward {chosen['backward']}"
+        if workload.dtype == "float32" and not lowering.interpret:
+            mode += ", float32 in TF32 matmuls"
+        options = "".join(f"; {key}={value}" for key, value in self.set_options.items())
+        return Support.yes(f"block plan from the mask's slices; GQA unrepeated; {mode}{options}")
+
+    def plans(self, workload: Workload) -> tuple[plan.FlexPlan, plan.FlexPlan]:
+        return (plan.make_plan(workload.mask, *self.forward_blocks),
+                plan.make_plan(workload.mask,
+                               *self.backward_blocks(workload.dtype, workload.head_dim)))
+
+    def build(self, workload: Workload):
+        forward_plan, backward_plan = self.plans(workload)
+        lowering = self.lowering
+
+        def attend(q, k, v):
+            out, _ = ops.flex_attention(q, k, v, forward_plan, backward_plan, lowering)
+            return out
+
+        return attend
+
+    def ring_kernel(self) -> ring.PallasRing:
+        return ring.PallasRing(self.forward_blocks,
+                               lambda w: self.backward_blocks(w.dtype, w.head_dim),
+                               self.lowering)

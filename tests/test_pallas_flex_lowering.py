@@ -1,0 +1,145 @@
+"""jax.pallas_flex's kernels lowered for a GPU on the host (no GPU needed):
+the Triton kernels to Triton IR, the Mosaic GPU forward and backward to
+Mosaic GPU's MLIR on every family; what each lowering refuses, and the
+backward's blocks following the lowering that runs."""
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from jax_backends import _shared
+from jax_backends.pallas_flex import mosaic_bwd_sm90, mosaic_fwd_sm90
+from jax_backends.pallas_flex.ops import Lowering, flex_attention
+from jax_backends.pallas_flex.plan import make_plan
+from lcab import registry
+from lcab.masks import MASK_NAMES, make_mask, small_mask
+from lcab.workloads import Workload
+
+
+def test_the_kernels_lower_to_triton_for_a_gpu():
+    """Lowering to Triton IR needs no GPU: this catches what interpret mode
+    would let through (ops the Triton lowering lacks, type clashes)."""
+    mask = make_mask("causal_document", 1000)  # not a multiple of any block
+    forward_plan, backward_plan = make_plan(mask, 128, 64), make_plan(mask, 64, 64)
+    q = jax.ShapeDtypeStruct((1, 1000, 8, 128), jnp.bfloat16)
+    kv = jax.ShapeDtypeStruct((1, 1000, 2, 128), jnp.bfloat16)
+
+    def loss(q, k, v):
+        out, lse = flex_attention(q, k, v, forward_plan, backward_plan, Lowering())
+        return out.astype(jnp.float32).sum() + lse.sum()
+
+    text = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).trace(q, kv, kv).lower(
+        lowering_platforms=("cuda",)).as_text()
+    assert all(kernel in text for kernel in ("lcab_flex_forward", "lcab_flex_dq",
+                                             "lcab_flex_dkv"))
+
+
+@pytest.mark.parametrize("head_dim,dtype,block_k", [
+    (128, jnp.bfloat16, 128), (64, jnp.float16, 64), (256, jnp.bfloat16, 64)])
+def test_the_mosaic_forward_lowers_for_a_gpu_on_every_family(head_dim, dtype, block_k):
+    """Mosaic GPU's interpret mode cannot run this kernel (mosaic_fwd_sm90
+    says why), so on a CPU it is lowered to Mosaic GPU's MLIR instead: that
+    catches ops and layouts the lowering lacks; its numbers are checked on a
+    GPU (results/gpu/2026-11-26-h100-pallas-flex-mosaic/)."""
+    for name in MASK_NAMES:
+        plan = make_plan(small_mask(name, 300), 128, block_k)  # 300: padded rows and columns
+        tables = jax.tree.map(jnp.asarray, plan.tables())
+        q = jax.ShapeDtypeStruct((2, plan.padded_q, 4, head_dim), dtype)
+        kv = jax.ShapeDtypeStruct((2, plan.padded_k, 2, head_dim), dtype)
+        forward = lambda q, k, v, t, plan=plan: mosaic_fwd_sm90.forward(  # noqa: E731
+            q, k, v, plan.geometry, t)
+        text = jax.jit(forward).trace(q, kv, kv, tables).lower(
+            lowering_platforms=("cuda",)).as_text()
+        assert text.count("stablehlo.custom_call @mosaic_gpu") == 1, name
+
+
+@pytest.mark.parametrize("head_dim,dtype,heads_together,parts", [
+    (128, jnp.bfloat16, False, 1), (64, jnp.float16, True, 1), (128, jnp.bfloat16, True, 2)])
+def test_the_mosaic_backward_lowers_for_a_gpu_on_every_family(head_dim, dtype, heads_together,
+                                                              parts):
+    """As the forward: lowered to Mosaic GPU's MLIR, both kernels, every
+    family (its numbers are for a GPU to check)."""
+    config = mosaic_bwd_sm90.Config(parts=parts)
+    for name in MASK_NAMES:
+        plan = make_plan(small_mask(name, 300), 128, 128)
+        tables = jax.tree.map(jnp.asarray, plan.tables())
+        q = jax.ShapeDtypeStruct((2, plan.padded_q, 4, head_dim), dtype)
+        kv = jax.ShapeDtypeStruct((2, plan.padded_k, 2, head_dim), dtype)
+        rows = jax.ShapeDtypeStruct((2, 4, plan.padded_q), jnp.float32)
+
+        def gradients(q, k, v, dout, lse2, delta, t, plan=plan):
+            return mosaic_bwd_sm90.backward(q, k, v, dout, lse2, delta, plan.geometry, t,
+                                            heads_together, config)
+
+        text = jax.jit(gradients).trace(q, kv, kv, q, rows, rows, tables).lower(
+            lowering_platforms=("cuda",)).as_text()
+        assert "lcab_flex_dq_mosaic" in text and "lcab_flex_dkv_mosaic" in text, name
+
+
+def cpu_workload(head_dim=64):
+    return Workload(1, 256, 256, 4, 2, head_dim, "bfloat16", small_mask("causal", 256))
+
+
+def test_the_mosaic_forward_says_what_it_cannot_take():
+    problem = mosaic_fwd_sm90.problem
+    assert problem(128, 128, "bfloat16", 128) is None and problem(128, 64, "float16", 256) is None
+    assert "bf16 or f16" in problem(128, 128, "float32", 128)
+    assert "head_dim 64, 128, 192 or 256" in problem(128, 128, "bfloat16", 32)
+    assert "block_q=128" in problem(64, 128, "bfloat16", 128)
+    assert "64 above head_dim 128" in problem(128, 128, "bfloat16", 256)
+    # On a CPU "auto" takes the Triton forward; "mosaic" is refused with its reason.
+    auto = registry.load_backend("jax.pallas_flex", {})
+    assert auto.lowering.forward == "auto"
+    assert "forward Triton, backward Triton" in auto.mask_support(cpu_workload()).how
+    mosaic = registry.load_backend("jax.pallas_flex", {"forward_lowering": "mosaic"})
+    support = mosaic.mask_support(cpu_workload())
+    assert not support.ok and "forward_lowering=mosaic: needs a CUDA GPU" in support.reason
+    with pytest.raises(ValueError, match="choose one of auto, triton, mosaic"):
+        Lowering(forward="wgmma")
+    with pytest.raises(ValueError, match="no interpret mode"):
+        Lowering(interpret=True, forward="mosaic")
+    with pytest.raises(ValueError, match="stages=1"):
+        mosaic_fwd_sm90.Config(stages=1)
+    with pytest.raises(TypeError, match="persistent"):  # the configs refuse unknown fields
+        mosaic_fwd_sm90.Config(persistent=True)
+
+
+def test_the_mosaic_backward_says_what_it_cannot_take():
+    problem = mosaic_bwd_sm90.problem
+    assert problem(128, 128, "bfloat16", 128) is None and problem(128, 128, "float16", 64) is None
+    assert "bf16 or f16" in problem(128, 128, "float32", 128)
+    assert "head_dim 64 or 128" in problem(128, 128, "bfloat16", 256)
+    assert "backward blocks 128 x 128, not 64 x 64" in problem(64, 64, "bfloat16", 128)
+    assert Lowering().backward == "auto"
+    mosaic = registry.load_backend("jax.pallas_flex", {"backward_lowering": "mosaic"})
+    support = mosaic.mask_support(cpu_workload())
+    assert not support.ok and "backward_lowering=mosaic: needs a CUDA GPU" in support.reason
+    with pytest.raises(ValueError, match="choose one of auto, triton, mosaic"):
+        Lowering(backward="wgmma")
+    with pytest.raises(ValueError, match="backward=mosaic has no interpret mode"):
+        Lowering(interpret=True, backward="mosaic")
+    with pytest.raises(ValueError, match="parts=3: choose one of 1, 2"):
+        mosaic_bwd_sm90.Config(parts=3)
+
+
+def test_the_backward_blocks_follow_the_backward_that_runs(monkeypatch):
+    """128 x 128 where the Mosaic backward runs (a Hopper GPU, faked here),
+    64 x 64 for the Triton one: on a CPU, for float32 or head_dim 32; blocks
+    that are set always win."""
+    auto = registry.load_backend("jax.pallas_flex", {})
+    assert auto.backward_blocks("bfloat16", 128) == (64, 64)  # this CPU
+    monkeypatch.setattr(_shared, "gpu_problem", lambda **_: None)
+    monkeypatch.setattr(_shared, "interpret_mode", lambda: False)
+    auto = registry.load_backend("jax.pallas_flex", {})
+    assert auto.backward_blocks("bfloat16", 128) == (128, 128)
+    assert auto.backward_blocks("float16", 64) == (128, 128)
+    assert auto.backward_blocks("float32", 128) == (64, 64)
+    assert auto.backward_blocks("bfloat16", 32) == (64, 64)
+    triton = registry.load_backend("jax.pallas_flex", {"backward_lowering": "triton"})
+    assert triton.backward_blocks("bfloat16", 128) == (64, 64)
+    set_blocks = registry.load_backend("jax.pallas_flex", {"backward_block_q": 32})
+    assert set_blocks.backward_blocks("bfloat16", 128) == (32, 128)
+    workload = cpu_workload(head_dim=128)
+    backward_plan = auto.plans(workload)[1]
+    assert (backward_plan.block_q, backward_plan.block_k) == (128, 128)
+    assert "forward Mosaic GPU, backward Mosaic GPU" in auto.mask_support(workload).how
