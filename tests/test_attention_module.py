@@ -1,4 +1,4 @@
-"""jax_backends.attention_module: the nnx layer against a float64 NumPy
+"""jax_backends.module.attention: the nnx layer against a float64 NumPy
 composition of the same layer, across backends and a CP strategy; its
 FLOP count by hand; the named settings."""
 
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from jax_backends.attention_module import (
+from jax_backends.module.attention import (
     LcabAttention,
     module_flops,
     paper_setting,
@@ -119,7 +119,7 @@ def test_a_backend_that_cannot_express_the_mask_raises_with_its_reason():
 
 
 def test_a_heads_first_backend_gets_and_gives_heads_first_arrays():
-    from jax_backends.attention_module import _in_bshd
+    from jax_backends.module.attention import _in_bshd
 
     def doubles_bhsd(q, k, v):
         assert q.shape == (1, HEADS_Q, 8, HEAD_DIM) and k.shape == (1, HEADS_KV, 8, HEAD_DIM)

@@ -55,33 +55,6 @@ def test_the_ring_runs_every_family_with_the_balanced_dispatch(mask_name):
     check("jax.cp_ring", mask_name, 4, "balanced", heads=(4, 2))
 
 
-@pytest.mark.parametrize("name, cp, mask_name, options", [
-    ("jax.cp_ring", 2, "causal_document", {}),
-    ("jax.cp_ring", 4, "share_question", {}),  # skipped (empty) steps included
-    ("jax.cp_ring", 8, "full", {}),
-    ("jax.cp_usp", 8, "causal_document", {"ulysses_size": "2"}),
-    ("jax.cp_double_ring", 8, "sliding_window", {"window": "4"}),
-])
-def test_the_ring_can_merge_inside_its_kernel(name, cp, mask_name, options):
-    # GQA 4:2; each step continues from the running float32 output and lse.
-    check(name, mask_name, cp, "balanced", seqlen=128, heads=(4, 2), merge="in_kernel",
-          **options)
-
-
-def test_only_a_pallas_flex_ring_merges_inside_its_kernel():
-    from jax_backends.context_parallel import RingBackend
-
-    with pytest.raises(ValueError, match="merge=in_kernel needs inner=jax.pallas_flex"):
-        RingBackend(inner="jax.xla", merge="in_kernel")
-    with pytest.raises(ValueError, match="merge='fused' is not one of separate, in_kernel"):
-        RingBackend(merge="fused")
-    # Its steps add gradients onto running sums: the Triton backward's job.
-    assert RingBackend(merge="in_kernel").inner.lowering.backward_lowering == "triton"
-    assert RingBackend().inner.lowering.backward_lowering == "auto"
-    with pytest.raises(ValueError, match="only the Triton backward does: not backward_lowering"):
-        RingBackend(merge="in_kernel", backward_lowering="mosaic")
-
-
 def test_usp_splits_ranks_into_ulysses_groups_and_a_ring():
     # 8 ranks: 4 groups of 2 (ring of 4), then 2 groups of 4 (ring of 2).
     check("jax.cp_usp", "causal_document", 8, "balanced", seqlen=128, ulysses_size="2")
@@ -89,7 +62,7 @@ def test_usp_splits_ranks_into_ulysses_groups_and_a_ring():
 
 
 def test_the_double_ring_meets_every_shard_once_and_matches_the_reference():
-    from jax_backends.context_parallel import double_ring_schedule, ring_schedule
+    from jax_backends.cp.ring import double_ring_schedule, ring_schedule
 
     schedule = double_ring_schedule(8, 4)
     for rank in range(8):
@@ -155,6 +128,7 @@ def test_rows_carry_cp_size_strategy_and_imbalance(tmp_path):
     for row in rows:
         assert row["cp_size"] == 4 and row["strategy"] == "ring"
         assert "dispatch=balanced; inner" in row["notes"]
+        assert row["inner"] == "jax.pallas_flex" and row["strategy"] == "ring"
         assert row["notes"].endswith("imbalance=1.000") or "imbalance=1.0" in row["notes"]
         assert "probe took" not in row["notes"]  # the probe ran the timed code path
         assert row["tflops"] == pytest.approx(

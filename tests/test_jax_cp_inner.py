@@ -43,14 +43,25 @@ def test_ulysses_hands_the_xla_inner_the_plain_mask_in_natural_order():
 
 
 def test_a_bad_inner_name_fails_at_construction_naming_the_choices():
-    from jax_backends.context_parallel import RingBackend
+    from jax_backends.cp.ring import RingBackend
 
     with pytest.raises(ValueError, match=r"inner='jax.flash' is not one of .*jax\.xla"):
         RingBackend(inner="jax.flash")
     with pytest.raises(registry.Unavailable, match="inner='torch.flex' is not one of"):
         registry.load_backend("jax.cp_ulysses", {"inner": "torch.flex"})
-    with pytest.raises(registry.Unavailable, match="block_q apply to inner=jax.pallas_flex"):
-        registry.load_backend("jax.cp_ring", {"inner": "jax.xla", "block_q": "64"})
+
+
+def test_options_other_than_the_strategys_own_go_to_the_inner():
+    """A strategy carries its own options and its inner's, checked against
+    the inner's own declaration; rows name both."""
+    ring = registry.load_backend("jax.cp_ring", {"block_k": "64", "cp_size": "2"})
+    assert ring.inner_backend.forward_blocks == (128, 64)
+    assert ring.inner() == ("jax.pallas_flex", {"block_k": "64"})
+    with pytest.raises(ValueError, match="the rest go to inner jax.xla: jax.xla has no option "
+                                         "'block_q'; its options: none"):
+        type(ring).parse_options({"inner": "jax.xla", "block_q": "64"})
+    with pytest.raises(ValueError, match="jax.pallas_flex has no option 'merge'"):
+        type(ring).parse_options({"merge": "in_kernel"})
 
 
 def test_an_inner_that_cannot_express_a_sub_mask_is_unsupported_with_its_reason():
@@ -79,17 +90,15 @@ def test_a_ring_needs_an_inner_with_a_log_sum_exp(name):
     support = support_of(name, "causal", inner="jax.pallas_triton")
     assert not support.ok
     assert "merges partial results by log-sum-exp" in support.reason
-    assert "inner jax.pallas_triton: jax.pallas_triton offers no (out, log-sum-exp) form" \
-        in support.reason
+    assert "inner jax.pallas_triton: it offers no (out, log-sum-exp) form" in support.reason
 
 
 def test_why_cudnn_and_fa3_cannot_sit_in_a_ring():
-    from jax_backends import cp_inner
-
+    # Each says so itself (declared on the class; they cannot run on a CPU).
     for name, why in (("jax.cudnn", "dot_product_attention returns the output only"),
                       ("jax.fa3", "flash_mha and flash_mha_varlen return the output only")):
-        support = cp_inner.ring_support(name, None, [], 2)  # decided before the inner is asked
-        assert not support.ok and f"inner {name}: " in support.reason and why in support.reason
+        cls = registry.all_backends()[name].load()
+        assert why in cls.no_ring_kernel and cls().ring_kernel() is None
 
 
 @pytest.mark.skipif(jax.default_backend() != "cpu", reason="jax.cudnn is available on a GPU")

@@ -41,7 +41,7 @@ class Walk:
     of a packed-documents mask can start last and run alone at the end (a
     list-scheduling estimate put a ring's dK/dV step at 8k tokens per GPU
     at 0.6 of its ideal so); heaviest first is the classic cure for such a
-    tail (LPT scheduling). flex_kernel decides how heads interleave.
+    tail (LPT scheduling). ops decides how heads interleave.
     """
 
     run_start: np.ndarray
@@ -76,7 +76,7 @@ class Geometry:
     block_k: int
     # How far the heaviest dK/dV program runs past an average one, as a share
     # of one head's dK/dV work: the tail a late start of it would leave
-    # (flex_kernel chooses the dK/dV launch by it; 0 when all are equal).
+    # (ops chooses the dK/dV launch by it; 0 when all are equal).
     dkv_tail: float = 0.0
 
     @property

@@ -1,6 +1,6 @@
 """jax.module: the module-level benchmark -- a whole Flax attention layer
 (q/k/v projections, an LCAB backend, output projection;
-jax_backends/attention_module.py) timed forward and forward+backward.
+jax_backends/module/attention.py) timed forward and forward+backward.
 
 `inner=` names the attention inside: any JAX kernel, or a CP strategy with
 its `cp_size` and `dispatch`. The layer's input arrives as a CP model holds
@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jax_backends.attention_module import LcabAttention, module_flops
+from jax_backends.module.attention import LcabAttention, module_flops
 from lcab import registry
 from lcab.backend import Backend, Support
 from lcab.workloads import Workload
