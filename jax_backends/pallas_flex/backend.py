@@ -6,7 +6,7 @@ the mask's area and empty tiles are never touched; partial tiles are
 masked element-wise by the slices that meet them. GQA indexes each query
 head's K/V head: nothing is repeated in memory. On Hopper both directions
 go through Mosaic GPU where they fit (128 x 128 backward tiles), Triton
-elsewhere (64 x 64 backward tiles, Triton's best on an H100); on a CPU the
+elsewhere (64 x 64 backward tiles, Triton's best measured); on a CPU the
 Triton kernels run in Pallas interpret mode.
 """
 
@@ -18,8 +18,9 @@ from lcab.backend import Backend, Support
 from lcab.masks import MASK_NAMES
 from lcab.workloads import Workload
 
-# Blocks of the forward (a q block of 128 rows is the Mosaic forward's two
-# warpgroups; block_k 128 read 403 TFLOP/s where 64 read 344, full 32k).
+# Blocks of the forward: a q block of 128 rows is the Mosaic forward's two
+# warpgroups; block_k 128 was the faster measured (docs/pallas_flex.md,
+# "Constants").
 FORWARD_BLOCKS = (128, 128)
 TRITON_BACKWARD_BLOCKS = (64, 64)
 

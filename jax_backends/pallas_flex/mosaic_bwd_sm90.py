@@ -53,7 +53,7 @@ COLUMN = plgpu.Layout.WGMMA.reduce(0)  # one value per tile column
 PARTS = (1, 2)  # strips per tile (Config.parts)
 # dK/dV's registers per thread: compute and memory warpgroups (setmaxnreg;
 # 2 x 128 x 240 + 128 x 24 of the SM's 64k, FA3's split). Timed alone on
-# an H100 (32k), dK/dV gained 2-6% over 232 / 40 (docs/pallas_flex.md).
+# a GPU, dK/dV was faster so than with 232 / 40 (docs/pallas_flex.md).
 DKV_REGISTERS = (240, 24)
 
 
@@ -75,8 +75,8 @@ class Config:
 
     stages: int = 2  # shared-memory slots of the streamed tiles' ring
     # Each tile's streamed side (dQ's keys, dK/dV's queries) in this many
-    # strips, so a warpgroup's scores take 1/parts of the registers: with 2,
-    # dK/dV ran at 552 TFLOP/s of its matmuls where 1 gave 392 (H100).
+    # strips, so a warpgroup's scores take 1/parts of the registers (2 was
+    # the faster measured: docs/pallas_flex.md, "Constants").
     parts: int = 2
 
     def __post_init__(self):
