@@ -20,7 +20,7 @@ from lcab.masks import MASK_NAMES, AttnMask, AttnSlice, make_mask, small_mask
 from lcab.runner import Case, Settings, run_cases
 from lcab.validation import TOLERANCE
 from lcab.workloads import Workload
-from torch_backends import _shared, flash_attn, flex, sdpa, varlen
+from torch_backends.kernels import flash_attn, flash_style, flex, sdpa, varlen
 
 ON_GPU = torch.cuda.is_available()
 without_gpu = pytest.mark.skipif(ON_GPU, reason="checks what a machine without a GPU says")
@@ -85,6 +85,46 @@ def test_sdpa_math_refuses_oversized_dense_masks_only():
     assert backend.supports(workload(make_mask("causal", 32768))).how == "is_causal; enable_gqa"
     refused = backend.supports(workload(make_mask("causal_document", 32768)))
     assert not refused.ok and "32768 x 32768 exceeds" in refused.reason
+
+
+# ----- ring forms -------------------------------------------------------------------
+RING_KERNELS = ["torch.sdpa_math", "torch.flex"]
+
+
+@pytest.mark.parametrize("backend", RING_KERNELS)
+def test_ring_kernels_give_out_and_lse_of_a_step(backend):
+    # A step's sub-mask whose first 32 rows see nothing; heads 4:2 is GQA.
+    mask = AttnMask(96, 128, [AttnSlice(32, 96, 0, 128, "causal")], name="custom")
+    kernel = registry.load_backend(backend).ring_kernel()
+    assert kernel.refusal(mask) is None
+    generator = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, heads, seqlen, 16, generator=generator)
+               for heads, seqlen in ((4, 96), (2, 128), (2, 128)))
+    out, lse = kernel.step(mask, gqa_ratio=2)(q, k, v)
+
+    k64, v64 = (x.double().repeat_interleave(2, dim=1) for x in (k, v))
+    scores = (q.double() @ k64.transpose(-1, -2)) / 4.0
+    scores = scores.masked_fill(~torch.from_numpy(mask.to_dense()), float("-inf"))
+    want_lse = torch.logsumexp(scores, dim=-1)
+    seen = want_lse.isfinite()
+    assert torch.equal(seen, lse.isfinite()) and not seen[..., :32].any()
+    torch.testing.assert_close(lse[seen].double(), want_lse[seen], atol=1e-5, rtol=1e-5)
+    want = torch.softmax(scores[..., 32:, :], dim=-1) @ v64
+    torch.testing.assert_close(out[..., 32:, :].double(), want, atol=1e-5, rtol=1e-5)
+    assert not out[..., :32, :].any()
+
+
+def test_other_kernels_have_no_ring_form_and_say_why():
+    for name in set(TORCH_BACKENDS) - set(RING_KERNELS):
+        cls = registry.all_backends()[name].load()
+        assert cls().ring_kernel() is None, name
+        assert "log-sum-exp" in cls.no_ring_kernel, name
+
+
+def test_the_dense_ring_kernel_keeps_to_small_steps():
+    kernel = sdpa.SdpaMathBackend().ring_kernel()
+    step = AttnMask(8192, 16384, [AttnSlice(0, 8192, 0, 16384, "full")], name="custom")
+    assert "scores a 8192 x 16384 step" in kernel.refusal(step)
 
 
 # ----- the flex BlockMask --------------------------------------------------------
@@ -238,7 +278,7 @@ def test_flash_attn_packages_declare_their_families_and_head_dims():
 
 def test_flash_windows_speak_each_packages_dialect():
     fa2, fa4 = flash_attn.FlashAttn2Backend(), flash_attn.FlashAttn4Backend()
-    causal, band, right_only = (_shared.FlashPlan(window, None, "")
+    causal, band, right_only = (flash_style.FlashPlan(window, None, "")
                                 for window in [(-1, 0), (16, 0), (-1, 3)])
     assert fa2._window(causal) == (True, (-1, -1))
     assert fa2._window(band) == (False, (16, 0))
@@ -247,23 +287,12 @@ def test_flash_windows_speak_each_packages_dialect():
 
 
 def test_packed_documents_repeat_per_batch_row():
-    plan = _shared.flash_plan(make_mask("causal_document", 100, doc_lens=[30, 70]))
-    cu, longest = _shared.batch_cu_seqlens(plan, batch=2, seqlen=100)
+    plan = flash_style.flash_plan(make_mask("causal_document", 100, doc_lens=[30, 70]))
+    cu, longest = flash_style.batch_cu_seqlens(plan, batch=2, seqlen=100)
     assert cu.tolist() == [0, 30, 100, 130, 200] and cu.dtype == np.int32 and longest == 70
 
 
 # ----- on a GPU ------------------------------------------------------------------------
-EXPRESSED_BY = {  # families each GPU backend must run (others: UNSUPPORTED or UNAVAILABLE)
-    "torch.sdpa_math": set(MASK_NAMES),
-    "torch.flex": set(MASK_NAMES),
-    "torch.sdpa_cudnn": set(MASK_NAMES),  # dense masks at probe sizes
-    "torch.sdpa_efficient": set(MASK_NAMES),
-    "torch.sdpa_flash": {"full", "causal"},
-    "torch.varlen": {"full", "causal", "sliding_window", "sliding_window_causal",
-                     "full_document", "causal_document"},
-}
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("backend", TORCH_BACKENDS)
 def test_every_torch_backend_on_every_family_on_a_gpu(tmp_path, backend):
@@ -273,6 +302,9 @@ def test_every_torch_backend_on_every_family_on_a_gpu(tmp_path, backend):
              for m in MASK_NAMES]
     rows = run(tmp_path, cases)
     assert not [r for r in not_ok(rows) if r[3] in ("ERROR", "MISMATCH", "OOM")]
-    must_run = EXPRESSED_BY.get(backend, set())
+    # The families a backend claims must run where it is available (others:
+    # UNSUPPORTED, or UNAVAILABLE where a package is missing).
+    cls = registry.all_backends()[backend].load()
+    must_run = cls.claimed_masks if cls.unavailable_reason() is None else set()
     assert not [r for r in not_ok(rows) if r[1] in must_run]
     assert all(r["max_err"] < TOLERANCE["bfloat16"] / 2 for r in rows if r["status"] == "OK")

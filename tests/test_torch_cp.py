@@ -14,9 +14,8 @@ from lcab import registry, results
 from lcab.masks import MASK_NAMES
 
 ON_GLOO = ("torch.cp_ulysses", "torch.cp_allgather", "torch.cp_ring_flex")
-# Kernels with a CPU backward inside (FlexAttention has none on a CPU).
-MATH_INNER = [f"--backend_options={name}:inner=torch.sdpa_math" for name in ON_GLOO[:2]] + [
-    "--backend_options=torch.cp_ring_flex:inner=math"]
+# A kernel with a CPU backward inside (FlexAttention has none on a CPU).
+MATH_INNER = [f"--backend_options={name}:inner=torch.sdpa_math" for name in ON_GLOO]
 
 
 def run_cp(tmp_path, *flags, cp=2, timeout=600):
@@ -107,7 +106,7 @@ def test_inner_kernel_limits_and_rank_count_are_honoured(tmp_path):
     assert status[("torch.cp_ring_flex", "bwd")]["status"] == "UNSUPPORTED"
     if not torch.cuda.is_available():
         flash = status[("torch.cp_allgather", "fwd")]
-        assert flash["status"] == "UNSUPPORTED"
+        assert flash["status"] == "UNAVAILABLE"
         assert "inner kernel torch.sdpa_flash is unavailable: needs a CUDA GPU" in flash["reason"]
 
     large = run_cp(tmp_path / "32k", "--masks=causal_document", "--heads=4:2", "--seqlens=32k",
@@ -132,6 +131,48 @@ def test_outside_torchrun_the_strategies_say_how_to_start_them():
             registry.load_backend(name)
 
 
+@pytest.mark.parametrize("name", ON_GLOO)
+def test_inner_takes_registry_names_only(name):
+    cls = registry.all_backends()[name].load()
+    for old in ("flex", "math"):
+        with pytest.raises(ValueError, match=f"inner='{old}' is not a torch kernel backend; "
+                                             "choose one of torch.sdpa_math, "):
+            cls(inner=old)
+    assert cls().inner() == ("torch.flex", {})
+    assert cls(inner="torch.sdpa_math").inner() == ("torch.sdpa_math", {})
+
+
+def test_every_strategy_names_its_inner_kernel():
+    inner = {name: registry.all_backends()[name].load()().inner()[0]
+             for name in ("torch.cp_ring", "torch.cp_usp", "torch.cp_ring_flash_attn")}
+    assert set(inner.values()) == {"torch.flash_attn"}
+    native = registry.all_backends()["torch.cp_native"].load()
+    assert native(sdpa="efficient").inner() == ("torch.sdpa_efficient", {})
+
+
+def test_the_ring_asks_its_inner_for_a_ring_kernel():
+    from lcab.cp import cached_dispatch
+    from lcab.masks import small_mask
+    from lcab.workloads import Workload
+    from torch_backends.cp.ring import RingBackend
+    from torch_backends.kernels.sdpa import SdpaEfficientBackend, SdpaMathBackend
+
+    mask = small_mask("causal_document", 256)
+    workload = Workload(1, 256, 256, 4, 2, 32, "float32", mask)
+    dispatch = cached_dispatch("zigzag", mask, 2)
+    ring = RingBackend(inner="torch.sdpa_efficient")
+    ring.inner_backend = SdpaEfficientBackend()  # what load_dependencies would load on a GPU
+    refused = ring.strategy_support(workload, dispatch)
+    assert not refused.ok and refused.reason == (
+        "inner kernel torch.sdpa_efficient cannot run inside a ring: "
+        f"{SdpaEfficientBackend.no_ring_kernel}")
+    ring = RingBackend(inner="torch.sdpa_math")
+    ring.inner_backend = SdpaMathBackend()
+    runs = ring.strategy_support(workload, dispatch)
+    assert runs.ok and runs.how.startswith(
+        "ring; dispatch=zigzag; inner torch.sdpa_math (dense math with lse); the next shard")
+
+
 def test_library_strategies_without_their_packages_or_gpu_say_why(tmp_path):
     rows = run_cp(tmp_path, "--masks=causal", "--heads=4:2", "--backends=torch.cp_ring,"
                   "torch.cp_usp,torch.cp_ring_flash_attn,torch.cp_native")
@@ -141,7 +182,7 @@ def test_library_strategies_without_their_packages_or_gpu_say_why(tmp_path):
 
 
 def test_yunchang_layouts_as_dispatches():
-    from torch_backends.cp_libraries import usp_dispatch
+    from torch_backends.cp.libraries import usp_dispatch
 
     # ring 2 x ulysses 2 over 16 tokens: ring rank 0 holds chunks 0 and 3
     # (4 tokens each), split between its two Ulysses ranks; ring rank 1
@@ -165,7 +206,7 @@ def test_yunchang_layouts_as_dispatches():
 def test_ring_flash_attn_states_what_it_computes(mask_name, dispatch, expected):
     from lcab.masks import small_mask
     from lcab.workloads import Workload
-    from torch_backends.cp_libraries import RingFlashAttnBackend
+    from torch_backends.cp.libraries import RingFlashAttnBackend
 
     workload = Workload(1, 256, 256, 4, 2, 64, "bfloat16", small_mask(mask_name, 256))
     plan = RingFlashAttnBackend(dispatch=dispatch).ring_plan(workload)

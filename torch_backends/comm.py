@@ -20,7 +20,8 @@ import torch
 import torch.distributed as dist
 
 from lcab.comm import check_op
-from torch_backends import _shared, distributed
+from torch_backends import distributed
+from torch_backends.device import device_name
 
 _TARGET_LOOP_MS = 20.0
 _MAX_CHAIN = 512
@@ -46,7 +47,7 @@ class _Collective:
         check_op(op)
         self.op, self.ranks, self.group = op, ranks, _group(ranks)
         self.rank = dist.get_rank()
-        device = _shared.device_name()
+        device = device_name()
         local = elements // ranks if op == "all_gather" else elements
         self.x = torch.ones(local, dtype=dtype, device=device)
         self.out = torch.empty(elements if op == "all_gather" else local, dtype=dtype,
@@ -74,7 +75,7 @@ def _member(ranks: int) -> bool:
 
 
 def _slowest(values: list[float]) -> list[float]:
-    tensor = torch.tensor(values, dtype=torch.float64, device=_shared.device_name())
+    tensor = torch.tensor(values, dtype=torch.float64, device=device_name())
     dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
     return tensor.tolist()
 

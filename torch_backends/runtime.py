@@ -1,8 +1,9 @@
 """PyTorch runtime: CUDA events on GPU, the host clock on CPU.
 
 The first call (or torch.compile's compilation) is timed separately as
-compile_s, then `warmup` more untimed calls run. The forward is measured without autograd (inputs that do not
-require grad); forward+backward with fresh gradients each repeat. On GPU a
+compile_s, then `warmup` more untimed calls run. The forward is measured
+without autograd (inputs that do not require grad); forward+backward with
+fresh gradients each repeat. On GPU a
 256 MiB buffer is zeroed between repeats so no repeat finds its inputs in
 L2, and peak memory is torch.cuda.max_memory_allocated over the case (the
 flush buffer excluded).
@@ -26,7 +27,8 @@ import numpy as np
 import torch
 
 from lcab.runtime import L2_FLUSH_BYTES, DeviceInfo, Runtime, Timing
-from torch_backends import _shared, distributed
+from torch_backends import distributed
+from torch_backends.device import device_name
 from torch_backends.distributed import ShardedFunction
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
@@ -37,7 +39,7 @@ class TorchRuntime(Runtime):
 
     def __init__(self):
         distributed.ensure_process_group()
-        self.device_name = _shared.device_name()
+        self.device_name = device_name()
         self._flush_buffer = None
 
     @property
@@ -104,10 +106,10 @@ class TorchRuntime(Runtime):
             return (fn.gather(out.detach()), *(fn.reduce(leaf.grad) for leaf in leaves))
 
     def golden_error(self, fn, inputs, directory, key, with_gradients, layout="bshd"):
-        # The store is orbax's (jax_backends.golden): read and written here as
-        # NumPy arrays on the host, with JAX kept off the GPUs torch is using.
+        # The store is orbax's (lcab.golden): read and written here as NumPy
+        # arrays on the host, with JAX (orbax's own) kept off torch's GPUs.
         os.environ.setdefault("JAX_PLATFORMS", "cpu")
-        from jax_backends import golden
+        from lcab import golden
 
         key = golden.golden_key(key, with_gradients)
         names = golden.INPUT_NAMES if with_gradients else golden.INPUT_NAMES[:3]

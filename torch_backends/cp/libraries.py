@@ -31,8 +31,10 @@ from lcab import expressions
 from lcab.backend import Support
 from lcab.cp import Dispatch, ulysses_heads_problem
 from lcab.workloads import Workload
-from torch_backends import _shared, distributed
-from torch_backends.context_parallel import TorchCpBackend
+from torch_backends import distributed
+from torch_backends.cp.base import TorchCpBackend
+from torch_backends.device import cuda_problem
+from torch_backends.kernels.flash_style import LOW_PRECISION, pack_sequences, repeat_kv_heads
 
 _LAYOUT_BY_DISPATCH = {"contiguous": "basic", "zigzag": "zigzag"}
 
@@ -74,23 +76,17 @@ def _as_ranges(tokens: np.ndarray) -> tuple[tuple[int, int], ...]:
 
 
 class _LibraryBackend(TorchCpBackend):
-    """CUDA-only library strategies: low precision, flash-style head dims."""
+    """CUDA-only library strategies: low precision, flash-attn (FA2) inside
+    unless said otherwise; `dispatch()` refuses the layouts a library lacks."""
 
-    dtypes = _shared.LOW_PRECISION
+    dtypes = LOW_PRECISION
 
     @classmethod
     def environment_problem(cls) -> str | None:
-        return _shared.cuda_problem() or super().environment_problem()
+        return cuda_problem() or super().environment_problem()
 
-    def library_dispatch(self, workload: Workload) -> Dispatch | str:
-        """The dispatch the library computes, or why this one is not."""
-        raise NotImplementedError
-
-    def dispatch(self, workload: Workload):
-        found = self.library_dispatch(workload)
-        if isinstance(found, str):
-            raise ValueError(found)
-        return found
+    def inner(self) -> tuple[str, dict[str, str]]:
+        return "torch.flash_attn", {}
 
 
 # ----- yunchang -------------------------------------------------------------
@@ -121,14 +117,14 @@ class YunchangRingBackend(_LibraryBackend):
     def ulysses_size(self) -> int:
         return 1
 
-    def library_dispatch(self, workload):
+    def dispatch(self, workload):
         layout = _LAYOUT_BY_DISPATCH.get(self.dispatch_name)
         if layout is None:
-            return (f"yunchang lays tokens out contiguously (basic) or zigzag, not "
-                    f"{self.dispatch_name}")
+            raise ValueError(f"yunchang lays tokens out contiguously (basic) or zigzag, not "
+                             f"{self.dispatch_name}")
         ring = self.cp_size // self.ulysses_size
         if workload.seqlen_q % (2 * ring * self.ulysses_size):
-            return f"seqlen {workload.seqlen_q} does not split into yunchang's chunks"
+            raise ValueError(f"seqlen {workload.seqlen_q} does not split into yunchang's chunks")
         return usp_dispatch(layout, workload.seqlen_q, ring, self.ulysses_size)
 
     def strategy_support(self, workload, dispatch):
@@ -141,9 +137,8 @@ class YunchangRingBackend(_LibraryBackend):
         if problem:
             return Support.no(problem)
         ring = _LAYOUT_BY_DISPATCH[self.dispatch_name]
-        return Support.yes(f"{self.strategy}; dispatch={self.dispatch_name}; yunchang "
-                           f"ring_impl_type={ring}, ulysses {u} x ring {self.cp_size // u}; "
-                           f"flash-attn inside")
+        return Support.yes(self.describe(f"yunchang ring_impl_type={ring}, ulysses {u} x ring "
+                                         f"{self.cp_size // u}; flash-attn inside"))
 
     def build(self, workload):
         from yunchang import LongContextAttention
@@ -204,10 +199,11 @@ class RingFlashAttnBackend(_LibraryBackend):
     description = ("ring-flash-attn: ring (contiguous) and zigzag ring for full and causal; "
                    "Llama-3 varlen all-gather for packed documents (contiguous)")
 
-    def library_dispatch(self, workload):
+    def dispatch(self, workload):
         if self.dispatch_name not in ("contiguous", "zigzag"):
-            return f"ring-flash-attn lays tokens out contiguously or zigzag, not {self.dispatch_name}"
-        return super(_LibraryBackend, self).dispatch(workload)
+            raise ValueError(f"ring-flash-attn lays tokens out contiguously or zigzag, not "
+                             f"{self.dispatch_name}")
+        return super().dispatch(workload)
 
     def ring_plan(self, workload: Workload) -> _RingFlashPlan | str:
         causal = causal_or_full(workload.mask)
@@ -230,8 +226,8 @@ class RingFlashAttnBackend(_LibraryBackend):
         plan = self.ring_plan(workload)
         if isinstance(plan, str):
             return Support.no(plan)
-        return Support.yes(f"{self.strategy}; dispatch={self.dispatch_name}; {plan.function} "
-                           f"({'causal' if plan.causal else 'full'})")
+        return Support.yes(self.describe(f"{plan.function} "
+                                         f"({'causal' if plan.causal else 'full'})"))
 
     def build(self, workload):
         import ring_flash_attn
@@ -252,7 +248,7 @@ class RingFlashAttnBackend(_LibraryBackend):
             cu, causal=plan.causal, rank=distributed.rank(), world_size=self.cp_size)
 
         def local(q, k, v):
-            packed = [_shared.pack_sequences(x) for x in (q, k, v)]
+            packed = [pack_sequences(x) for x in (q, k, v)]
             out = function(*packed, cu_q, cu_k, max_q, max_k, heads_k_stride=k.shape[2],
                            local_k_slice=k_slice, softmax_scale=scale, causal=plan.causal)
             return out.reshape(q.shape)
@@ -284,19 +280,22 @@ class NativeCpBackend(_LibraryBackend):
             raise ValueError(f"sdpa={sdpa!r} is not one of {', '.join(_SDPA_KERNELS)}")
         self.rotate, self.sdpa = rotate, sdpa
 
-    def library_dispatch(self, workload):
+    def dispatch(self, workload):
         if self.dispatch_name not in self._balanced_by:
-            return ("torch's context parallel shards contiguously or head-tail (zigzag), not "
-                    f"{self.dispatch_name}")
-        return super(_LibraryBackend, self).dispatch(workload)
+            raise ValueError("torch's context parallel shards contiguously or head-tail "
+                             f"(zigzag), not {self.dispatch_name}")
+        return super().dispatch(workload)
+
+    def inner(self) -> tuple[str, dict[str, str]]:
+        return f"torch.sdpa_{self.sdpa}", {}
 
     def strategy_support(self, workload, dispatch):
         if causal_or_full(workload.mask) is None:
             return Support.no(_refusal("torch's context parallel", "full and causal masks",
                                        workload.mask))
         repeat = "; K/V heads repeated" if workload.heads_q != workload.heads_kv else ""
-        return Support.yes(f"{self.strategy}; dispatch={self.dispatch_name}; rotate="
-                           f"{self.rotate}; inner torch.sdpa_{self.sdpa}{repeat}")
+        return Support.yes(self.describe(f"rotate={self.rotate}; inner torch.sdpa_{self.sdpa}"
+                                         f"{repeat}"))
 
     def build(self, workload):
         from torch.distributed.tensor.experimental import _attention as cp
@@ -322,7 +321,7 @@ class NativeCpBackend(_LibraryBackend):
 
         def local(q, k, v):
             cp._cp_options.enable_load_balance = balance  # a global; other cases set it too
-            k, v = (_shared.repeat_kv_heads(x, ratio, head_axis=2) for x in (k, v))
+            k, v = (repeat_kv_heads(x, ratio, head_axis=2) for x in (k, v))
             with sdpa_kernel([kernel]):
                 out = attention(*(x.transpose(1, 2) for x in (q, k, v)), is_causal=causal)
             return out.transpose(1, 2)

@@ -6,7 +6,7 @@
 
 Each is used when installed and UNAVAILABLE with the import error
 otherwise. They express exactly the same families, in the same vocabulary
-(torch_backends._shared.flash_plan): full and causal through `causal`,
+(torch_backends.kernels.flash_style.flash_plan): full and causal through `causal`,
 sliding windows through `window_size`, packed documents through
 cu_seqlens in the varlen function; nothing else. GQA is native (K/V with
 fewer heads). Layout (batch, seq, heads, dim); varlen calls pack it to
@@ -22,13 +22,17 @@ import torch
 
 from lcab.backend import Backend, Support
 from lcab.workloads import Workload
-from torch_backends import _shared
+from torch_backends import device
+from torch_backends.kernels import flash_style
 
 
 class _FlashAttnPackage(Backend):
     framework = "torch"
     layout = "bshd"
-    dtypes = _shared.LOW_PRECISION
+    dtypes = flash_style.LOW_PRECISION
+    claimed_masks = flash_style.FLASH_FAMILIES
+    no_ring_kernel = ("LCAB's torch ring has no step kernel for the flash-attn packages "
+                      "(it differentiates each step's log-sum-exp through autograd)")
     module: ClassVar[str]  # where flash_attn_func and flash_attn_varlen_func live
     compute_capabilities: ClassVar[tuple[int, ...]]  # major versions the package builds for
     # How the package spells an unbounded window side.
@@ -36,7 +40,7 @@ class _FlashAttnPackage(Backend):
 
     @classmethod
     def environment_problem(cls) -> str | None:
-        problem = _shared.cuda_problem()
+        problem = device.cuda_problem()
         if problem is None:
             major, minor = torch.cuda.get_device_capability()
             if major not in cls.compute_capabilities:
@@ -46,23 +50,18 @@ class _FlashAttnPackage(Backend):
                 )
         return problem
 
-    def mask_support(self, workload: Workload) -> Support:
-        plan = _shared.flash_plan(workload.mask)
-        if plan is None:
-            return Support.no(_shared.flash_refusal(self.module, workload.mask))
+    def plan(self, workload: Workload) -> tuple[Support, dict]:
         gqa = "GQA native" if workload.heads_q != workload.heads_kv else ""
-        return Support.yes("; ".join(part for part in (plan.how, gqa) if part))
+        return flash_style.flash_support(self.module, workload, gqa)
 
-    def _window(self, plan: _shared.FlashPlan) -> tuple[bool, tuple]:
+    def _window(self, plan: flash_style.FlashPlan) -> tuple[bool, tuple]:
         """(causal, window_size) arguments: causal by its flag, other windows as given."""
         if plan.causal:
             return True, (self.unbounded, self.unbounded)
         return False, tuple(self.unbounded if side == -1 else side for side in plan.window)
 
     def build(self, workload: Workload):
-        plan = _shared.flash_plan(workload.mask)
-        if plan is None:
-            raise ValueError(_shared.flash_refusal(self.module, workload.mask))
+        plan = self.planned_kwargs(workload)["plan"]
         package = importlib.import_module(self.module)
         causal, window = self._window(plan)
         if plan.doc_cu_seqlens is None:
@@ -73,12 +72,13 @@ class _FlashAttnPackage(Backend):
 
             return attend
         varlen_call = package.flash_attn_varlen_func
-        cu_host, longest = _shared.batch_cu_seqlens(plan, workload.batch, workload.seqlen_q)
+        cu_host, longest = flash_style.batch_cu_seqlens(plan, workload.batch,
+                                                        workload.seqlen_q)
         cu = torch.from_numpy(cu_host).to("cuda")
 
         def attend_documents(q, k, v):
             out = varlen_call(
-                _shared.pack_sequences(q), _shared.pack_sequences(k), _shared.pack_sequences(v),
+                *(flash_style.pack_sequences(x) for x in (q, k, v)),
                 cu, cu, longest, longest, causal=causal, window_size=window,
             )
             return _output(out).reshape(q.shape)
@@ -97,7 +97,7 @@ class FlashAttn2Backend(_FlashAttnPackage):
     requires = ("flash_attn",)
     module = "flash_attn"
     compute_capabilities = (8, 9, 10, 11, 12)  # Ampere and newer
-    head_dims = _shared.FLASH_HEAD_DIMS  # "all head dimensions up to 256"
+    head_dims = flash_style.FLASH_HEAD_DIMS  # "all head dimensions up to 256"
 
 
 class FlashAttn3Backend(_FlashAttnPackage):

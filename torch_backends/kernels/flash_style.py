@@ -1,11 +1,13 @@
-"""Helpers shared by the torch kernel backends (no backend lives here).
+"""What the FlashAttention-style torch kernels share (no backend lives here).
 
-- `cuda_problem`: the UNAVAILABLE reason of GPU-only backends.
-- `FlashPlan` / `flash_plan`: a mask in FlashAttention's vocabulary (a
-  window over packed sequences), shared by torch.varlen and the flash-attn
-  packages, which express exactly the same families.
-- `pack_sequences`: (batch, seq, heads, dim) -> (tokens, heads, dim) plus
-  the cu_seqlens of every document of every batch row.
+- `FLASH_HEAD_DIMS`, `LOW_PRECISION`: their head dims and dtypes.
+- `FlashPlan` / `flash_plan` / `flash_support`: a mask in FlashAttention's
+  vocabulary (a window over packed sequences), shared by torch.varlen and
+  the flash-attn packages, which express exactly the same families
+  (`FLASH_FAMILIES`).
+- `pack_sequences` / `batch_cu_seqlens`: (batch, seq, heads, dim) ->
+  (tokens, heads, dim) plus the cu_seqlens of every document of every row.
+- `repeat_kv_heads`: GQA for a kernel that takes none.
 """
 
 from __future__ import annotations
@@ -16,28 +18,17 @@ import numpy as np
 import torch
 
 from lcab import expressions
+from lcab.backend import Support
 from lcab.masks import AttnMask
+from lcab.workloads import Workload
 
 # Head dims the FlashAttention-2 kernels take (theirs and torch's built-in
 # copy): multiples of 8 up to 256.
 FLASH_HEAD_DIMS = tuple(range(8, 257, 8))
 LOW_PRECISION = ("bfloat16", "float16")
-
-
-def device_name() -> str:
-    """Where this process's tensors go: its CUDA device (under torchrun the
-    rank's own), else the CPU."""
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
-def cuda_problem() -> str | None:
-    """None when a CUDA GPU is visible to torch; otherwise why not."""
-    if torch.cuda.is_available():
-        return None
-    build = f"torch {torch.__version__}" + (
-        f" (CUDA {torch.version.cuda})" if torch.version.cuda else " (a CPU-only build)"
-    )
-    return f"needs a CUDA GPU, and {build} sees none (torch.cuda.is_available() is False)"
+# The mask families a window over packed documents expresses.
+FLASH_FAMILIES = frozenset({"full", "causal", "sliding_window", "sliding_window_causal",
+                            "full_document", "causal_document"})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,12 +67,16 @@ def flash_plan(mask: AttnMask) -> FlashPlan | None:
     return None
 
 
-def flash_refusal(backend: str, mask: AttnMask) -> str:
-    return (
-        f"{backend} expresses full, causal, sliding-window (window_size) and packed-document "
-        f"(cu_seqlens) masks only; the {mask.name} mask ({mask.seqlen_q} x {mask.seqlen_k}) "
-        "is none of these"
-    )
+def flash_support(kernel: str, workload: Workload, gqa_how: str) -> tuple[Support, dict]:
+    """A FlashAttention-style backend's Backend.plan: (Support, {"plan": FlashPlan})."""
+    plan = flash_plan(workload.mask)
+    if plan is None:
+        mask = workload.mask
+        return Support.no(
+            f"{kernel} expresses full, causal, sliding-window (window_size) and packed-document "
+            f"(cu_seqlens) masks only; the {mask.name} mask ({mask.seqlen_q} x {mask.seqlen_k}) "
+            "is none of these"), {}
+    return Support.yes("; ".join(part for part in (plan.how, gqa_how) if part)), {"plan": plan}
 
 
 def batch_cu_seqlens(plan: FlashPlan, batch: int, seqlen: int) -> tuple[np.ndarray, int]:

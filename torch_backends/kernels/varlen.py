@@ -17,7 +17,8 @@ import torch
 
 from lcab.backend import Backend, Support
 from lcab.workloads import Workload
-from torch_backends import _shared
+from torch_backends import device
+from torch_backends.kernels import flash_style
 
 
 def _varlen_attn():
@@ -36,13 +37,16 @@ class VarlenBackend(Backend):
     framework = "torch"
     description = "torch.nn.attention.varlen.varlen_attn (built-in FlashAttention-2, cu_seqlens)"
     layout = "bshd"
-    dtypes = _shared.LOW_PRECISION
-    head_dims = _shared.FLASH_HEAD_DIMS
+    dtypes = flash_style.LOW_PRECISION
+    head_dims = flash_style.FLASH_HEAD_DIMS
     requires = ("torch.nn.attention.varlen",)
+    claimed_masks = flash_style.FLASH_FAMILIES
+    no_ring_kernel = ("varlen_attn's log-sum-exp (return_aux) carries no gradient, and the "
+                      "torch ring differentiates each step's")
 
     @classmethod
     def environment_problem(cls) -> str | None:
-        problem = _shared.cuda_problem()
+        problem = device.cuda_problem()
         if problem is None and not torch.backends.cuda.is_flash_attention_available():
             problem = f"torch {torch.__version__} was built without FlashAttention"
         return problem
@@ -53,20 +57,14 @@ class VarlenBackend(Backend):
             return ""
         return "enable_gqa" if takes_enable_gqa() else "K/V heads repeated (no enable_gqa here)"
 
-    def mask_support(self, workload: Workload) -> Support:
-        plan = _shared.flash_plan(workload.mask)
-        if plan is None:
-            return Support.no(_shared.flash_refusal("varlen_attn", workload.mask))
-        gqa = self._gqa_how(workload)
-        return Support.yes("; ".join(part for part in (plan.how, gqa) if part))
+    def plan(self, workload: Workload) -> tuple[Support, dict]:
+        return flash_style.flash_support("varlen_attn", workload, self._gqa_how(workload))
 
     def build(self, workload: Workload):
-        plan = _shared.flash_plan(workload.mask)
-        if plan is None:
-            raise ValueError(_shared.flash_refusal("varlen_attn", workload.mask))
+        plan = self.planned_kwargs(workload)["plan"]
         varlen_attn = _varlen_attn()
         batch, seqlen = workload.batch, workload.seqlen_q
-        cu_host, longest = _shared.batch_cu_seqlens(plan, batch, seqlen)
+        cu_host, longest = flash_style.batch_cu_seqlens(plan, batch, seqlen)
         cu = torch.from_numpy(cu_host).to("cuda")
         native_gqa = workload.gqa_ratio > 1 and takes_enable_gqa()
         repeat = 1 if native_gqa else workload.gqa_ratio
@@ -74,10 +72,10 @@ class VarlenBackend(Backend):
         window = tuple(plan.window)  # a tuple: varlen_attn compares it with (-1, 0)
 
         def attend(q, k, v):
-            k = _shared.repeat_kv_heads(k, repeat, head_axis=2)
-            v = _shared.repeat_kv_heads(v, repeat, head_axis=2)
+            k = flash_style.repeat_kv_heads(k, repeat, head_axis=2)
+            v = flash_style.repeat_kv_heads(v, repeat, head_axis=2)
             out = varlen_attn(
-                _shared.pack_sequences(q), _shared.pack_sequences(k), _shared.pack_sequences(v),
+                *(flash_style.pack_sequences(x) for x in (q, k, v)),
                 cu, cu, longest, longest, window_size=window, **extra,
             )
             return out.reshape(q.shape)

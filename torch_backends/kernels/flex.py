@@ -30,18 +30,22 @@ would otherwise pile up recompilations until Dynamo's recompile limit
 (torch._dynamo.config.cache_size_limit, 8) sends calls to the dense eager
 path. On a CPU it runs uncompiled (dense scores, forward only: torch has no
 FlexAttention backward on CPU).
+
+Its ring form (`FlexBackend.ring_kernel`) is flex_attention with return_lse
+on each ring step's exact BlockMask.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import numpy as np
 import torch
 from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
 from lcab.backend import Backend, Support
-from lcab.masks import AttnMask
+from lcab.masks import MASK_NAMES, AttnMask
 from lcab.masks import schedule as schedule_lib
 from lcab.masks import slices as slices_lib
 from lcab.workloads import Workload
@@ -248,6 +252,7 @@ class FlexBackend(Backend):
     # 6 blocks of 128, the last one ragged: the probe exercises block tables,
     # partial tiles and an edge that is not a multiple of the block size.
     probe_seqlen = 700
+    claimed_masks = frozenset(MASK_NAMES)
 
     def __init__(self):
         self.on_gpu = torch.cuda.is_available()
@@ -284,8 +289,7 @@ class FlexBackend(Backend):
         return Support.yes("; ".join(parts))
 
     def build(self, workload: Workload):
-        device = "cuda" if self.on_gpu else "cpu"
-        block_mask = build_block_mask(workload.mask, device)
+        block_mask = build_block_mask(workload.mask, _device(self.on_gpu))
         attention = compiled_flex_attention() if self.on_gpu else flex_attention
         enable_gqa = workload.heads_q != workload.heads_kv
 
@@ -293,3 +297,36 @@ class FlexBackend(Backend):
             return attention(q, k, v, block_mask=block_mask, enable_gqa=enable_gqa)
 
         return attend
+
+    def ring_kernel(self) -> "FlexRingKernel":
+        return FlexRingKernel(self.on_gpu)
+
+
+def _device(on_gpu: bool) -> str:
+    return "cuda" if on_gpu else "cpu"
+
+
+class FlexRingKernel:
+    """torch.flex's ring form (torch_backends.cp.ring.RingKernel):
+    flex_attention with return_lse on each step's exact BlockMask, whose
+    limits FlexBackend.supports() already states for each step."""
+
+    def __init__(self, on_gpu: bool):
+        self.on_gpu = on_gpu
+        self.how = "FlexAttention with return_lse, " + (
+            "torch.compile" if on_gpu else "uncompiled")
+
+    @functools.cached_property
+    def attention(self):
+        # Compiled on first use, once for every step of a build (compiling
+        # resets Dynamo), never when a ring only asks what it supports.
+        return compiled_flex_attention() if self.on_gpu else flex_attention
+
+    def refusal(self, mask: AttnMask) -> str | None:
+        return None
+
+    def step(self, mask: AttnMask, gqa_ratio: int):
+        block_mask = build_block_mask(mask, _device(self.on_gpu))
+        attention = self.attention
+        return lambda q, k, v: attention(q, k, v, block_mask=block_mask,
+                                         enable_gqa=gqa_ratio > 1, return_lse=True)

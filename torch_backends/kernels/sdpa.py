@@ -30,10 +30,10 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from lcab import expressions
 from lcab.backend import Backend, Support
-from lcab.masks import DENSE_LIMIT
+from lcab.masks import DENSE_LIMIT, MASK_NAMES, AttnMask
 from lcab.workloads import Workload
-from torch_backends._shared import (FLASH_HEAD_DIMS, LOW_PRECISION, cuda_problem, device_name,
-                                    repeat_kv_heads)
+from torch_backends.device import cuda_problem, device_name
+from torch_backends.kernels.flash_style import FLASH_HEAD_DIMS, LOW_PRECISION, repeat_kv_heads
 
 DENSE_MASK_CELLS = 1 << 28  # math backend: 16k x 16k
 FUSED_DENSE_MASK_CELLS = DENSE_LIMIT  # fused GPU backends: 8k x 8k
@@ -59,6 +59,9 @@ class _SdpaBackend(Backend):
     dense_mask_cells: ClassVar[int] = DENSE_MASK_CELLS
     # Whether the backend takes enable_gqa, where no GPU can be asked.
     static_enable_gqa: ClassVar[bool] = True
+    # Every family goes through a dense attn_mask at small sizes.
+    claimed_masks = frozenset(MASK_NAMES)
+    no_ring_kernel = "scaled_dot_product_attention returns the output only, no log-sum-exp"
 
     # ----- capability -----------------------------------------------------
     def _mask_plan(self, workload: Workload) -> _MaskPlan | str:
@@ -97,30 +100,26 @@ class _SdpaBackend(Backend):
         """None when the pinned kernel runs this shape; the math kernel runs all."""
         return None
 
-    def mask_support(self, workload: Workload) -> Support:
-        plan = self._mask_plan(workload)
-        if isinstance(plan, str):
-            return Support.no(plan)
-        gqa = self._gqa(workload, plan)
+    def plan(self, workload: Workload) -> tuple[Support, dict]:
+        mask_plan = self._mask_plan(workload)
+        if isinstance(mask_plan, str):
+            return Support.no(mask_plan), {}
+        gqa = self._gqa(workload, mask_plan)
         if isinstance(gqa, str):
-            return Support.no(gqa)
-        return Support.yes("; ".join(part for part in (plan.how, gqa[1]) if part))
+            return Support.no(gqa), {}
+        enable_gqa, note = gqa
+        how = "; ".join(part for part in (mask_plan.how, note) if part)
+        return Support.yes(how), {"plan": mask_plan, "enable_gqa": enable_gqa}
 
     # ----- the function ---------------------------------------------------
     def build(self, workload: Workload):
-        plan = self._mask_plan(workload)
-        if isinstance(plan, str):
-            raise ValueError(f"{self.name} cannot run this workload exactly: {plan}")
-        gqa = self._gqa(workload, plan)
-        if isinstance(gqa, str):
-            raise ValueError(f"{self.name} cannot run this workload: {gqa}")
-        enable_gqa = gqa[0]
+        planned = self.planned_kwargs(workload)
+        plan, enable_gqa = planned["plan"], planned["enable_gqa"]
         repeat = 1 if enable_gqa else workload.gqa_ratio
         mask = None
         if plan.dense:
-            device = device_name()
             dense = workload.mask.to_dense(max_elements=self.dense_mask_cells)
-            mask = torch.from_numpy(dense).to(device)
+            mask = torch.from_numpy(dense).to(device_name())
         backend, is_causal = self.sdpa_backend, plan.is_causal
 
         def attend(q, k, v):
@@ -138,6 +137,40 @@ class SdpaMathBackend(_SdpaBackend):
     name = "torch.sdpa_math"
     description = "torch SDPA, MATH backend (reference-grade, dense scores)"
     sdpa_backend = SDPBackend.MATH
+
+    def ring_kernel(self) -> "DenseRingKernel":
+        return DenseRingKernel()
+
+
+class DenseRingKernel:
+    """torch.sdpa_math's ring form (torch_backends.cp.ring.RingKernel): the
+    math backend's dense scores, kept to give the log-sum-exp SDPA does not
+    return; float32 out and lse, (batch, heads, seq, dim) layout."""
+
+    how = "dense math with lse"
+
+    def refusal(self, mask: AttnMask) -> str | None:
+        # Every step is a dense mask and dense float32 scores, also where
+        # SDPA itself would take is_causal: lcab's small-dense limit applies.
+        if mask.seqlen_q * mask.seqlen_k > DENSE_LIMIT:
+            return (f"the dense ring kernel scores a {mask.seqlen_q} x {mask.seqlen_k} step, "
+                    f"more than {DENSE_LIMIT} cells")
+        return None
+
+    def step(self, mask: AttnMask, gqa_ratio: int):
+        visible = torch.as_tensor(mask.to_dense(DENSE_LIMIT), device=device_name())
+
+        def attend(q, k, v):
+            k, v = (repeat_kv_heads(x, gqa_ratio, head_axis=1) for x in (k, v))
+            scores = (q.float() @ k.float().transpose(-1, -2)) * q.shape[-1] ** -0.5
+            scores = scores.masked_fill(~visible, float("-inf"))
+            lse = torch.logsumexp(scores, dim=-1)
+            # A row that sees nothing gets weights 0 (not NaN) and keeps lse -inf.
+            seen = lse.masked_fill(lse == float("-inf"), 0.0)
+            weights = torch.exp(scores - seen.unsqueeze(-1))
+            return weights @ v.float(), lse  # float32 into the ring's merge
+
+        return attend
 
 
 class _FusedSdpaBackend(_SdpaBackend):
@@ -214,6 +247,7 @@ class SdpaFlashBackend(_FusedSdpaBackend):
     sdpa_backend = SDPBackend.FLASH_ATTENTION
     dtypes = LOW_PRECISION
     takes_attn_mask = False
+    claimed_masks = frozenset({"full", "causal"})
     static_enable_gqa = True  # torch 2.11 takes enable_gqa here (asked on an H200)
     built_with = (torch.backends.cuda.is_flash_attention_available, "FlashAttention")
 

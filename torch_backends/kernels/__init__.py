@@ -1,0 +1,1 @@
+"""The torch kernel backends: SDPA, varlen, FlexAttention and the flash-attn packages."""
