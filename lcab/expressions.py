@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from lcab.masks import AttnMask
+from lcab.masks import AttnMask, Documents
 
 # Largest dense boolean mask a backend may build for a family it has no
 # native way to express: 16k x 16k (256 MiB). Past it the dense mask is a
@@ -62,8 +62,30 @@ def segment_ids(mask: AttnMask) -> tuple[np.ndarray, bool] | None:
     documents = mask.documents()
     if documents is None:
         return None
-    ids = np.repeat(np.arange(len(documents.lens), dtype=np.int32), documents.lens)
-    return ids, documents.causal
+    return document_ids(documents), documents.causal
+
+
+def document_ids(documents: Documents) -> np.ndarray:
+    """The document id (int32) of every token of packed documents."""
+    return np.repeat(np.arange(len(documents.lens), dtype=np.int32), documents.lens)
+
+
+# The vocabularies kernel APIs state masks in, in the order a backend tries
+# them: the cheapest statement first, so a one-document mask, which is also
+# packed documents, goes to the causal flag.
+VOCABULARIES = ("flag", "window", "documents")
+
+
+def statements(mask: AttnMask) -> dict[str, bool | tuple[int, int] | Documents]:
+    """Every vocabulary that states `mask` exactly, in VOCABULARIES order,
+    -> what it states: "flag" the causal flag (False: no mask), "window" a
+    true sliding window (left, right), "documents" the packed Documents.
+
+    A backend takes the first its API speaks; none: not expressible there.
+    """
+    found = {"flag": causal_flag(mask), "window": sliding_window(mask),
+             "documents": mask.documents()}
+    return {vocabulary: value for vocabulary, value in found.items() if value is not None}
 
 
 def dense_mask_fits(mask: AttnMask) -> bool:

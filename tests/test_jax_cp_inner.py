@@ -93,14 +93,6 @@ def test_a_ring_needs_an_inner_with_a_log_sum_exp(name):
     assert "inner jax.pallas_triton: it offers no (out, log-sum-exp) form" in support.reason
 
 
-def test_why_cudnn_and_fa3_cannot_sit_in_a_ring():
-    # Each says so itself (declared on the class; they cannot run on a CPU).
-    for name, why in (("jax.cudnn", "dot_product_attention returns the output only"),
-                      ("jax.fa3", "flash_mha and flash_mha_varlen return the output only")):
-        cls = registry.all_backends()[name].load()
-        assert why in cls.no_ring_kernel and cls().ring_kernel() is None
-
-
 @pytest.mark.skipif(jax.default_backend() != "cpu", reason="jax.cudnn is available on a GPU")
 def test_an_inner_unavailable_here_makes_unavailable_rows_that_say_why(tmp_path):
     mask = small_mask("causal", 64)
