@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The CP measurements of issues #7, #8 and #10 on one machine of several
-# GPUs, in parts that each fit one 10-minute call of the device tool:
+# The CP measurements (both frameworks' strategies, the attention module,
+# the collectives, profiles) on one machine of several GPUs, in parts that
+# each fit one 10-minute call of the device tool:
 #
 #   experiments/gpu_cp_session.sh OUT PART [PART ...]
 #
@@ -33,7 +34,8 @@
 # LCAB_EXTRA_ARGS is appended to every run (a CPU dry run: "--seqlens=512
 # --heads=4:2"); LCAB_LIMIT (seconds) replaces every run's own time limit.
 # The torch parts need yunchang (experiments/cp_torch.flags says how to
-# carry it).
+# carry it). After each part, its rows' short table (python -m lcab.report
+# --summary).
 set -u
 out=$1
 shift
@@ -120,13 +122,5 @@ for part in "$@"; do
     *) echo "unknown part $part (FRAMEWORK:CP:TOKENS[:BACKENDS[:MASKS]], single:FRAMEWORK:LENGTHS[:MASKS], module:CP, comm, profile)"
       exit 2 ;;
   esac
-  python3 - "$dir" <<'EOF'
-import sys
-from lcab import results
-frame = results.load([sys.argv[1]])
-if len(frame):
-    frame["tflops"] = frame["tflops"].round(0)
-    cols = ["backend", "cp_size", "mask", "seqlen", "direction", "status", "tflops", "compile_s"]
-    print(frame[cols].to_string(index=False, max_rows=200))
-EOF
+  python3 -m lcab.report --results="$dir" --summary
 done

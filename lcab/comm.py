@@ -19,10 +19,12 @@ rank counts.
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import re
 
 import numpy as np
 
+from lcab import results
 from lcab.runtime import Timing
 
 COMM_OPS = ("ppermute", "all_gather", "all_to_all")
@@ -94,22 +96,19 @@ def fit_alpha_beta(nbytes, seconds) -> AlphaBeta:
 def comm_row(*, framework: str, op: str, nbytes: int, ranks: int, samples_ms: list[float],
              device: str, versions: dict, git_commit: str, run_id: str, flags: str,
              status: str = "OK", reason: str = "", notes: str = "") -> dict:
-    """One comm result row (its own schema: comm_<framework>.jsonl)."""
-    import datetime
-
+    """One comm result row (its own schema, lcab.results.COMM_COLUMNS)."""
     timing = Timing(tuple(samples_ms)) if samples_ms else None
     median = timing.median_ms if timing else None
     algbw = nbytes / (median * 1e-3) / 1e9 if median and median > 0 else None
-    return {
-        "framework": framework, "suite": "comm", "op": op, "bytes": int(nbytes),
-        "ranks": int(ranks), "status": status, "reason": reason,
-        "median_ms": median,
-        "p20_ms": timing.p20_ms if timing else None,
-        "p80_ms": timing.p80_ms if timing else None,
-        "samples_ms": [float(s) for s in samples_ms],
-        "algbw_gbps": algbw,
-        "busbw_gbps": algbw * bus_factor(op, ranks) if algbw else None,
-        "device": device, "notes": notes, "versions": versions, "git_commit": git_commit,
-        "timestamp": datetime.datetime.now(datetime.timezone.utc).isoformat(),
-        "run_id": run_id, "flags": flags,
-    }
+    return results.make_comm_row(
+        framework=framework, op=op, bytes=int(nbytes), ranks=int(ranks), status=status,
+        reason=reason, median_ms=median,
+        p20_ms=timing.p20_ms if timing else None,
+        p80_ms=timing.p80_ms if timing else None,
+        samples_ms=[float(s) for s in samples_ms],
+        algbw_gbps=algbw,
+        busbw_gbps=algbw * bus_factor(op, ranks) if algbw else None,
+        device=device, notes=notes, versions=versions, git_commit=git_commit,
+        timestamp=datetime.datetime.now(datetime.timezone.utc).isoformat(),
+        run_id=run_id, flags=flags,
+    )

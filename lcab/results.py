@@ -3,7 +3,8 @@
 Each (backend, workload, direction) is one row, written and flushed as soon
 as it is measured, so a killed run loses nothing already measured and
 `--resume` skips what is there. Files from separate processes, machines or
-days merge by concatenation.
+days merge by concatenation. The comm suite's rows (one per collective, rank
+count and message size) have a schema of their own, COMM_COLUMNS.
 """
 
 from __future__ import annotations
@@ -50,6 +51,11 @@ COLUMNS: dict[str, str] = {
     "n_devices": "devices visible to the process",
     "cp_size": "context-parallel size (1 for kernel rows)",
     "strategy": "CP strategy (None for kernel rows)",
+    "inner": "registry name of the kernel a CP strategy or module runs inside "
+             "(Backend.inner(); None for kernels, and for rows written before the column, "
+             "whose notes name it as 'inner NAME')",
+    "inner_options": "that inner kernel's constructor options (JSON, as `options`; None where "
+                     "`inner` is)",
     "options": "the backend's constructor options in this run (JSON: --backend_options, "
                "--cp_size, --dispatch); part of what makes two rows the same measurement",
     "notes": "how the backend expressed the mask and shape",
@@ -62,7 +68,32 @@ COLUMNS: dict[str, str] = {
     "warmup": "untimed calls before timing",
     "iters": "timed repeats",
 }
-JSON_COLUMNS = ("mask_params", "versions", "options")
+JSON_COLUMNS = ("mask_params", "versions", "options", "inner_options")
+
+COMM_SUITE = "comm"
+# The comm suite's schema (lcab.comm.comm_row): column -> meaning.
+COMM_COLUMNS: dict[str, str] = {
+    "framework": "jax or torch",
+    "suite": "comm",
+    "op": "the collective: ppermute, all_gather or all_to_all (lcab.comm.COMM_OPS)",
+    "bytes": "bytes per rank (all_gather: its output), rounded to whole pieces per rank",
+    "ranks": "devices (processes for torch) the collective runs over",
+    "status": "OK, OOM, UNSUPPORTED, UNAVAILABLE, ERROR or MISMATCH (moved the wrong values)",
+    "reason": "why the status is not OK (empty when OK)",
+    "median_ms": "median time of one collective over the timed samples, ms",
+    "p20_ms": "20th percentile, ms",
+    "p80_ms": "80th percentile, ms",
+    "samples_ms": "every timed sample, ms per collective (the slowest rank's)",
+    "algbw_gbps": "bytes / median seconds / 1e9",
+    "busbw_gbps": "algbw x the op's bus factor (nccl-tests' convention, lcab.comm.bus_factor)",
+    "device": "device name, e.g. NVIDIA H100 80GB HBM3, or cpu",
+    "notes": "how it was timed (collectives chained per timed loop, dtype, process group)",
+    "versions": "framework and library versions (JSON)",
+    "git_commit": "commit of the LCAB checkout (+dirty when modified)",
+    "timestamp": "UTC time the row was written, ISO 8601",
+    "run_id": "identifies the run that wrote the row",
+    "flags": "the command line settings of the run (JSON: argv, ops, sizes, ranks)",
+}
 
 
 def json_field(value) -> dict:
@@ -87,10 +118,19 @@ def default_options(options) -> bool:
 
 def make_row(**fields) -> dict:
     """A complete row: every schema column present, unknown ones refused."""
-    unknown = sorted(set(fields) - set(COLUMNS))
+    return _complete(fields, COLUMNS, "COLUMNS")
+
+
+def make_comm_row(**fields) -> dict:
+    """A complete comm-suite row (COMM_COLUMNS)."""
+    return _complete({**fields, "suite": COMM_SUITE}, COMM_COLUMNS, "COMM_COLUMNS")
+
+
+def _complete(fields: Mapping, columns: Mapping[str, str], name: str) -> dict:
+    unknown = sorted(set(fields) - set(columns))
     if unknown:
-        raise ValueError(f"unknown result columns {unknown}; the schema is lcab.results.COLUMNS")
-    return {column: fields.get(column) for column in COLUMNS}
+        raise ValueError(f"unknown result columns {unknown}; the schema is lcab.results.{name}")
+    return {column: fields.get(column) for column in columns}
 
 
 # Rows that measure the same thing: reruns and merged files repeat them, and
@@ -113,9 +153,16 @@ def newest_rows(rows: Iterable[Mapping]) -> list[Mapping]:
 
 def row_key(row: Mapping) -> tuple:
     """What --resume compares: one measurement of one backend, with its
-    options, on one workload."""
+    options, on one workload; for a comm row, one collective at one size
+    over one rank count."""
+    if row.get("suite") == COMM_SUITE:
+        return comm_key(row["framework"], row["op"], row["ranks"], row["bytes"])
     return (row["suite"], row["backend"], row["workload_key"], row["direction"],
             options_key(row.get("options")))
+
+
+def comm_key(framework: str, op: str, ranks: int, nbytes: int) -> tuple:
+    return (COMM_SUITE, framework, op, int(ranks), int(nbytes))
 
 
 class Writer:
@@ -190,7 +237,7 @@ def read_rows(paths: Iterable[str | pathlib.Path]) -> list[dict]:
             except json.JSONDecodeError:
                 warnings.warn(f"{path}:{number}: skipping a truncated or corrupt row")
                 continue
-            if isinstance(row, dict) and "options" not in row:
+            if isinstance(row, dict) and "options" not in row and row.get("suite") != COMM_SUITE:
                 row["options"] = _options_from_flags(row)
             rows.append(row)
     return rows
@@ -233,16 +280,16 @@ def load(paths):
     """All rows of the given files or directories as one DataFrame.
 
     Columns are COLUMNS in order (missing ones filled with None); the JSON
-    columns (mask_params, versions) are compact JSON strings so that rows
-    can be grouped and compared.
+    columns (mask_params, versions, options, inner_options) are compact JSON
+    strings so that rows can be grouped and compared.
     """
     import pandas as pd
 
     if isinstance(paths, (str, pathlib.Path)):
         paths = [paths]
-    # The comm suite's rows have their own schema (lcab.comm.comm_row).
-    rows = [row for row in read_rows(paths) if row.get("suite") != "comm"]
-    frame = pd.DataFrame(rows, columns=list(COLUMNS)) if rows else pd.DataFrame(columns=list(COLUMNS))
+    # The comm suite's rows have their own schema (COMM_COLUMNS).
+    rows = [row for row in read_rows(paths) if row.get("suite") != COMM_SUITE]
+    frame = pd.DataFrame(rows or None, columns=list(COLUMNS))
     for column in JSON_COLUMNS:
         frame[column] = frame[column].map(
             lambda value: value if isinstance(value, str) or value is None

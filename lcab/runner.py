@@ -1,5 +1,15 @@
 """The runner: for each case, check, validate, time and write rows.
 
+Every suite runs through it. A case writes one row per *part* (an attention
+case per direction, a collective per message size, lcab.comm_suite) and
+runs its own steps; the runner owns what every suite shares: the runtime,
+statuses (lcab.status), the failure path (OOM, ERROR, UNAVAILABLE, harness
+errors), isolation in a child process, resume and the rows of cases a dead
+process never wrote. A case is a frozen, picklable value with `framework`,
+`parts`, `only(parts)`, `options(settings)`, `keys(options)` (the
+results.row_key of each part's row), `row(part, status, settings, **fields)`
+and `run(runner, runtime, rows, context)`.
+
 It never looks at a backend's name: everything it does comes from the
 backend's declarations, the framework's runtime and the result statuses.
 A failure of any kind becomes a status on that case's rows and the sweep
@@ -31,12 +41,26 @@ _REASON_CHARS = 600
 
 @dataclasses.dataclass(frozen=True)
 class Case:
-    """One backend on one workload, in the given directions."""
+    """One backend on one workload, in the given directions (its parts)."""
 
     backend: str
     workload: Workload
     directions: tuple[str, ...] = ("fwd", "bwd")
     suite: str = "kernel"
+
+    @property
+    def framework(self) -> str:
+        return registry.framework_of(self.backend)
+
+    @property
+    def parts(self) -> tuple[str, ...]:
+        return self.directions
+
+    def only(self, parts: Sequence[str]) -> "Case":
+        return dataclasses.replace(self, directions=tuple(parts))
+
+    def options(self, settings: "Settings") -> dict[str, str]:
+        return settings.options_for(self.backend)
 
     def keys(self, options: dict[str, str] | None = None) -> list[tuple]:
         """results.row_key of each direction's row, run with `options`."""
@@ -45,6 +69,50 @@ class Case:
              results.options_key(options))
             for direction in self.directions
         ]
+
+    def row(self, direction: str, status: Status, settings: "Settings", **fields) -> dict:
+        """The direction's result row (lcab.results.COLUMNS)."""
+        w = self.workload
+        device = fields.pop("device_info", None)
+        flops = fields.pop("flops_of", {}).get(direction) or w.flops(direction)
+        inner_options = fields.pop("inner_options", None)
+        return results.make_row(
+            framework=self.framework,
+            backend=self.backend,
+            suite=self.suite,
+            mask=w.mask.name,
+            mask_params=w.mask.params,
+            mask_fingerprint=w.mask.fingerprint(),
+            mask_area=w.mask.area(),
+            density=w.mask.density(),
+            seqlen=w.seqlen_q,
+            seqlen_k=w.seqlen_k,
+            batch=w.batch,
+            heads_q=w.heads_q,
+            heads_kv=w.heads_kv,
+            head_dim=w.head_dim,
+            dtype=w.dtype,
+            direction=direction,
+            status=status.value,
+            reason=fields.pop("reason", ""),
+            flops=flops,
+            options=self.options(settings),
+            inner_options=dict(inner_options) if inner_options is not None else None,
+            device=device.name if device else None,
+            n_devices=device.count if device else None,
+            cp_size=fields.pop("cp_size", 1),
+            git_commit=settings.git_commit,
+            timestamp=now(),
+            workload_key=w.key(),
+            run_id=settings.run_id,
+            flags=settings.flags,
+            warmup=settings.warmup,
+            iters=settings.iters,
+            **fields,
+        )
+
+    def run(self, runner: "Runner", runtime: Runtime, rows: list[dict], context: dict) -> None:
+        runner._run_attention(self, runtime, rows, context)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,11 +134,13 @@ class Settings:
         return {key: value for name, key, value in self.backend_options if name == backend}
 
 
-def _now() -> str:
+def now() -> str:
+    """A row's timestamp: UTC, ISO 8601, to the second."""
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
 
-def _describe(exc: BaseException) -> str:
+def describe(exc: BaseException) -> str:
+    """An exception as a row's reason: type and message, one line, bounded."""
     text = f"{type(exc).__name__}: {exc}".strip()
     text = " ".join(text.split())
     return text if len(text) <= _REASON_CHARS else text[: _REASON_CHARS - 3] + "..."
@@ -83,96 +153,71 @@ class Runner:
         self._verdicts: dict[tuple, validation.Verdict | Exception] = {}
 
     # ----- rows -----------------------------------------------------------
-    def _row(self, case: Case, direction: str, status: Status, **fields) -> dict:
-        w = case.workload
-        framework = registry.framework_of(case.backend)
-        device = fields.pop("device_info", None)
-        versions = fields.pop("versions", None)
-        cp_size = fields.pop("cp_size", 1)
-        flops = fields.pop("flops_of", {}).get(direction) or w.flops(direction)
-        row = results.make_row(
-            framework=framework,
-            backend=case.backend,
-            suite=case.suite,
-            mask=w.mask.name,
-            mask_params=w.mask.params,
-            mask_fingerprint=w.mask.fingerprint(),
-            mask_area=w.mask.area(),
-            density=w.mask.density(),
-            seqlen=w.seqlen_q,
-            seqlen_k=w.seqlen_k,
-            batch=w.batch,
-            heads_q=w.heads_q,
-            heads_kv=w.heads_kv,
-            head_dim=w.head_dim,
-            dtype=w.dtype,
-            direction=direction,
-            status=status.value,
-            reason=fields.pop("reason", ""),
-            flops=flops,
-            options=self.settings.options_for(case.backend),
-            device=device.name if device else None,
-            n_devices=device.count if device else None,
-            cp_size=cp_size,
-            versions=versions,
-            git_commit=self.settings.git_commit,
-            timestamp=_now(),
-            workload_key=w.key(),
-            run_id=self.settings.run_id,
-            flags=self.settings.flags,
-            warmup=self.settings.warmup,
-            iters=self.settings.iters,
-            **fields,
-        )
+    def write(self, case, part, status: Status, **fields) -> dict:
+        row = case.row(part, status, self.settings, **fields)
         self.writer.write(row)
         return row
 
-    def _rows_for_all(self, case, status, directions=None, **fields) -> list[dict]:
-        return [self._row(case, d, status, **fields) for d in (directions or case.directions)]
+    def write_all(self, case, status: Status, parts=None, **fields) -> list[dict]:
+        """One row of `status` per part (default: every part of the case)."""
+        parts = case.parts if parts is None else parts
+        return [self.write(case, part, status, **fields) for part in parts]
+
+    def failed(self, case, parts, exc: BaseException, runtime: Runtime, context: dict,
+               stage: str) -> list[dict]:
+        """OOM or ERROR rows for an exception raised at `stage`."""
+        status = Status.OOM if runtime.is_oom(exc) else Status.ERROR
+        return self.write_all(case, status, parts, reason=f"{stage}: {describe(exc)}", **context)
 
     # ----- one case ---------------------------------------------------------
-    def run_case(self, case: Case) -> list[dict]:
-        """Rows for every direction of the case, whatever goes wrong.
+    def run_case(self, case) -> list[dict]:
+        """Rows for every part of the case, whatever goes wrong.
 
         Anything unexpected (a backend raising in supports(), a runtime that
-        cannot name its device, ...) becomes ERROR rows for the directions
-        not yet written, so no backend can end a sweep.
+        cannot name its device, ...) becomes ERROR rows for the parts not
+        yet written, so no backend can end a sweep.
         """
         written: list[dict] = []
         context: dict = {}
         try:
-            self._run_case(case, written, context)
+            try:
+                runtime = registry.load_runtime(case.framework)
+            except registry.Unavailable as exc:
+                written += self.write_all(case, Status.UNAVAILABLE, reason=str(exc))
+                return written
+            context.update(device_info=runtime.device(), versions=runtime.versions())
+            case.run(self, runtime, written, context)
         except Exception as exc:  # noqa: BLE001 - the last line of defence
-            done = {row["direction"] for row in written}
-            left = [d for d in case.directions if d not in done]
-            written += self._rows_for_all(
-                case, Status.ERROR, left, reason=f"harness: {_describe(exc)}", **context
+            done = {results.row_key(row) for row in written}
+            keys = case.keys(case.options(self.settings))
+            left = [part for part, key in zip(case.parts, keys) if key not in done]
+            written += self.write_all(
+                case, Status.ERROR, left, reason=f"harness: {describe(exc)}", **context
             )
         return written
 
-    def _run_case(self, case: Case, rows: list[dict], context: dict) -> None:
-        try:
-            runtime = registry.load_runtime(registry.framework_of(case.backend))
-        except registry.Unavailable as exc:
-            rows += self._rows_for_all(case, Status.UNAVAILABLE, reason=str(exc))
-            return
-        context.update(device_info=runtime.device(), versions=runtime.versions())
-        options = self.settings.options_for(case.backend)
+    # ----- the attention suites (kernel, cp, module) -------------------------
+    def _run_attention(self, case: Case, runtime: Runtime, rows: list[dict],
+                       context: dict) -> None:
+        options = case.options(self.settings)
         try:
             backend = registry.load_backend(case.backend, options)
         except registry.Unavailable as exc:
             # The row still says which CP size was asked for (the column of
             # the same name), so it lands beside its measured peers.
             cp_size = int(options["cp_size"]) if options.get("cp_size", "").isdigit() else 1
-            rows += self._rows_for_all(case, Status.UNAVAILABLE, reason=str(exc),
+            rows += self.write_all(case, Status.UNAVAILABLE, reason=str(exc),
                                        cp_size=cp_size, **context)
             return
         context.update(cp_size=backend.cp_size, strategy=backend.strategy,
                        flops_of={d: backend.flops(case.workload, d) for d in case.directions})
+        inner = backend.inner()
+        if inner is not None:  # the kernel a strategy runs inside, as columns
+            context.update(inner=inner[0], inner_options=inner[1])
         directions = [d for d in case.directions if d in backend.directions]
         missing = [d for d in case.directions if d not in backend.directions]
         if missing:
-            rows += self._rows_for_all(
+            rows += self.write_all(
                 case, Status.UNSUPPORTED, missing,
                 reason=f"{case.backend} has no {'/'.join(missing)} pass", **context,
             )
@@ -180,7 +225,7 @@ class Runner:
             return
         support = backend.supports(case.workload)
         if not support.ok:
-            rows += self._rows_for_all(
+            rows += self.write_all(
                 case, Status.UNSUPPORTED, directions, reason=support.reason, **context
             )
             return
@@ -188,7 +233,7 @@ class Runner:
         if support.directions is not None:
             blocked = [d for d in directions if d not in support.directions]
             if blocked:
-                rows += self._rows_for_all(
+                rows += self.write_all(
                     case, Status.UNSUPPORTED, blocked,
                     reason=(f"{case.backend} runs {case.workload.mask.name} "
                             f"{'/'.join(support.directions)} only"),
@@ -201,9 +246,9 @@ class Runner:
         verdict = self._validate(backend, runtime, case.workload, support, "bwd" in directions)
         if isinstance(verdict, Exception):
             status = Status.OOM if runtime.is_oom(verdict) else Status.ERROR
-            rows += self._rows_for_all(
+            rows += self.write_all(
                 case, status, directions,
-                reason=f"correctness probe failed to run: {_describe(verdict)}", **context,
+                reason=f"correctness probe failed to run: {describe(verdict)}", **context,
             )
             return
         if verdict.note:
@@ -214,7 +259,7 @@ class Runner:
                 timed.append(direction)
             else:
                 error = verdict.error(direction)
-                rows.append(self._row(
+                rows.append(self.write(
                     case, direction, Status.MISMATCH,
                     max_err=error if error is not None and math.isfinite(error) else None,
                     reason=(
@@ -272,7 +317,7 @@ class Runner:
             forward = runtime.measure(fn, inputs[:3], backward=False, **measure)
         except Exception as exc:  # noqa: BLE001
             runtime.cleanup()
-            return self._failed(case, directions, exc, runtime, context, "forward")
+            return self.failed(case, directions, exc, runtime, context, "forward")
         both = failure = None
         if "bwd" in directions:
             try:
@@ -289,7 +334,7 @@ class Runner:
         if "fwd" in directions:
             rows.append(self._measured(case, "fwd", forward, verdict, context, golden))
         if failure is not None:
-            return rows + self._failed(case, ["bwd"], failure, runtime, context, "backward")
+            return rows + self.failed(case, ["bwd"], failure, runtime, context, "backward")
         if both is not None:
             backward = Timing(
                 tuple(s - forward.median_ms for s in both.samples_ms),
@@ -308,7 +353,7 @@ class Runner:
         to profile_dir/<backend>_<mask>_<seqlen>[_cp<N>]/ (lcab.trace_overlap
         reads it). A profiler that fails costs a warning, not the row."""
         w = case.workload
-        cp = case.suite == "cp" and self.settings.options_for(case.backend).get("cp_size")
+        cp = case.suite == "cp" and case.options(self.settings).get("cp_size")
         name = f"{case.backend}_{w.mask.name}_{w.seqlen_q}" + (f"_cp{cp}" if cp else "")
         directory = pathlib.Path(self.settings.profile_dir) / name
         try:
@@ -316,7 +361,7 @@ class Runner:
                 runtime.measure(fn, inputs if with_gradients else inputs[:3],
                                 backward=with_gradients, warmup=0, iters=1, flush_l2=False)
         except Exception as exc:  # noqa: BLE001
-            warnings.warn(f"{name}: no profile: {_describe(exc)}")
+            warnings.warn(f"{name}: no profile: {describe(exc)}")
 
     def _golden(self, case, runtime: Runtime, fn, inputs, with_gradients: bool,
                 layout: str) -> dict:
@@ -328,7 +373,7 @@ class Runner:
         try:
             error = runtime.golden_error(fn, inputs, directory, key, with_gradients, layout)
         except Exception as exc:  # noqa: BLE001 - the timing stands; say why nothing was compared
-            return {"note": f"golden data not compared: {_describe(exc)}"}
+            return {"note": f"golden data not compared: {describe(exc)}"}
         if error is None:
             return {"note": "saved as golden data"}
         tolerance = validation.TOLERANCE[case.workload.dtype]
@@ -353,26 +398,20 @@ class Runner:
         if golden.get("mismatch"):  # a wrong answer gets no time, as at the probe
             for timed in ("median_ms", "p20_ms", "p80_ms", "samples_ms"):
                 fields.pop(timed)
-            return self._row(case, direction, Status.MISMATCH, reason=golden["mismatch"],
+            return self.write(case, direction, Status.MISMATCH, reason=golden["mismatch"],
                              **fields)
         if timing.median_ms <= 0:
-            return self._row(
+            return self.write(
                 case, direction, Status.ERROR,
                 reason="not measurable: fwd+bwd median <= fwd median", **fields,
             )
         tflops = tflops_per_second(
             context["flops_of"][direction], timing.median_ms / 1e3, context["cp_size"]
         )
-        return self._row(case, direction, Status.OK, tflops=tflops, **fields)
-
-    def _failed(self, case, directions, exc, runtime, context, stage) -> list[dict]:
-        status = Status.OOM if runtime.is_oom(exc) else Status.ERROR
-        return self._rows_for_all(
-            case, status, directions, reason=f"{stage}: {_describe(exc)}", **context
-        )
+        return self.write(case, direction, Status.OK, tflops=tflops, **fields)
 
     # ----- isolation --------------------------------------------------------
-    def run_case_isolated(self, case: Case) -> None:
+    def run_case_isolated(self, case) -> None:
         """Run the case in a spawned child; if it dies, write ERROR rows for it."""
         context = multiprocessing.get_context("spawn")
         child = context.Process(
@@ -386,28 +425,26 @@ class Runner:
             child.kill()
             child.join()
         written = results.done_keys([self.writer.path])
-        keys = case.keys(self.settings.options_for(case.backend))
-        lost = [d for d, key in zip(case.directions, keys) if key not in written]
+        keys = case.keys(case.options(self.settings))
+        lost = [part for part, key in zip(case.parts, keys) if key not in written]
         if lost:
             code = child.exitcode
             how = f"signal {-code}" if code is not None and code < 0 else f"exit code {code}"
             if timed_out:
                 how = f"killed after {self.settings.isolate_timeout_s:g} s"
-            self._rows_for_all(
-                case, Status.ERROR, lost, reason=f"isolated child process died ({how})"
-            )
+            self.write_all(case, Status.ERROR, lost, reason=f"isolated child process died ({how})")
 
 
-def fill_missing(cases: Sequence[Case], writer: results.Writer, settings: Settings,
+def fill_missing(cases: Sequence, writer: results.Writer, settings: Settings,
                  reason: str) -> int:
-    """ERROR rows for every direction of `cases` the file lacks; returns how many."""
+    """ERROR rows for every part of `cases` the file lacks; returns how many."""
     runner = Runner(writer, settings)
     done = results.done_keys([writer.path])
     count = 0
     for case in cases:
-        keys = case.keys(settings.options_for(case.backend))
-        lost = [d for d, key in zip(case.directions, keys) if key not in done]
-        count += len(runner._rows_for_all(case, Status.ERROR, lost, reason=reason)) if lost else 0
+        keys = case.keys(case.options(settings))
+        lost = [part for part, key in zip(case.parts, keys) if key not in done]
+        count += len(runner.write_all(case, Status.ERROR, lost, reason=reason)) if lost else 0
     return count
 
 
@@ -417,7 +454,7 @@ def import_plugins(modules: Iterable[str]) -> None:
         importlib.import_module(module)
 
 
-def _child_main(case: Case, settings: Settings, path: str, plugins: dict) -> None:
+def _child_main(case, settings: Settings, path: str, plugins: dict) -> None:
     import_plugins(settings.plugin_modules)
     for name, entry in plugins.items():
         registry.register_backend(name, entry.target, entry.suite)
@@ -429,21 +466,21 @@ def _child_main(case: Case, settings: Settings, path: str, plugins: dict) -> Non
 
 
 def run_cases(
-    cases: Sequence[Case],
+    cases: Sequence,
     writer: results.Writer,
     settings: Settings,
     *,
     isolate: bool = False,
     skip: set[tuple] = frozenset(),
-    progress: Callable[[Case], None] | None = None,
+    progress: Callable[[object], None] | None = None,
 ) -> None:
-    """Run every case not already done (all of its keys in `skip`)."""
+    """Run every part of every case not already done (its key in `skip`)."""
     runner = Runner(writer, settings)
     for case in cases:
-        keys = case.keys(settings.options_for(case.backend))
-        todo = [d for d, key in zip(case.directions, keys) if key not in skip]
+        keys = case.keys(case.options(settings))
+        todo = [part for part, key in zip(case.parts, keys) if key not in skip]
         if todo:
-            case = dataclasses.replace(case, directions=tuple(todo))
+            case = case.only(todo)
             if isolate:
                 runner.run_case_isolated(case)
             else:

@@ -1,6 +1,8 @@
 """The comm suite: sizes, bandwidth conventions, the alpha-beta fit, the
-collectives' values on JAX host devices, and the CLI's rows and table."""
+collectives' values on JAX host devices, its cases in the shared runner
+(statuses, resume, lost rows), and the CLI's rows and table."""
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -11,7 +13,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from lcab import comm, results
+from lcab.comm_suite import CollectiveCase, collective_cases
+from lcab.numpy_runtime import NumpyRuntime
 from lcab.report import comm_table
+from lcab.runner import Runner, Settings, fill_missing, run_cases
+from lcab.runtime import DeviceInfo
 
 
 def test_sizes_parse_in_binary_units_and_bad_ones_name_the_form():
@@ -33,6 +39,7 @@ def test_bus_bandwidth_follows_nccl_tests():
     row = comm.comm_row(framework="jax", op="all_gather", nbytes=1 << 30, ranks=4,
                         samples_ms=[9.0, 10.0, 11.0], device="d", versions={},
                         git_commit="c", run_id="r", flags="{}")
+    assert list(row) == list(results.COMM_COLUMNS)
     assert row["median_ms"] == 10.0
     assert row["algbw_gbps"] == pytest.approx((1 << 30) / 0.010 / 1e9)
     assert row["busbw_gbps"] == pytest.approx(row["algbw_gbps"] * 0.75)
@@ -103,14 +110,77 @@ def test_bad_comm_flags_fail_at_once_naming_the_choices(tmp_path):
         assert done.returncode != 0 and message in done.stderr, done.stderr[-2000:]
 
 
-def test_more_ranks_than_devices_is_unavailable_not_a_crash():
-    from lcab.comm_suite import CommSweep, run_comm
-
-    rows = []
-    run_comm("jax", CommSweep(ops=("ppermute",), sizes=(4096,), ranks=(64,), warmup=1, iters=2),
-             rows.append, git_commit="t", run_id="r", flags="{}")
+def test_more_ranks_than_devices_is_unavailable_not_a_crash(tmp_path):
+    writer = results.Writer(tmp_path / "comm_jax.jsonl")
+    rows = Runner(writer, Settings(warmup=1, iters=2)).run_case(
+        CollectiveCase("jax", "ppermute", 64, (4096,)))
     assert [r["status"] for r in rows] == ["UNAVAILABLE"]
     assert "64 ranks" in rows[0]["reason"]
+
+
+def test_the_cases_round_sizes_to_whole_pieces_once():
+    cases = collective_cases("jax", ["ppermute", "all_to_all"], [4096, 4097, 6002], [2, 4])
+    assert [(c.op, c.ranks) for c in cases] == [("ppermute", 2), ("all_to_all", 2),
+                                                ("ppermute", 4), ("all_to_all", 4)]
+    assert cases[0].sizes == (4096, 6002) and cases[3].sizes == (4096, 6000)
+
+
+@pytest.fixture
+def host_collectives(monkeypatch):
+    """The NumPy runtime with 8 devices and made-up collectives: ppermute
+    checks out and times (running out of memory at 1 MiB, failing at 4 MiB),
+    all_to_all moves the wrong values, all_gather is not offered."""
+
+    def check(self, op, ranks):
+        if op == "all_to_all":
+            raise AssertionError(f"{op} over {ranks} devices moved the wrong values")
+        if op == "all_gather":
+            raise NotImplementedError("numpy has no all_gather")
+
+    def time_collective(self, op, nbytes, ranks, *, warmup, iters):
+        if nbytes == 1 << 20:
+            raise MemoryError("out of memory: 1 MiB")
+        if nbytes == 4 << 20:
+            raise RuntimeError("link down")
+        return [1.0 + i for i in range(iters)], "made up"
+
+    monkeypatch.setattr(NumpyRuntime, "device",
+                        lambda self: DeviceInfo(name="cpu", platform="cpu", count=8))
+    monkeypatch.setattr(NumpyRuntime, "check_collective", check)
+    monkeypatch.setattr(NumpyRuntime, "time_collective", time_collective)
+
+
+def test_comm_cases_take_the_runners_statuses_and_resume(tmp_path, host_collectives):
+    path = tmp_path / "comm_numpy.jsonl"
+    cases = collective_cases("numpy", comm.COMM_OPS, [4096, 1 << 20, 4 << 20], [2])
+    settings = Settings(warmup=1, iters=3, run_id="a", git_commit="t")
+    run_cases(cases, results.Writer(path), settings)
+    rows = results.read_rows([path])
+    status = {(r["op"], r["bytes"]): r["status"] for r in rows}
+    assert status == {
+        ("ppermute", 4096): "OK", ("ppermute", 1 << 20): "OOM", ("ppermute", 4 << 20): "ERROR",
+        **{("all_gather", n): "UNSUPPORTED" for n in (4096, 1 << 20, 4 << 20)},
+        **{("all_to_all", n): "MISMATCH" for n in (4096, 1 << 20, 4 << 20)}}
+    reasons = {(r["op"], r["bytes"]): r["reason"] for r in rows}
+    assert reasons[("ppermute", 4 << 20)] == "timing: RuntimeError: link down"
+    assert "moved the wrong values" in reasons[("all_to_all", 4096)]
+    assert all(list(r) == list(results.COMM_COLUMNS) for r in rows)
+    # Resume: only the ERROR row is measured again.
+    again = dataclasses.replace(settings, run_id="b")
+    run_cases(cases, results.Writer(path), again,
+              skip=results.done_keys([path], settled_only=True))
+    rerun = [r for r in results.read_rows([path]) if r["run_id"] == "b"]
+    assert [(r["op"], r["bytes"]) for r in rerun] == [("ppermute", 4 << 20)]
+
+
+def test_a_dead_comm_process_leaves_error_rows_for_what_it_did_not_write(tmp_path):
+    writer = results.Writer(tmp_path / "comm_torch.jsonl")
+    cases = collective_cases("torch", ["ppermute"], [4096, 65536], [2, 4])
+    assert fill_missing(cases, writer, Settings(), reason="torchrun exited with 1") == 4
+    rows = results.read_rows([writer.path])
+    assert {(r["ranks"], r["bytes"], r["status"]) for r in rows} == {
+        (ranks, n, "ERROR") for ranks in (2, 4) for n in (4096, 65536)}
+    assert fill_missing(cases, writer, Settings(), reason="again") == 0
 
 
 def test_torch_times_the_same_collectives_under_torchrun(tmp_path):

@@ -1,6 +1,7 @@
 """python -m lcab.experiments end to end: flags, presets, frameworks, resume."""
 
 import json
+import os
 import pathlib
 import re
 import signal
@@ -19,11 +20,18 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 PLUGIN = "--backend_modules=tests.fake_backends"
 
 
-def cli(*args, timeout=300):
+def cli(*args, timeout=300, cwd=ROOT):
+    # PYTHONPATH: the test plugin (tests.fake_backends) imports from any directory.
     return subprocess.run(
         [sys.executable, "-m", "lcab.experiments", "--noprogress", *args],
-        capture_output=True, text=True, cwd=ROOT, timeout=timeout,
+        capture_output=True, text=True, cwd=cwd, timeout=timeout,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
     )
+
+
+def cpu_preset(flag):
+    """A value of the CPU preset, as its flagfile writes it."""
+    return presets.read(presets.CPU_FLAGFILE)[flag]
 
 
 def test_size_and_heads_parsing():
@@ -63,7 +71,7 @@ def test_flagfile_sets_the_sweep_and_presets_fill_the_rest(tmp_path):
               "--seqlens=256", "--iters=1", f"--out={tmp_path}")
     assert run.returncode == 0, run.stderr
     frame = results.load(tmp_path)
-    assert list(dict.fromkeys(frame["mask"])) == presets.CPU["masks"]
+    assert list(dict.fromkeys(frame["mask"])) == cpu_preset("masks").split(",")
     assert set(frame["seqlen"]) == {256} and set(frame["heads_q"]) == {4}
     # One timed repeat on a busy CI host can leave fwd+bwd below fwd, which
     # the bwd row then reports instead of a time.
@@ -76,11 +84,35 @@ def test_flagfile_sets_the_sweep_and_presets_fill_the_rest(tmp_path):
 def test_no_flags_on_a_cpu_machine_means_the_cpu_preset(tmp_path):
     if presets.has_gpu():
         pytest.skip("this machine has a GPU: the default is the seed's sweep")
-    run = cli("--backends=numpy.reference", PLUGIN, f"--out={tmp_path}")
+    # From another directory: the preset flagfile is found from the package.
+    run = cli("--backends=numpy.reference", PLUGIN, f"--out={tmp_path / 'rows'}", cwd=tmp_path)
     assert run.returncode == 0, run.stderr
-    frame = results.load(tmp_path)
-    assert sorted(set(frame["seqlen"])) == [parse_seqlen(s) for s in presets.CPU["seqlens"]]
-    assert set(frame["dtype"]) == {"float32"} and set(frame["head_dim"]) == {64}
+    frame = results.load(tmp_path / "rows")
+    seqlens = [parse_seqlen(s) for s in cpu_preset("seqlens").split(",")]
+    assert sorted(set(frame["seqlen"])) == seqlens
+    assert set(frame["dtype"]) == {cpu_preset("dtype")} == {"float32"}
+    assert set(frame["head_dim"]) == {int(cpu_preset("head_dim"))} == {64}
+
+
+def test_presets_are_the_named_sweeps_flagfiles_includes_and_all():
+    assert presets.CPU_FLAGFILE.name == "cpu_smoke.flags"
+    assert presets.GPU_FLAGFILE.name == "seed_kernels.flags"
+    gpu = presets.read(presets.GPU_FLAGFILE)
+    # seed_kernels.flags sets the masks; its include, common.flags, the repeats.
+    assert gpu["masks"].split(",")[:2] == ["full", "causal"] and gpu["seqlens"].endswith("128k")
+    assert (gpu["heads"], gpu["dtype"], gpu["warmup"], gpu["iters"]) == ("64:8", "bfloat16", "3",
+                                                                        "10")
+    assert presets.current() == presets.read(presets.flagfile())
+
+
+def test_a_preset_flagfile_reads_like_absl(tmp_path):
+    (tmp_path / "base.flags").write_text("# shared\n--iters=10\n--heads=8:1\n")
+    (tmp_path / "top.flags").write_text(
+        f"--flagfile={tmp_path / 'base.flags'}\n--iters=3\n--noflush_l2\n// a comment\n")
+    assert presets.read(tmp_path / "top.flags") == {"iters": "3", "heads": "8:1",
+                                                    "flush_l2": "false"}
+    with pytest.raises(FileNotFoundError, match="give the sweep's settings as flags"):
+        presets.read(tmp_path / "missing.flags")
 
 
 @pytest.mark.parametrize(
@@ -98,6 +130,8 @@ def test_no_flags_on_a_cpu_machine_means_the_cpu_preset(tmp_path):
         ("--backend_options=jax.pallas_flex", "is not BACKEND:KEY=VALUE"),
         ("--backend_options=jax.cp_ring:dispatch=spiral", "is not one of contiguous, zigzag"),
         ("--backend_options=torch.cp_ulysses:inner=torch.magic", "choose one of torch.sdpa_math"),
+        ("--dispatch=spiral", "dispatch 'spiral' is not one of contiguous, zigzag"),
+        ("--dispatch=zigzag,balanced", "--dispatch takes one dispatch here"),
     ],
 )
 def test_bad_flags_fail_at_once_naming_the_choices(tmp_path, flag, message):
@@ -158,11 +192,11 @@ def test_the_cp_suite_runs_on_host_devices_without_a_gpu(tmp_path):
 
 
 def test_child_arguments_drop_the_parent_only_flags():
-    from lcab.experiments.__main__ import _without_flags
+    from lcab.experiments.launch import without_flags
 
     argv = ["--framework", "all", "--masks=causal", "--run_id=7", "--nosummary", "--isolate",
             "--framework=jax", "--summary=false", "--seqlens", "4k"]
-    kept = _without_flags(argv, valued=("framework", "run_id"), boolean=("summary",))
+    kept = without_flags(argv, valued=("framework", "run_id"), boolean=("summary",))
     assert kept == ["--masks=causal", "--isolate", "--seqlens", "4k"]
 
 
@@ -181,9 +215,9 @@ def test_a_dead_framework_process_leaves_error_rows(tmp_path):
 
 
 def test_backend_options_repeat_and_comma_separate():
-    from lcab.experiments.__main__ import _option_texts
+    from lcab.experiments.flags import option_texts
 
-    assert _option_texts(["a:x=1,a:y=2", " b:z=3 "]) == ["a:x=1", "a:y=2", "b:z=3"]
+    assert option_texts(["a:x=1,a:y=2", " b:z=3 "]) == ["a:x=1", "a:y=2", "b:z=3"]
 
 
 @pytest.mark.parametrize("flagfile", sorted(pathlib.Path("experiments").glob("*.flags")),
@@ -193,7 +227,7 @@ def test_every_named_sweep_parses(flagfile):
     # constructors check their values), so a stale flagfile fails here.
     from absl import flags
 
-    import lcab.experiments.__main__  # noqa: F401 - defines the flags
+    import lcab.experiments.flags  # noqa: F401 - defines the flags
 
     flags.FLAGS.unparse_flags()
     try:

@@ -1,7 +1,9 @@
-"""The CP performance model (lcab.model, python -m lcab.simulate): its
+"""The CP performance model (lcab.model, python -m lcab.model): its
 invariants, its calibration from committed rows, and its error against the
 measured CP rows."""
 
+import os
+import pathlib
 import subprocess
 import sys
 
@@ -19,6 +21,7 @@ from lcab.model import (NVLINK_H100, STRATEGIES, KernelCurve, Network, Shape,
                         network_from_comm, predict)
 from lcab.model.validation import error_summary, predicted_vs_measured
 
+ROOT = pathlib.Path(__file__).resolve().parent.parent
 MEASURED = "results/gpu/2026-11-26-h100x4-cp"
 SECOND_SESSION = "results/gpu/2026-11-26-h100x4-cp2"
 THIRD_SESSION = "results/gpu/2026-11-26-h100x4-cp3"
@@ -186,11 +189,16 @@ def test_the_model_against_the_measured_h100_rows():
     assert (torch.loc[("torch", 2)]["max |error| %"] > 100).all()
 
 
+def model_cli(*args, cwd=ROOT, timeout=300):
+    return subprocess.run([sys.executable, "-m", "lcab.model", *args], capture_output=True,
+                          text=True, timeout=timeout, cwd=cwd,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+
 def test_the_cli_prints_the_model_table_and_writes_its_files(tmp_path):
-    command = [sys.executable, "-m", "lcab.simulate", "--cp=1,2,16", "--masks=causal_document",
-               "--directions=fwd,bwd", "--dispatch=balanced,zigzag", f"--out={tmp_path}",
-               f"--validate_against={MEASURED}"]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    done = model_cli("--cp=1,2,16", "--masks=causal_document", "--directions=fwd,bwd",
+                     "--dispatch=balanced,zigzag", f"--out={tmp_path}",
+                     f"--validate_against={MEASURED}")
     assert done.returncode == 0, done.stderr[-3000:]
     assert "Model (not a measurement)" in done.stdout
     assert "| ring" in done.stdout and " X " in done.stdout  # Ulysses at cp 16
@@ -198,9 +206,31 @@ def test_the_cli_prints_the_model_table_and_writes_its_files(tmp_path):
     for name in ("predictions.csv", "predictions.md", "validation.csv",
                  "simulate_causal_document_fwd.png", "simulate_causal_document_bwd.png"):
         assert (tmp_path / name).stat().st_size > 0
-    bad = subprocess.run([sys.executable, "-m", "lcab.simulate", "--strategies=ring,magic"],
-                         capture_output=True, text=True, timeout=120)
+    bad = model_cli("--strategies=ring,magic", timeout=120)
     assert bad.returncode != 0 and "ring, allgather, ulysses, usp" in bad.stderr
+
+
+@pytest.mark.parametrize("flag, message", [
+    # The benchmark's workload flags, with the benchmark's checks.
+    ("--masks=diagonal", "unknown mask 'diagonal'; choose from full, causal"),
+    ("--dispatch=balanced,spiral", "dispatch 'spiral' is not one of contiguous, zigzag"),
+    ("--heads=64:7", "heads '64:7'"),
+    ("--dtype=int8", "dtype='int8' is not one of"),
+    ("--seqlen_per_gpu=8q", "seqlen '8q' is not a positive size"),
+    ("--kernel_results=nowhere", "--kernel_results: no results at nowhere"),
+])
+def test_bad_model_flags_fail_naming_the_choices_without_a_traceback(flag, message):
+    done = model_cli("--cp=2", "--masks=full", flag, timeout=120)  # the last --masks wins
+    assert done.returncode != 0 and message in done.stderr, done.stderr[-2000:]
+    assert "Traceback" not in done.stderr
+
+
+def test_the_cli_runs_from_any_directory_on_the_committed_rows(tmp_path):
+    done = model_cli("--cp=2", "--masks=full", "--strategies=ring", "--dtype=bf16",
+                     f"--out={tmp_path / 'out'}", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "Model (not a measurement): kernel jax.pallas_flex on NVIDIA H100" in done.stdout
+    assert (tmp_path / "out" / "predictions.csv").exists()
 
 
 def test_the_nvlink_flags_override_the_fitted_links(tmp_path):
@@ -208,9 +238,8 @@ def test_the_nvlink_flags_override_the_fitted_links(tmp_path):
 
     def allgather_ms(*flags):
         out = tmp_path / str(len(flags))
-        done = subprocess.run([sys.executable, "-m", "lcab.simulate", "--cp=2",
-                               "--masks=full", "--strategies=allgather", f"--out={out}", *flags],
-                              capture_output=True, text=True, timeout=300)
+        done = model_cli("--cp=2", "--masks=full", "--strategies=allgather", f"--out={out}",
+                         *flags)
         assert done.returncode == 0, done.stderr[-2000:]
         return pd.read_csv(out / "predictions.csv")["exposed_comm_ms"].iloc[0]
 

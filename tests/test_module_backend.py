@@ -11,8 +11,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jax_backends.attention_module import module_flops
-from jax_backends.module_backend import ModuleBackend
+from jax_backends.module.attention import module_flops
+from jax_backends.module.backend import ModuleBackend
 from lcab import registry, results
 from lcab.masks import make_mask, small_mask
 from lcab.workloads import Workload

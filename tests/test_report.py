@@ -223,7 +223,7 @@ def test_cli_writes_every_table_figure_and_the_index(tmp_path):
         (["--out", "OUT"], "--results must have a value"),
         (["--results", "nope.jsonl", "--out", "OUT"], "no such file or directory: nope.jsonl"),
         (["--results", f"{SAMPLE},missing2.jsonl", "--out", "OUT"], "missing2.jsonl"),
-        (["--results", str(SAMPLE)], "--out must have a value"),
+        (["--results", str(SAMPLE)], "--out must have a value (or give --summary"),
     ],
 )
 def test_cli_rejects_bad_flags(tmp_path, args, message):
@@ -231,6 +231,15 @@ def test_cli_rejects_bad_flags(tmp_path, args, message):
     assert result.returncode != 0
     assert message in result.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_cli_prints_the_short_summary_table(tmp_path):
+    result = _report("--results", str(SAMPLE), "--summary")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == short_table(results.load([SAMPLE]))
+    both = _report("--results", str(SAMPLE), "--summary", "--out", str(tmp_path))
+    assert both.returncode == 0 and "Legend:" in both.stdout
+    assert (tmp_path / "README.md").exists()
 
 
 def _cp_sample():
@@ -308,6 +317,24 @@ def test_cp_over_single_gpu_uses_each_strategys_own_inner_kernel():
     assert "native/torch.cp_native" not in table.columns  # names no inner kernel
 
 
+def test_the_inner_column_names_the_inner_kernel_and_its_options():
+    frame = _cp_sample().astype({"inner": object, "inner_options": object})
+    ring = frame["backend"] == "jax.cp_ring"
+    # A row with the columns: its notes need not name the inner kernel.
+    frame.loc[ring, "notes"] = "ring; dispatch=zigzag"
+    frame.loc[ring, "inner"] = "jax.pallas_flex"
+    frame.loc[ring, "inner_options"] = '{"fused_backward": "true"}'
+    variant = frame[frame["backend"] == "jax.pallas_flex"].assign(
+        options='{"fused_backward": "true"}', tflops=190.0)
+    table = tables.cp_vs_single_table(pd.concat([frame, variant], ignore_index=True))
+    cell = table.loc[("causal", 8192, "fwd", 2)]
+    assert cell["ring/jax.cp_ring"] == "380 / 190 = 2.00"  # the variant it ran inside
+    assert cell["allgather/jax.cp_allgather"] == "390 / 400 = 0.97"  # an older row: its notes
+    assert tables.inner_kernel({"inner": None, "notes": "x; inner torch.flex (y)"}) == "torch.flex"
+    assert tables.inner_kernel({"inner": "jax.xla", "notes": "inner jax.fa3"}) == "jax.xla"
+    assert tables.inner_kernel({"notes": "SDPA"}) is None
+
+
 def test_cp_over_single_gpu_compares_with_the_inner_kernel_the_cp_run_ran():
     frame = _cp_sample()
     flex = frame[frame["backend"] == "jax.pallas_flex"]
@@ -353,7 +380,7 @@ def test_the_report_writes_the_cp_comparisons(tmp_path):
 
 
 def test_the_readme_cp_targets_come_from_the_committed_h100_rows():
-    """README, issue #7's targets: the JAX ring at cp 2 over jax.pallas_flex
+    """README, the CP targets: the JAX ring at cp 2 over jax.pallas_flex
     on one GPU (4 x H100, three sessions, 2026-11-26), under the balanced
     and the ring_balanced dispatch."""
     frame = results.load([ROOT / "results/gpu/2026-11-26-h100x4-cp",
@@ -379,7 +406,7 @@ def test_the_readme_cp_targets_come_from_the_committed_h100_rows():
 
 
 def test_the_readme_ring_at_8k_per_gpu_comes_from_the_committed_2_gpu_rows():
-    """README, issue #7 at 8k tokens per GPU (2 x H100, 2026-11-26): the
+    """README, the ring at 8k tokens per GPU (2 x H100, 2026-11-26): the
     ring's merges in the kernels measured (v3), then the ring with
     jax.pallas_flex v4, each against the one-GPU kernel of the same call."""
     folder = ROOT / "results/gpu/2026-11-26-h100x2-cp4"

@@ -83,6 +83,37 @@ def test_failures_become_statuses_and_the_sweep_goes_on(tmp_path):
     assert "a_package_that_is_not_installed" in reasons[("numpy.missing", "fwd", "UNAVAILABLE")]
 
 
+class StrategyBackend(tests.fake_backends.ReferenceBackend):
+    """A stand-in CP strategy: the reference, declaring the kernel it runs inside."""
+
+    name = "numpy.strategy"
+    suite = "cp"
+    strategy = "ring"
+    options = {"block": str}
+
+    def __init__(self, block: str = "64"):
+        self.block = block
+
+    def inner(self):
+        return "numpy.reference", {"block": self.block}
+
+
+registry.register_backend(StrategyBackend.name, f"{__name__}:StrategyBackend", "cp")
+
+
+def test_rows_name_the_inner_kernel_in_columns(tmp_path):
+    settings = dataclasses.replace(SETTINGS, backend_options=(("numpy.strategy", "block", "32"),))
+    rows = run(tmp_path, [Case("numpy.strategy", workload("causal"), ("fwd",), "cp"),
+                          Case("numpy.reference", workload("causal"), ("fwd",))], settings)
+    strategy, kernel = rows
+    assert (strategy["inner"], strategy["inner_options"]) == ("numpy.reference", {"block": "32"})
+    assert strategy["strategy"] == "ring" and strategy["options"] == {"block": "32"}
+    assert kernel["inner"] is None and kernel["inner_options"] is None
+    frame = results.load([tmp_path / "rows.jsonl"])  # JSON text, as the options column
+    assert frame["inner_options"].iloc[0] == '{"block": "32"}'
+    assert frame["inner_options"].isna().iloc[1]
+
+
 def make_causal_only_case():
     return Workload(1, 300, 300, 2, 2, 8, "float32", make_mask("causal", 300))
 

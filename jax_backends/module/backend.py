@@ -58,41 +58,44 @@ class ModuleBackend(Backend):
         self._inner = registry.load_backend(self.inner_name, self.inner_options)
 
     @property
-    def inner(self) -> Backend:
+    def inner_backend(self) -> Backend:
         if self._inner is None:
             self.load_dependencies()
         return self._inner
 
+    def inner(self) -> tuple[str, dict[str, str]]:
+        return self.inner_name, dict(self.inner_options)
+
     # The probe, the timer and the row see the inner backend's shapes and limits.
-    layout = property(lambda self: self.inner.layout)
-    directions = property(lambda self: self.inner.directions)
-    dtypes = property(lambda self: self.inner.dtypes)
-    head_dims = property(lambda self: self.inner.head_dims)
-    gqa = property(lambda self: self.inner.gqa)
-    probe_seqlen = property(lambda self: self.inner.probe_seqlen)
-    cp_size = property(lambda self: self.inner.cp_size)
+    layout = property(lambda self: self.inner_backend.layout)
+    directions = property(lambda self: self.inner_backend.directions)
+    dtypes = property(lambda self: self.inner_backend.dtypes)
+    head_dims = property(lambda self: self.inner_backend.head_dims)
+    gqa = property(lambda self: self.inner_backend.gqa)
+    probe_seqlen = property(lambda self: self.inner_backend.probe_seqlen)
+    cp_size = property(lambda self: self.inner_backend.cp_size)
 
     @property
     def strategy(self) -> str:
         """The row's strategy column: a CP inner's strategy, else the inner
         kernel's name, so layers around different kernels stay apart."""
-        return self.inner.strategy or self.inner_name
+        return self.inner_backend.strategy or self.inner_name
 
     def width(self, workload: Workload) -> int:
         return self.d_model or workload.heads_q * workload.head_dim
 
     def mask_support(self, workload: Workload) -> Support:
-        inner = self.inner.supports(workload)
+        inner = self.inner_backend.supports(workload)
         if not inner.ok:
             return inner
         return Support.yes(f"module d_model {self.width(workload)}: projections around "
                            f"inner {self.inner_name} ({inner.how})", inner.directions)
 
     def case_notes(self, workload: Workload) -> str:
-        return self.inner.case_notes(workload)
+        return self.inner_backend.case_notes(workload)
 
     def probe_heads_kv(self, workload: Workload) -> int:
-        return self.inner.probe_heads_kv(workload)
+        return self.inner_backend.probe_heads_kv(workload)
 
     def flops(self, workload: Workload, direction: str) -> int:
         return module_flops(workload.batch, workload.seqlen_q, self.width(workload),
@@ -100,7 +103,7 @@ class ModuleBackend(Backend):
                             workload.mask, direction).total
 
     def build(self, workload: Workload):
-        return ModuleFunction(self, workload, self.inner.build(workload))
+        return ModuleFunction(self, workload, self.inner_backend.build(workload))
 
 
 class ModuleFunction:

@@ -1,39 +1,22 @@
-"""What `python -m lcab.experiments` runs when a setting is not given.
+"""What `python -m lcab.experiments` runs when a setting is not given: a
+named sweep's flagfile, the only place its values are written.
 
-Without a GPU: a small CPU sweep that finishes in about two minutes (2 cores). With one:
-the seed blog's kernel sweep (six masks, 4k..128k, 64:8 heads, d=128, bf16,
-chatqa2 document lengths). A flag given on the command line or in a
-flagfile always wins over the preset.
+Without a GPU it is experiments/cpu_smoke.flags (a two-minute CPU sweep);
+with one, experiments/seed_kernels.flags (the seed blog's kernel sweep). A
+flag given on the command line or in a --flagfile always wins. The files are
+found from this package's location, so any working directory will do.
 """
 
+from __future__ import annotations
+
+import pathlib
 import shutil
 
-CPU = {
-    "masks": ["full", "causal", "causal_document", "sliding_window_causal"],
-    "seqlens": ["256", "512", "1024"],
-    "heads": "4:2",
-    "head_dim": 64,
-    "dtype": "float32",
-    "warmup": 1,
-    "iters": 3,
-    "window": 128,
-    "doc_distribution": "pile",
-}
-
-GPU = {
-    "masks": [
-        "full", "causal", "full_document", "causal_document",
-        "sliding_window_causal", "block_causal_document",
-    ],
-    "seqlens": ["4k", "8k", "16k", "32k", "64k", "128k"],
-    "heads": "64:8",
-    "head_dim": 128,
-    "dtype": "bfloat16",
-    "warmup": 3,
-    "iters": 10,
-    "window": 1024,
-    "doc_distribution": "chatqa2_long_sft",
-}
+# The repository root: experiments/ lives there, and the flagfiles name
+# their includes relative to it (--flagfile=experiments/common.flags).
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+CPU_FLAGFILE = ROOT / "experiments" / "cpu_smoke.flags"
+GPU_FLAGFILE = ROOT / "experiments" / "seed_kernels.flags"
 
 
 def has_gpu() -> bool:
@@ -41,5 +24,43 @@ def has_gpu() -> bool:
     return shutil.which("nvidia-smi") is not None
 
 
-def current() -> dict:
-    return GPU if has_gpu() else CPU
+def flagfile() -> pathlib.Path:
+    """The preset flagfile of this machine."""
+    return GPU_FLAGFILE if has_gpu() else CPU_FLAGFILE
+
+
+def read(path: pathlib.Path, _including: tuple[pathlib.Path, ...] = ()) -> dict[str, str]:
+    """flag name -> value text of a flagfile, its --flagfile includes read in
+    place (a later line wins, as in absl). `--name` reads as "true" and
+    `--noname` as name -> "false", absl's spelling of boolean flags."""
+    path = pathlib.Path(path)
+    if not path.is_absolute():
+        path = ROOT / path
+    if path in _including:
+        raise ValueError(f"{path} includes itself")
+    if not path.exists():
+        raise FileNotFoundError(
+            f"no preset flagfile at {path} (is lcab installed without its experiments/ "
+            "directory?); give the sweep's settings as flags or with --flagfile")
+    values: dict[str, str] = {}
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        line = line.strip()
+        if not line or line.startswith(("#", "//")):
+            continue
+        if not line.startswith("--"):
+            raise ValueError(f"{path}:{number}: {line!r} is not a --flag")
+        name, equals, text = line[2:].partition("=")
+        if name == "flagfile":
+            values.update(read(pathlib.Path(text), (*_including, path)))
+        elif equals:
+            values[name] = text
+        elif name.startswith("no"):
+            values[name[2:]] = "false"
+        else:
+            values[name] = "true"
+    return values
+
+
+def current() -> dict[str, str]:
+    """The preset of this machine: flag name -> value text."""
+    return read(flagfile())

@@ -72,7 +72,7 @@ def predicted_vs_measured(rows, network: Network) -> pd.DataFrame:
         if not cp_row and not default_options(row.get("options")):
             continue  # a kernel variant (an option set): the curve is the default kernel's
         strategy = row.get("strategy") if cp_row else "ring"
-        backend = inner_kernel(row.get("notes")) if cp_row else row["backend"]
+        backend = inner_kernel(row) if cp_row else row["backend"]
         if strategy not in STRATEGIES or not backend:
             continue
         kernel = curve(backend, row, None if cp_row else row)

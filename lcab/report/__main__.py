@@ -1,8 +1,13 @@
 """python -m lcab.report --results PATH[,PATH...] --out DIR: tables and figures.
 
+    python -m lcab.report --results PATH --summary   # the short table, printed
+
 --results takes result JSONL files or directories (searched for *.jsonl);
 repeat the flag or separate paths with commas. Reruns and merged files are
-reduced to the newest row of each measurement. DIR receives:
+reduced to the newest row of each measurement. --summary prints the short
+summary table (the one `python -m lcab.experiments` prints at the end of a
+run: TFLOP/s fwd / bwd per backend, per-GPU for CP; bus bandwidth for comm
+rows). DIR receives:
 
   kernel_fwd.md, kernel_bwd.md    kernel TFLOP/s, one file per direction
   kernel_fwd.csv, kernel_bwd.csv  the same tables, one "setting" column first
@@ -35,6 +40,7 @@ from absl import app, flags
 
 from lcab import results
 from lcab.report import figures, tables
+from lcab.report.summary import summary_text
 from lcab.status import LEGEND
 
 _RESULTS = flags.DEFINE_multi_string(
@@ -44,7 +50,18 @@ _RESULTS = flags.DEFINE_multi_string(
 _OUT = flags.DEFINE_string(
     "out", None, "Directory to write the tables, figures and README.md into."
 )
-flags.mark_flags_as_required(["results", "out"])
+_SUMMARY = flags.DEFINE_bool(
+    "summary", False, "Print the short summary table of the rows (with or without --out)."
+)
+flags.mark_flags_as_required(["results"])
+
+
+@flags.multi_flags_validator(["out", "summary"])
+def _something_to_do(values) -> bool:
+    if values["out"] is None and not values["summary"]:
+        raise flags.ValidationError(
+            "--out must have a value (or give --summary to print the short table)")
+    return True
 
 
 def split_paths(values: list[str] | None) -> list[str]:
@@ -226,8 +243,12 @@ def write_report(paths: list[str], out: pathlib.Path) -> list[pathlib.Path]:
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    for path in write_report(split_paths(_RESULTS.value), pathlib.Path(_OUT.value)):
-        print(path)
+    paths = split_paths(_RESULTS.value)
+    if _SUMMARY.value:
+        print(summary_text(paths))
+    if _OUT.value is not None:
+        for path in write_report(paths, pathlib.Path(_OUT.value)):
+            print(path)
 
 
 if __name__ == "__main__":

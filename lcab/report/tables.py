@@ -3,8 +3,9 @@
 Every table is a DataFrame of strings, ready for markdown or CSV: an OK row
 shows its TFLOP/s rounded to an integer (two significant digits below 10),
 any other row the short code of its status (`lcab.status.CODES`), and a
-combination that was never measured an empty string. Each table function first keeps only the newest row of each
-measurement (`latest`) and expects one setting group (`setting_groups`):
+combination that was never measured an empty string. Each table function
+first keeps only the newest row of each measurement (`latest`) and expects
+one setting group (`setting_groups`):
 numbers from different shapes, dtypes or devices never share a table.
 """
 
@@ -13,7 +14,7 @@ from __future__ import annotations
 import json
 import re
 import warnings
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 import pandas as pd
 
@@ -337,22 +338,40 @@ def cp_table(frame: pd.DataFrame, suite: str = "cp") -> pd.DataFrame:
     return cell_table(rows, CP_INDEX, "line", line_order(rows), sorted_index(rows, CP_INDEX))
 
 
-def inner_kernel(notes: str) -> str | None:
-    """The inner kernel a CP row names in its notes ("... inner NAME ..."),
-    when it is a registered backend name."""
-    found = re.search(r"\binner ((?:jax|torch)\.\w+)", notes if isinstance(notes, str) else "")
+# How rows written before the `inner` column name their inner kernel.
+_INNER_IN_NOTES = re.compile(r"\binner ((?:jax|torch)\.\w+)")
+
+
+def inner_kernel(row: Mapping) -> str | None:
+    """The kernel a CP row runs inside: its `inner` column; for rows written
+    before that column, the registered name its notes give ("inner NAME")."""
+    inner = row.get("inner")
+    if isinstance(inner, str) and inner:
+        return inner
+    notes = row.get("notes")
+    found = _INNER_IN_NOTES.search(notes if isinstance(notes, str) else "")
     return found.group(1) if found else None
 
 
-def _inner_baseline(singles: Sequence[tuple[dict, float]], cp_options: dict) -> float | None:
+def inner_options(row: Mapping) -> dict:
+    """The options a CP row ran its inner kernel with: its `inner_options`
+    column; for rows written before it, the row's own options (a strategy
+    hands its kernel options through)."""
+    inner = row.get("inner")
+    if isinstance(inner, str) and inner:
+        return _options(row.get("inner_options"))
+    return _options(row.get("options"))
+
+
+def _inner_baseline(singles: Sequence[tuple[dict, float]], ran_with: dict) -> float | None:
     """The single-GPU TFLOP/s a CP row is compared with: its inner kernel run
-    with options the CP row also set (a strategy hands its inner kernel's
-    options through; a kernel row with an option the CP run lacked, e.g.
-    fused_backward=true, measured a different kernel). Where several match,
-    the one that set the most options, then the newest."""
+    with options the CP row's inner kernel also ran with (inner_options; a
+    kernel row with an option the CP run lacked, e.g. fused_backward=true,
+    measured a different kernel). Where several match, the one that set the
+    most options, then the newest."""
     best, best_size = None, -1
     for options, tflops in singles:  # oldest first: a tie goes to the newer
-        if options.items() <= cp_options.items() and len(options) >= best_size:
+        if options.items() <= ran_with.items() and len(options) >= best_size:
             best, best_size = float(tflops), len(options)
     return best
 
@@ -375,8 +394,8 @@ def cp_vs_single_table(frame: pd.DataFrame) -> pd.DataFrame:
         single_setting(cp, "cp_vs_single_table")
     records = {}
     for _, row in cp.iterrows():
-        key = (inner_kernel(row["notes"]), row["workload_key"], row["direction"], row["device"])
-        baseline = _inner_baseline(singles.get(key, ()), _options(row.get("options")))
+        key = (inner_kernel(row), row["workload_key"], row["direction"], row["device"])
+        baseline = _inner_baseline(singles.get(key, ()), inner_options(row))
         if baseline is not None:
             records[tuple(row[c] for c in CP_INDEX), row["line"]] = (
                 f"{row['tflops']:.0f} / {baseline:.0f} = {row['tflops'] / baseline:.2f}")
@@ -402,7 +421,7 @@ def cp_beside_single_table(frame: pd.DataFrame, framework: str) -> pd.DataFrame:
     if cp.empty:
         return pd.DataFrame()
     single_setting(cp, "cp_beside_single_table")
-    inners = sorted({name for name in map(inner_kernel, cp["notes"]) if name})
+    inners = sorted({name for _, row in cp.iterrows() if (name := inner_kernel(row))})
     kernel = suite_rows(frame, "kernel")
     kernel = kernel[kernel["backend"].isin(inners)
                     & kernel["workload_key"].isin(set(cp["workload_key"]))

@@ -1,6 +1,6 @@
-"""python -m lcab.simulate: predicted CP scaling beyond the GPUs we have.
+"""python -m lcab.model: predicted CP scaling beyond the GPUs we have.
 
-    python -m lcab.simulate --strategies=ring,allgather,ulysses,usp \\
+    python -m lcab.model --strategies=ring,allgather,ulysses,usp \\
         --cp=8,16,32,64,96 --masks=causal_document,full --seqlen_per_gpu=8k --out=out/sim
 
 Prints, per mask, dispatch and direction, the predicted per-GPU TFLOP/s of
@@ -12,6 +12,13 @@ from comm rows (--comm_results) inside a node and from --inter_* between
 nodes. --validate_against=RESULTS also prints the model against every
 measured CP row there and against MagiAttention's published figures. The
 output is a model, not a measurement: label it so wherever it is shown.
+
+The workload flags (--masks, --heads, --head_dim, --dtype, --directions,
+--doc_distribution, --mask_seed, --dispatch) are the benchmark's
+(lcab.experiments.workload_flags); here they default to causal_document and
+full, 64:8 heads, d=128, bf16, chatqa2 documents, the forward, the balanced
+dispatch. The default --kernel_results and --comm_results are the committed
+rows of this checkout's results/, found wherever it runs from.
 """
 
 from __future__ import annotations
@@ -25,43 +32,45 @@ from absl import app, flags
 
 from lcab import results
 from lcab.comm import AlphaBeta
-from lcab.cp import DISPATCH_NAMES
+from lcab.experiments import workload_flags as workload
 from lcab.experiments.sweep import parse_heads, parse_seqlen
-from lcab.flops import TIMED_DIRECTIONS
 from lcab.masks import canonical_name, make_mask, taken_params
-from lcab.masks.doc_lengths import DISTRIBUTIONS
 from lcab.model import (HBM_H100, INFINIBAND_NDR, STRATEGIES, KernelCurve, Shape,
                         network_from_comm, predict)
 from lcab.model.validation import against_published, error_summary, predicted_vs_measured
 from lcab.report.tables import to_markdown
+from lcab.workloads import canonical_dtype
 
-# The 4 x H100 sessions: the comm rows are in the first, kernel and CP rows in all three.
-_MEASURED = ["results/gpu/2026-11-26-h100x4-cp", "results/gpu/2026-11-26-h100x4-cp2",
-             "results/gpu/2026-11-26-h100x4-cp3"]
+# The model's own defaults for the shared workload flags (the benchmark
+# takes its defaults from a preset flagfile instead). Set here, where the
+# flags are parsed, so --help shows them.
+_WORKLOAD_DEFAULTS = {
+    "masks": "causal_document,full", "directions": "fwd", "heads": "64:8", "head_dim": "128",
+    "dtype": "bfloat16", "doc_distribution": "chatqa2_long_sft", "dispatch": "balanced",
+}
+for name, text in _WORKLOAD_DEFAULTS.items():
+    flags.FLAGS.set_default(name, text)
+
+# The committed 4 x H100 sessions: the comm rows are in the first, kernel and
+# CP rows in all three. Found from this file, so any working directory will do.
+_GPU_RESULTS = pathlib.Path(__file__).resolve().parents[2] / "results" / "gpu"
+_MEASURED = [str(_GPU_RESULTS / name) for name in (
+    "2026-11-26-h100x4-cp", "2026-11-26-h100x4-cp2", "2026-11-26-h100x4-cp3")]
 
 _STRATEGIES = flags.DEFINE_list("strategies", list(STRATEGIES),
                                 f"CP strategies: {', '.join(STRATEGIES)}.")
 _CP = flags.DEFINE_list("cp", ["1", "2", "4", "8", "16", "32", "64", "96"], "GPU counts.")
-_MASKS = flags.DEFINE_list("masks", ["causal_document", "full"], "Mask families.")
 _SEQLEN_PER_GPU = flags.DEFINE_string("seqlen_per_gpu", "8k", "Tokens per GPU, e.g. 8k.")
-_DISPATCHES = flags.DEFINE_list("dispatch", ["balanced"],
-                                f"Dispatches: {', '.join(DISPATCH_NAMES)}.")
-_DIRECTIONS = flags.DEFINE_list("directions", ["fwd"], "fwd, bwd.")
-_HEADS = flags.DEFINE_string("heads", "64:8", "Query:KV heads.")
-_HEAD_DIM = flags.DEFINE_integer("head_dim", 128, "Head dimension.", lower_bound=1)
-_DTYPE = flags.DEFINE_enum("dtype", "bfloat16", ["bfloat16", "float16", "float32"], "dtype.")
-_DOC_DISTRIBUTION = flags.DEFINE_enum("doc_distribution", "chatqa2_long_sft",
-                                      list(DISTRIBUTIONS), "Document lengths.")
-_MASK_SEED = flags.DEFINE_integer("mask_seed", 0, "Seed of random mask parameters.")
 _KERNEL = flags.DEFINE_string("kernel", "jax.pallas_flex",
                               "The backend whose measured speed the ranks' calls run at.")
 _KERNEL_RESULTS = flags.DEFINE_list(
-    "kernel_results", [*_MEASURED, "results/gpu/2026-11-26-h100-seed-kernels"],
-    "Result files or directories holding --kernel's kernel rows.")
+    "kernel_results", [*_MEASURED, str(_GPU_RESULTS / "2026-11-26-h100-seed-kernels")],
+    "Result files or directories holding --kernel's kernel rows (default: the committed rows).")
 _DEVICE = flags.DEFINE_string("device", None, "Device of the kernel rows (default: the one "
                               "with most rows of --kernel).")
-_COMM_RESULTS = flags.DEFINE_list("comm_results", _MEASURED[:1],
-                                  "Comm-suite rows the intra-node links are fitted to.")
+_COMM_RESULTS = flags.DEFINE_list(
+    "comm_results", _MEASURED[:1],
+    "Comm-suite rows the intra-node links are fitted to (default: the committed rows).")
 _GPUS_PER_NODE = flags.DEFINE_integer("gpus_per_node", 8, "GPUs joined by NVLink.",
                                       lower_bound=1)
 _INTER_ALPHA_US = flags.DEFINE_float("inter_alpha_us", INFINIBAND_NDR.alpha_s * 1e6,
@@ -93,19 +102,6 @@ def _check_list(name, values, choices):
     return True
 
 
-flags.register_validator("strategies", lambda v: _check_list("strategies", v, STRATEGIES))
-flags.register_validator("dispatch", lambda v: _check_list("dispatch", v, DISPATCH_NAMES))
-flags.register_validator("directions",
-                         lambda v: _check_list("directions", v, TIMED_DIRECTIONS))
-
-
-def _check_masks(values):
-    try:
-        return all(canonical_name(name) for name in values)
-    except ValueError as exc:
-        raise flags.ValidationError(str(exc)) from exc
-
-
 def _check_cp(values):
     bad = [v for v in values if not v.isdigit() or int(v) < 1]
     if bad:
@@ -113,23 +109,25 @@ def _check_cp(values):
     return True
 
 
-flags.register_validator("masks", _check_masks)
+flags.register_validator("strategies", lambda v: _check_list("strategies", v, STRATEGIES))
 flags.register_validator("cp", _check_cp)
+workload.validate_each(_SEQLEN_PER_GPU, parse_seqlen)
 
 
 def _mask_params(name: str) -> dict:
     """The document-length histogram, for the families that take one."""
-    return taken_params(name, distribution=_DOC_DISTRIBUTION.value)
+    return taken_params(name, distribution=workload.DOC_DISTRIBUTION.value)
 
 
 def _predictions(curve, network, shape, seqlen_per_gpu) -> pd.DataFrame:
     records = []
-    for mask_name in map(canonical_name, _MASKS.value):
+    for mask_name in map(canonical_name, workload.MASKS.value):
         params = _mask_params(mask_name)
         for cp in (int(c) for c in _CP.value):
-            mask = make_mask(mask_name, seqlen_per_gpu * cp, seed=_MASK_SEED.value, **params)
-            for dispatch in _DISPATCHES.value:
-                for direction in _DIRECTIONS.value:
+            mask = make_mask(mask_name, seqlen_per_gpu * cp, seed=workload.MASK_SEED.value,
+                             **params)
+            for dispatch in workload.DISPATCH.value:
+                for direction in workload.DIRECTIONS.value:
                     for strategy in _STRATEGIES.value:
                         found = predict(strategy, mask, cp, shape, curve, network,
                                         dispatch=dispatch, direction=direction,
@@ -185,7 +183,7 @@ def _figures(frame: pd.DataFrame, out: pathlib.Path) -> list[pathlib.Path]:
             axis.set_title(title, fontsize=10)
             axis.grid(alpha=0.3)
         speed.legend(fontsize=8)
-        fig.suptitle(f"{mask}, {direction}: predicted by lcab.simulate (a model)")
+        fig.suptitle(f"{mask}, {direction}: predicted by lcab.model (a model)")
         path = out / f"simulate_{mask}_{direction}.png"
         fig.savefig(path, dpi=110, bbox_inches="tight")
         plt.close(fig)
@@ -204,29 +202,38 @@ def _with_nvlink(network):
     return dataclasses.replace(network, intra=intra)
 
 
+def _read(paths: flags.FlagHolder) -> list[dict]:
+    """The rows of a results flag's files; a missing one is a usage error."""
+    try:
+        return results.read_rows(paths.value or [])
+    except FileNotFoundError as exc:
+        raise app.UsageError(f"--{paths.name}: {exc} (the committed rows are in the "
+                             "repository's results/; pass the files to use)") from exc
+
+
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    heads_q, heads_kv = parse_heads(_HEADS.value)
-    shape = Shape(heads_q, heads_kv, _HEAD_DIM.value, _DTYPE.value)
-    kernel_rows = results.newest_rows(results.read_rows(_KERNEL_RESULTS.value))
+    heads_q, heads_kv = parse_heads(workload.HEADS.value)
+    head_dim, dtype = workload.HEAD_DIM.value, canonical_dtype(workload.DTYPE.value)
+    shape = Shape(heads_q, heads_kv, head_dim, dtype)
+    kernel_rows = results.newest_rows(_read(_KERNEL_RESULTS))
     try:
         curve = KernelCurve.from_rows(kernel_rows, _KERNEL.value, _DEVICE.value,
-                                      head_dim=_HEAD_DIM.value, dtype=_DTYPE.value)
+                                      head_dim=head_dim, dtype=dtype)
     except ValueError as exc:
         raise app.UsageError(f"--kernel={_KERNEL.value}: {exc} in "
                              f"{', '.join(_KERNEL_RESULTS.value)}") from exc
     inter = AlphaBeta(_INTER_ALPHA_US.value * 1e-6, _INTER_GBPS.value * 1e9)
     network = _with_nvlink(network_from_comm(
-        results.read_rows(_COMM_RESULTS.value) if _COMM_RESULTS.value else [],
-        gpus_per_node=_GPUS_PER_NODE.value, inter=inter))
+        _read(_COMM_RESULTS), gpus_per_node=_GPUS_PER_NODE.value, inter=inter))
     frame = _predictions(curve, network, shape, parse_seqlen(_SEQLEN_PER_GPU.value))
     print(f"Model (not a measurement): kernel {curve.backend} on {curve.device}; "
           f"{_GPUS_PER_NODE.value} GPUs per node; cells: per-GPU TFLOP/s "
           "(compute / imbalance / exposed comm, ms)\n")
     print(to_markdown(_wide(frame)))
     if _VALIDATE.value:
-        measured = results.newest_rows(results.read_rows(_VALIDATE.value))
+        measured = results.newest_rows(_read(_VALIDATE))
         checked = predicted_vs_measured(measured, network_from_comm(
             measured, gpus_per_node=_GPUS_PER_NODE.value, inter=inter))
         print("\nModel against measured rows (a cp 1 row is left out of its own curve):\n")

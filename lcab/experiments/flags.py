@@ -1,0 +1,169 @@
+"""The flags of `python -m lcab.experiments`, and their validators: a bad
+value fails at parse time, naming the valid choices, before anything runs.
+
+The workload flags (--masks, --heads, --head_dim, --dtype, --directions,
+--doc_distribution, --mask_seed, --dispatch) are defined in
+lcab.experiments.workload_flags, shared with `python -m lcab.model`. Flags
+are read only in main (lcab/experiments/__main__.py).
+"""
+
+from __future__ import annotations
+
+from absl import flags
+
+from lcab import comm, processes, registry
+from lcab.experiments import workload_flags
+from lcab.experiments.sweep import parse_seqlen
+from lcab.experiments.workload_flags import (  # noqa: F401 - the shared workload flags
+    DIRECTIONS, DISPATCH, DOC_DISTRIBUTION, DTYPE, HEAD_DIM, HEADS, MASK_SEED, MASKS)
+from lcab.results import COMM_SUITE
+from lcab.runner import import_plugins
+
+FRAMEWORKS = ("jax", "torch")
+
+FRAMEWORK = flags.DEFINE_enum(
+    "framework", "all", [*FRAMEWORKS, "all"],
+    "Which framework's backends to run; 'all' runs each in its own process.")
+SUITE = flags.DEFINE_enum(
+    "suite", "kernel", [*registry.SUITES, COMM_SUITE],
+    "Kernel or CP suite of attention backends, or comm: the CP strategies' collectives.")
+BACKENDS = flags.DEFINE_list(
+    "backends", None, "Full backend names (e.g. jax.xla,torch.sdpa_math); default: all of "
+    "the suite and framework.")
+SEQLENS = flags.DEFINE_list("seqlens", None, "Sequence lengths, e.g. 4k,8k,128k,1m.")
+BATCH = flags.DEFINE_integer("batch", 1, "Batch size.", lower_bound=1)
+WARMUP = flags.DEFINE_integer("warmup", None, "Untimed calls before timing.", lower_bound=0)
+ITERS = flags.DEFINE_integer("iters", None, "Timed repeats.", lower_bound=1)
+OUT = flags.DEFINE_string("out", "out", "Directory for the run's JSONL rows.")
+RESUME = flags.DEFINE_bool(
+    "resume", False,
+    "Skip rows already in the output files (ERROR and UNAVAILABLE rows are measured again).")
+ISOLATE = flags.DEFINE_bool(
+    "isolate", False, "Run each case in a child process (a crash loses one case).")
+ISOLATE_TIMEOUT = flags.DEFINE_float(
+    "isolate_timeout", 1800.0, "With --isolate, kill a case running longer (seconds).",
+    lower_bound=1.0)
+WINDOW = flags.DEFINE_integer("window", None, "Window for sliding-window masks.", lower_bound=0)
+SEED = flags.DEFINE_integer("seed", 0, "Seed of the random inputs.")
+FLUSH_L2 = flags.DEFINE_bool("flush_l2", True, "Rewrite 256 MiB between repeats on GPU.")
+BACKEND_MODULES = flags.DEFINE_list(
+    "backend_modules", [], "Extra modules to import that register backends (plugins).")
+GIT_COMMIT = flags.DEFINE_string(
+    "git_commit", None, "Commit to record when the tree is not a git checkout.")
+BACKEND_OPTIONS = flags.DEFINE_multi_string(
+    "backend_options", [],
+    "Constructor options of a backend, BACKEND:KEY=VALUE (repeat or comma-separate), e.g. "
+    "jax.pallas_flex:block_k=128. Each backend lists its options in the error of a bad one.")
+CP_SIZE = flags.DEFINE_integer(
+    "cp_size", None, "Context-parallel size of every --suite=cp backend, and of jax.module's CP "
+    "inner strategy (default 2).", lower_bound=1)
+GOLDEN_DIR = flags.DEFINE_string(
+    "golden_dir", None,
+    "Keep golden data here: the first run of a workload saves its inputs, outputs and "
+    "gradients (orbax); later runs, of either framework, run on those inputs and are compared "
+    "with them (golden_err column).")
+PROFILE_DIR = flags.DEFINE_string(
+    "profile_dir", None,
+    "After timing each case, run it once more under the framework's profiler and write the "
+    "trace here (one folder per case); python -m lcab.trace_overlap reads how much "
+    "communication the compute hid.")
+JAX_COORDINATOR = flags.DEFINE_string(
+    "jax_coordinator", None, "Multi-process JAX: the coordinator's host:port (process 0's).")
+JAX_NUM_PROCESSES = flags.DEFINE_integer(
+    "jax_num_processes", None, "Multi-process JAX: how many processes.", lower_bound=1)
+JAX_PROCESS_ID = flags.DEFINE_integer(
+    "jax_process_id", None, "Multi-process JAX: this process's index.", lower_bound=0)
+JAX_DISTRIBUTED_AUTO = flags.DEFINE_bool(
+    "jax_distributed_auto", False,
+    "Multi-process JAX with jax.distributed's own detection (SLURM, Open MPI).")
+PROGRESS = flags.DEFINE_bool("progress", True, "Show a progress bar.")
+SUMMARY = flags.DEFINE_bool("summary", True, "Print the comparison table at the end.")
+RUN_ID = flags.DEFINE_string("run_id", None, "Identifier written into every row.")
+COMM_OPS = flags.DEFINE_list(
+    "comm_ops", list(comm.COMM_OPS),
+    f"--suite=comm: collectives to time ({', '.join(comm.COMM_OPS)}).")
+COMM_SIZES = flags.DEFINE_list(
+    "comm_sizes", ["4k", "64k", "1m", "4m", "16m", "64m", "256m"],
+    "--suite=comm: bytes per rank (nccl-tests' sizes: all_gather's is its output).")
+COMM_RANKS = flags.DEFINE_list(
+    "comm_ranks", ["2"], "--suite=comm: device counts to time each collective over.")
+
+
+def parse_ranks(text: str) -> int:
+    if not text.isdigit() or int(text) < 2:
+        raise ValueError(f"--comm_ranks {text!r} is not a device count of 2 or more")
+    return int(text)
+
+
+def option_texts(values) -> list[str]:
+    """Every BACKEND:KEY=VALUE of repeated and comma-separated flags."""
+    return [t.strip() for value in values or [] for t in value.split(",") if t.strip()]
+
+
+def parse_backend_option(text: str) -> tuple[str, str, str]:
+    """"BACKEND:KEY=VALUE" -> (backend, key, value), checked against the
+    backend's declared options where its class imports here."""
+    name, _, assignment = text.partition(":")
+    key, equals, value = assignment.partition("=")
+    if not (name and key and equals):
+        raise ValueError(f"--backend_options {text!r} is not BACKEND:KEY=VALUE")
+    registry.check_backend_name(name)
+    try:
+        cls = registry.all_backends()[name].load()
+    except Exception:  # noqa: BLE001 - its rows will say UNAVAILABLE; nothing to check here
+        return name, key, value
+    # Constructing checks the values too (a dispatch or inner kernel that
+    # does not exist), so a bad option fails here, not as UNAVAILABLE rows.
+    options = cls.parse_options({key: value})
+    try:
+        cls(**options)
+    except ValueError:
+        raise
+    except Exception:  # noqa: BLE001 - cannot start here; its rows will say why
+        pass
+    return name, key, value
+
+
+workload_flags.validate_each(SEQLENS, parse_seqlen)
+workload_flags.validate_each(COMM_OPS, comm.check_op)
+workload_flags.validate_each(COMM_SIZES, comm.parse_bytes)
+workload_flags.validate_each(COMM_RANKS, parse_ranks)
+flags.register_validator(
+    DISPATCH.name, lambda value: value is None or len(value) == 1,
+    "--dispatch takes one dispatch here (the model, python -m lcab.model, takes several)")
+
+
+@flags.multi_flags_validator([BACKENDS.name, BACKEND_MODULES.name])
+def _check_backends(values):
+    try:
+        import_plugins(values["backend_modules"] or [])
+    except ImportError as exc:
+        raise flags.ValidationError(f"--backend_modules: {exc}") from exc
+    for name in values["backends"] or []:
+        try:
+            registry.check_backend_name(name)
+        except ValueError as exc:
+            raise flags.ValidationError(str(exc)) from exc
+    return True
+
+
+@flags.multi_flags_validator([BACKEND_OPTIONS.name, BACKEND_MODULES.name])
+def _check_backend_options(values):
+    try:
+        import_plugins(values["backend_modules"] or [])
+        for text in option_texts(values["backend_options"]):
+            parse_backend_option(text)
+    except (ImportError, ValueError) as exc:
+        raise flags.ValidationError(str(exc)) from exc
+    return True
+
+
+@flags.multi_flags_validator([JAX_COORDINATOR.name, JAX_NUM_PROCESSES.name, JAX_PROCESS_ID.name,
+                              JAX_DISTRIBUTED_AUTO.name])
+def _check_jax_processes(values):
+    try:
+        processes.jax_setting(values["jax_coordinator"], values["jax_num_processes"],
+                              values["jax_process_id"], values["jax_distributed_auto"])
+    except ValueError as exc:
+        raise flags.ValidationError(str(exc)) from exc
+    return True

@@ -1,0 +1,70 @@
+"""The workload flags, defined once for every CLI that describes attention
+workloads: the benchmark (`python -m lcab.experiments`) and the CP model
+(`python -m lcab.model`).
+
+A None default means "not given": the benchmark then takes the preset
+flagfile's value (lcab.experiments.presets), the model its own defaults
+(FLAGS.set_default in lcab/model/__main__.py). Bad values fail at parse time
+with a message naming the valid choices.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from absl import flags
+
+from lcab.cp import DISPATCH_NAMES
+from lcab.experiments.sweep import parse_heads
+from lcab.flops import TIMED_DIRECTIONS
+from lcab.masks import MASK_NAMES, canonical_name
+from lcab.masks.doc_lengths import DISTRIBUTIONS
+from lcab.workloads import DTYPES, canonical_dtype
+
+MASKS = flags.DEFINE_list("masks", None, f"Mask families: {', '.join(MASK_NAMES)}.")
+HEADS = flags.DEFINE_string("heads", None, "Query:KV heads, e.g. 64:8.")
+HEAD_DIM = flags.DEFINE_integer("head_dim", None, "Head dimension.", lower_bound=1)
+DTYPE = flags.DEFINE_string("dtype", None, f"One of {', '.join(DTYPES)} (or bf16, fp16, fp32).")
+DIRECTIONS = flags.DEFINE_list(
+    "directions", ["fwd", "bwd"], "Directions to time: fwd, bwd (bwd = fwd+bwd - fwd).")
+DOC_DISTRIBUTION = flags.DEFINE_enum(
+    "doc_distribution", None, list(DISTRIBUTIONS), "Document-length histogram.")
+MASK_SEED = flags.DEFINE_integer("mask_seed", 0, "Seed of random mask parameters.")
+DISPATCH = flags.DEFINE_list(
+    "dispatch", None,
+    f"How CP strategies assign tokens to ranks: {', '.join(DISPATCH_NAMES)} (the benchmark "
+    "takes one, default zigzag).")
+
+
+def parse_direction(text: str) -> str:
+    if text not in TIMED_DIRECTIONS:
+        raise ValueError(f"direction {text!r} is not one of {', '.join(TIMED_DIRECTIONS)}")
+    return text
+
+
+def parse_dispatch(text: str) -> str:
+    if text not in DISPATCH_NAMES:
+        raise ValueError(f"dispatch {text!r} is not one of {', '.join(DISPATCH_NAMES)}")
+    return text
+
+
+def validate_each(holder: flags.FlagHolder, parse: Callable[[str], object]) -> None:
+    """Check every value of the flag (one, or each of a list) with `parse`,
+    whose ValueError becomes the flag's error."""
+
+    def check(value) -> bool:
+        try:
+            for text in value if isinstance(value, list) else [value]:
+                parse(text)
+        except ValueError as exc:
+            raise flags.ValidationError(str(exc)) from exc
+        return True
+
+    flags.register_validator(holder.name, lambda value: value is None or check(value))
+
+
+validate_each(MASKS, canonical_name)
+validate_each(HEADS, parse_heads)
+validate_each(DTYPE, canonical_dtype)
+validate_each(DIRECTIONS, parse_direction)
+validate_each(DISPATCH, parse_dispatch)
