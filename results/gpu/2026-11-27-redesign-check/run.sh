@@ -7,7 +7,8 @@
 #
 # OLD_TREE holds `git archive 6444b84 jax_backends lcab experiments
 # pyproject.toml`; the new tree is the working directory. LCAB_EXTRA adds
-# flags (a CPU dry run: "--seqlens=256 --heads=4:2 --head_dim=64").
+# flags (a CPU dry run: "--seqlens=256 --heads=4:2 --head_dim=64");
+# LCAB_ORDER="new old" runs the new tree first.
 set -u
 out=$1 old=$2 commit=$3 rounds=${4:-1}
 export XLA_PYTHON_CLIENT_PREALLOCATE=false NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
@@ -18,7 +19,7 @@ kernel=(--suite=kernel --backends=jax.pallas_flex)
 cp=(--suite=cp --backends=jax.cp_ring --cp_size=2 --dispatch=balanced)
 new=$PWD
 for round in $(seq 1 "$rounds"); do
-  for tree in old new; do
+  for tree in ${LCAB_ORDER:-old new}; do
     if [ "$tree" = old ]; then dir=$old; sha=6444b84; else dir=$new; sha=$commit; fi
     for suite in kernel cp; do
       if [ "$suite" = kernel ]; then args=("${kernel[@]}"); else args=("${cp[@]}"); fi
