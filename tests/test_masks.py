@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from lcab.masks import ALIASES, MASK_NAMES, AttnMask, AttnSlice, KINDS, make_mask
 from lcab.masks import slices as slices_lib
-from lcab.masks.small import small_mask
+from lcab.masks.small import small_mask, small_params
 
 SEEDS = [0, 1, 7]
 SIZES = [1, 3, 97, 640, 2048]
@@ -25,23 +25,6 @@ def coverage(mask: AttnMask) -> np.ndarray:
     return grid
 
 
-def small_params(name):
-    """Parameters scaled down so small sequences still show the structure."""
-    params = {}
-    if name in ("block_causal_document",):
-        params["block_size"] = 32
-    if name in ("block_sparse",):
-        params["block_size"] = 64
-    if name in ("var_block_sparse",):
-        params["block_size"] = 96
-    if name in ("sliding_window", "sliding_window_causal"):
-        params["window"] = 50
-    if name in ("full_document", "causal_document", "share_question", "causal_blockwise",
-                "prefix_lm_document"):
-        params["distribution"] = "pile"
-    return params
-
-
 def test_the_fourteen_families_and_aliases():
     assert len(MASK_NAMES) == 14
     assert set(ALIASES) == {"varlen_full", "varlen_causal", "varlen_block_causal"}
@@ -52,7 +35,7 @@ def test_the_fourteen_families_and_aliases():
 @pytest.mark.parametrize("seed", SEEDS)
 @pytest.mark.parametrize("seqlen", SIZES)
 def test_area_equals_dense_and_slices_are_disjoint(name, seed, seqlen):
-    mask = make_mask(name, seqlen, seed=seed, **small_params(name))
+    mask = make_mask(name, seqlen, seed=seed, **small_params(name, seqlen, drawn=True))
     cover = coverage(mask)
     assert cover.max(initial=0) <= 1, "slices overlap"
     assert mask.area() == (cover > 0).sum() == mask.to_dense().sum()
@@ -66,7 +49,7 @@ def test_area_equals_dense_and_slices_are_disjoint(name, seed, seqlen):
 @pytest.mark.parametrize("blocks", [(16, 16), (64, 32), (128, 128), (48, 80)])
 def test_block_schedule_agrees_with_dense(name, blocks):
     block_q, block_k = blocks
-    mask = make_mask(name, 700, seed=5, **small_params(name))
+    mask = make_mask(name, 700, seed=5, **small_params(name, 700, drawn=True))
     dense = mask.to_dense()
     schedule = mask.block_schedule(block_q, block_k)
     n_q, n_k = schedule.num_q_blocks, schedule.num_k_blocks

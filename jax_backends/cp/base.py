@@ -28,7 +28,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from lcab import registry
 from lcab.backend import Backend, Support
-from lcab.cp import DISPATCH_NAMES, cached_dispatch, imbalance
+from lcab.cp.strategy import Strategy
 from lcab.workloads import Workload
 
 AXIS = "cp"
@@ -101,7 +101,7 @@ def no_gradients(tables):
     return jax.tree.map(lambda t: np.zeros(t.shape, jax.dtypes.float0), tables)
 
 
-class ContextParallelBackend(Backend):
+class ContextParallelBackend(Strategy, Backend):
     """Shared by the strategies: options, dispatch, the inner kernel, the mesh."""
 
     framework = "jax"
@@ -128,30 +128,29 @@ class ContextParallelBackend(Backend):
 
     def __init__(self, cp_size: int = 2, dispatch: str = "zigzag",
                  inner: str = DEFAULT_INNER, inner_options: Mapping[str, Any] | None = None):
-        if dispatch not in DISPATCH_NAMES:
-            raise ValueError(f"dispatch={dispatch!r} is not one of {', '.join(DISPATCH_NAMES)}")
-        self.cp_size, self.dispatch_name = cp_size, dispatch
+        self.set_layout(cp_size, dispatch)
         self.inner_name = inner
         self.inner_options = dict(inner_options or {})
         inner_class = _inner_class(inner)
-        try:
-            self.inner_backend = registry.load_backend(
-                inner, {key: str(value) for key, value in self.inner_options.items()})
-        except registry.Unavailable as exc:
-            raise registry.Unavailable(f"inner {inner}: {exc}") from exc
+        inner_class(**self.inner_options)  # bad option values fail here, at once
         self.directions = inner_class.directions
+        self.inner_backend: Backend | None = None  # load_dependencies() loads it
+
+    def load_dependencies(self) -> None:
+        # Not in __init__, which the CLI calls to check options: an inner
+        # kernel may start JAX, which must first learn its host devices.
+        options = {key: str(value) for key, value in self.inner_options.items()}
+        try:
+            self.inner_backend = registry.load_backend(self.inner_name, options)
+        except registry.Unavailable as exc:
+            raise registry.Unavailable(f"inner {self.inner_name}: {exc}") from exc
 
     def inner(self) -> tuple[str, dict[str, str]]:
         return self.inner_name, {key: str(value) for key, value in self.inner_options.items()}
 
     def mask_support(self, workload: Workload) -> Support:
-        devices = jax.device_count()
-        if devices < self.cp_size:
-            return Support.no(f"cp_size {self.cp_size} needs {self.cp_size} devices; "
-                              f"jax sees {devices}")
-        if workload.seqlen_q != workload.seqlen_k:
-            return Support.no("context parallelism here shards one sequence: seqlen_q == seqlen_k")
-        problem = self.strategy_problem(workload)
+        problem = (self.layout_problem(workload, jax.device_count(), "devices", "jax sees")
+                   or self.strategy_problem(workload))
         if problem:
             return Support.no(problem)
         try:
@@ -180,24 +179,8 @@ class ContextParallelBackend(Backend):
         kernel = self.inner_backend.ring_kernel()
         return kernel if kernel is not None and kernel.from_tables else None
 
-    @property
-    def dispatch_ranks(self) -> int:
-        """How many ranks the dispatch splits tokens over."""
-        return self.cp_size
-
-    def dispatch(self, workload: Workload):
-        return cached_dispatch(self.dispatch_name, workload.mask, self.dispatch_ranks)
-
-    def case_notes(self, workload: Workload) -> str:
-        dispatch = self.dispatch(workload)
-        return f"imbalance={self.imbalance(workload, dispatch):.3f}"
-
     def strategy_problem(self, workload: Workload) -> str | None:
         return None
-
-    def imbalance(self, workload: Workload, dispatch) -> float:
-        """Max over mean of the ranks' exact attention areas."""
-        return imbalance(workload.mask, dispatch)
 
     def mesh(self) -> Mesh:
         return Mesh(np.array(jax.devices()[: self.cp_size]), (AXIS,))

@@ -12,6 +12,8 @@ Triton kernels run in Pallas interpret mode.
 
 from __future__ import annotations
 
+import functools
+
 from jax_backends import _shared
 from jax_backends.pallas_flex import mosaic_bwd_sm90, ops, plan, ring
 from lcab.backend import Backend, Support
@@ -53,12 +55,21 @@ class PallasFlexBackend(Backend):
                              (*self.forward_blocks, *self.chosen_backward_blocks)):
             if size is not None and (size < 16 or size & (size - 1)):
                 raise ValueError(f"{key}={size}: blocks are powers of two from 16 (Triton tiles)")
-        forward = options.get("forward_lowering", "auto")
-        backward = options.get("backward_lowering", "auto")
-        # The Mosaic kernels have no interpret mode; mask_support says so on a CPU.
+        self.lowerings = (options.get("forward_lowering", "auto"),
+                          options.get("backward_lowering", "auto"))
+        for key, value in zip(("forward_lowering", "backward_lowering"), self.lowerings):
+            if value not in ops.LOWERINGS:
+                raise ValueError(f"{key}={value!r}: choose one of {', '.join(ops.LOWERINGS)}")
+
+    @functools.cached_property
+    def lowering(self) -> ops.Lowering:
+        # Asked of JAX on first use, not in __init__ (the CLI constructs
+        # backends to check options before any framework starts). The
+        # Mosaic kernels have no interpret mode; mask_support says so on a CPU.
+        forward, backward = self.lowerings
         mosaic = "mosaic" in (forward, backward)
-        self.lowering = ops.Lowering(forward=forward, backward=backward,
-                                     interpret=_shared.interpret_mode() and not mosaic)
+        return ops.Lowering(forward=forward, backward=backward,
+                            interpret=_shared.interpret_mode() and not mosaic)
 
     @classmethod
     def environment_problem(cls) -> str | None:

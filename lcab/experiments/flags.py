@@ -101,27 +101,35 @@ def option_texts(values) -> list[str]:
 
 
 def parse_backend_option(text: str) -> tuple[str, str, str]:
-    """"BACKEND:KEY=VALUE" -> (backend, key, value), checked against the
-    backend's declared options where its class imports here."""
+    """"BACKEND:KEY=VALUE" -> (backend, key, value)."""
     name, _, assignment = text.partition(":")
     key, equals, value = assignment.partition("=")
     if not (name and key and equals):
         raise ValueError(f"--backend_options {text!r} is not BACKEND:KEY=VALUE")
     registry.check_backend_name(name)
-    try:
-        cls = registry.all_backends()[name].load()
-    except Exception:  # noqa: BLE001 - its rows will say UNAVAILABLE; nothing to check here
-        return name, key, value
-    # Constructing checks the values too (a dispatch or inner kernel that
-    # does not exist), so a bad option fails here, not as UNAVAILABLE rows.
-    options = cls.parse_options({key: value})
-    try:
-        cls(**options)
-    except ValueError:
-        raise
-    except Exception:  # noqa: BLE001 - cannot start here; its rows will say why
-        pass
     return name, key, value
+
+
+def check_backend_options(triples) -> None:
+    """Each backend's options together against its declaration, where its
+    class imports here (a strategy's inner options depend on its inner)."""
+    by_backend: dict[str, dict[str, str]] = {}
+    for name, key, value in triples:
+        by_backend.setdefault(name, {})[key] = value
+    for name, raw in by_backend.items():
+        try:
+            cls = registry.all_backends()[name].load()
+        except Exception:  # noqa: BLE001 - its rows will say UNAVAILABLE; nothing to check here
+            continue
+        # Constructing checks the values too (a dispatch or inner kernel that
+        # does not exist), so a bad option fails here, not as UNAVAILABLE rows.
+        options = cls.parse_options(raw)
+        try:
+            cls(**options)
+        except ValueError:
+            raise
+        except Exception:  # noqa: BLE001 - cannot start here; its rows will say why
+            pass
 
 
 workload_flags.validate_each(SEQLENS, parse_seqlen)
@@ -151,8 +159,8 @@ def _check_backends(values):
 def _check_backend_options(values):
     try:
         import_plugins(values["backend_modules"] or [])
-        for text in option_texts(values["backend_options"]):
-            parse_backend_option(text)
+        check_backend_options(parse_backend_option(text)
+                              for text in option_texts(values["backend_options"]))
     except (ImportError, ValueError) as exc:
         raise flags.ValidationError(str(exc)) from exc
     return True

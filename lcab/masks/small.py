@@ -8,7 +8,7 @@ test what the family is about. Sizes scale with the sequence length.
 
 from __future__ import annotations
 
-from lcab.masks.factory import make_mask
+from lcab.masks.factory import make_mask, taken_params
 from lcab.masks.mask import AttnMask
 
 SMALL_SEQLEN = 256
@@ -30,11 +30,23 @@ SMALL_PARAMS: dict[str, dict] = {
 }
 
 
-def _scaled(params: dict, seqlen: int) -> dict:
+# Parameters a drawn mask leaves to its seed (they depend on the documents
+# or are drawn from the length).
+_DRAWN = ("doc_lens", "prefix_len", "global_len")
+
+
+def small_params(name: str, seqlen: int = SMALL_SEQLEN, drawn: bool = False) -> dict:
+    """Family `name`'s structure-revealing parameters, scaled from 256
+    tokens to `seqlen`. drawn: documents (from the pile histogram), prefix
+    and global lengths are left to the mask's seed, so many seeds give many
+    masks of the same structure."""
     scale = seqlen / SMALL_SEQLEN
     out = {}
-    for key, value in params.items():
-        if key == "doc_lens":
+    for key, value in SMALL_PARAMS.get(name, {}).items():
+        if drawn and key in _DRAWN:
+            if key == "doc_lens":
+                out.update(taken_params(name, distribution="pile"))
+        elif key == "doc_lens":
             lens = [max(1, round(x * scale)) for x in value[:-1]]
             out[key] = [*lens, seqlen - sum(lens)]
         elif key == "keep":
@@ -48,7 +60,7 @@ def small_mask(name: str, seqlen: int = SMALL_SEQLEN, seed: int = 0) -> AttnMask
     """Family `name` at `seqlen` (>= 32) with structure-revealing parameters."""
     if seqlen < 32:
         raise ValueError(f"small masks need seqlen >= 32, got {seqlen=}")
-    return make_mask(name, seqlen, seed=seed, **_scaled(SMALL_PARAMS.get(name, {}), seqlen))
+    return make_mask(name, seqlen, seed=seed, **small_params(name, seqlen))
 
 
 _SIZE_PARAMS = ("window", "prefix_len", "global_len", "block_size")

@@ -22,7 +22,7 @@ import torch
 
 from lcab import registry
 from lcab.backend import Backend, Support
-from lcab.cp import DISPATCH_NAMES, cached_dispatch, imbalance
+from lcab.cp.strategy import Strategy
 from lcab.workloads import Workload
 from torch_backends import distributed
 from torch_backends.device import device_name
@@ -37,7 +37,7 @@ def inner_kernel_names() -> list[str]:
     return registry.backend_names(framework="torch", suite="kernel")
 
 
-class TorchCpBackend(Backend):
+class TorchCpBackend(Strategy, Backend):
     """Every strategy's checks: the process count, one sequence, the dispatch."""
 
     framework = "torch"
@@ -48,9 +48,7 @@ class TorchCpBackend(Backend):
     options = {"cp_size": int, "dispatch": str}
 
     def __init__(self, cp_size: int = 2, dispatch: str = "zigzag"):
-        if dispatch not in DISPATCH_NAMES:
-            raise ValueError(f"dispatch={dispatch!r} is not one of {', '.join(DISPATCH_NAMES)}")
-        self.cp_size, self.dispatch_name = cp_size, dispatch
+        self.set_layout(cp_size, dispatch)
         # FlexAttention's GPU kernels failed to lower for 64 tokens per rank
         # (Inductor: "No choices to select", H100, cp 4): the probe gives
         # every rank at least 128.
@@ -64,28 +62,15 @@ class TorchCpBackend(Backend):
         return None
 
     def mask_support(self, workload: Workload) -> Support:
-        ranks = distributed.world_size()
-        if ranks != self.cp_size:
-            return Support.no(f"cp_size {self.cp_size} needs {self.cp_size} processes; "
-                              f"torchrun started {ranks}")
-        if workload.seqlen_q != workload.seqlen_k:
-            return Support.no("context parallelism here shards one sequence: seqlen_q == seqlen_k")
+        problem = self.layout_problem(workload, distributed.world_size(), "processes",
+                                      "torchrun started", exact=True)
+        if problem:
+            return Support.no(problem)
         try:
             dispatch = self.dispatch(workload)
         except ValueError as exc:
             return Support.no(str(exc))
         return self.strategy_support(workload, dispatch)
-
-    def dispatch(self, workload: Workload):
-        """The tokens of each rank; ValueError says why this dispatch cannot be."""
-        return cached_dispatch(self.dispatch_name, workload.mask, self.cp_size)
-
-    def case_notes(self, workload: Workload) -> str:
-        return f"imbalance={self.imbalance(workload, self.dispatch(workload)):.3f}"
-
-    def imbalance(self, workload: Workload, dispatch) -> float:
-        """Max over mean of the ranks' exact attention areas."""
-        return imbalance(workload.mask, dispatch)
 
     def strategy_support(self, workload: Workload, dispatch) -> Support:
         raise NotImplementedError
