@@ -7,9 +7,8 @@ its inputs in L2. Peak memory is XLA's memory analysis of the executable
 (arguments + outputs + temporaries): JAX has no per-case peak counter.
 
 JAX has no device-event timer, and a host clock around one call also counts
-the host's dispatch and the final sync (about 0.2 ms per call measured on an
-H100, 2026-11-26: the same cuDNN kernel timed 1.02 ms here and 0.82 ms with
-torch's CUDA events at 4k). On an accelerator each sample is therefore a
+the host's dispatch and the final sync (docs/harness.md has the measured
+cost). On an accelerator each sample is therefore a
 batch of calls enqueued back to back, each after its flush, so the device
 never waits for the host; the flushes' own time, measured the same way, is
 subtracted, and the sample is the per-call mean.
