@@ -149,14 +149,11 @@ class ContextParallelBackend(Strategy, Backend):
         return self.inner_name, {key: str(value) for key, value in self.inner_options.items()}
 
     def mask_support(self, workload: Workload) -> Support:
-        problem = (self.layout_problem(workload, jax.device_count(), "devices", "jax sees")
-                   or self.strategy_problem(workload))
-        if problem:
-            return Support.no(problem)
-        try:
-            dispatch = self.dispatch(workload)
-        except ValueError as exc:
-            return Support.no(str(exc))
+        dispatch = self.dispatch_or_reason(workload, (
+            self.layout_problem(workload, jax.device_count(), "devices", "jax sees")
+            or self.strategy_problem(workload)))
+        if isinstance(dispatch, str):
+            return Support.no(dispatch)
         inner = self.inner_support(workload, dispatch)
         if not inner.ok:
             return inner

@@ -34,6 +34,17 @@ class Strategy:
             return "context parallelism here shards one sequence: seqlen_q == seqlen_k"
         return None
 
+    def dispatch_or_reason(self, workload: Workload, problem: str | None = None):
+        """The workload's dispatch, or why this run cannot shard it: `problem`
+        (the layout's, the strategy's) where one is given, else why the
+        dispatch cannot be (a str either way)."""
+        if problem:
+            return problem
+        try:
+            return self.dispatch(workload)
+        except ValueError as exc:
+            return str(exc)
+
     @property
     def dispatch_ranks(self) -> int:
         """How many ranks the dispatch splits tokens over."""

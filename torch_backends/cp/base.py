@@ -62,14 +62,10 @@ class TorchCpBackend(Strategy, Backend):
         return None
 
     def mask_support(self, workload: Workload) -> Support:
-        problem = self.layout_problem(workload, distributed.world_size(), "processes",
-                                      "torchrun started", exact=True)
-        if problem:
-            return Support.no(problem)
-        try:
-            dispatch = self.dispatch(workload)
-        except ValueError as exc:
-            return Support.no(str(exc))
+        dispatch = self.dispatch_or_reason(workload, self.layout_problem(
+            workload, distributed.world_size(), "processes", "torchrun started", exact=True))
+        if isinstance(dispatch, str):
+            return Support.no(dispatch)
         return self.strategy_support(workload, dispatch)
 
     def strategy_support(self, workload: Workload, dispatch) -> Support:
