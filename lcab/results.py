@@ -43,6 +43,14 @@ COLUMNS: dict[str, str] = {
     "tflops": "flops / median seconds / 1e12, per GPU for CP rows",
     "peak_mem_bytes": "peak device memory of the case (None where unknown)",
     "max_err": "normalised max error of the correctness probe (max over out, dq, dk, dv)",
+    "spread": "p80_ms / p20_ms of the timed samples (tables flag a cell above "
+              "lcab.runtime.SPREAD_LIMIT)",
+    "check_err": "normalised max error of the full-size check at this very workload "
+                 "(lcab.fullcheck; fwd: out, bwd: max over out, dq, dk, dv; None: not checked)",
+    "check_errors": "the full-size check's error per tensor (JSON: out, dq, dk, dv)",
+    "check_heads": "what the full-size check recomputed: batch rows, K/V heads, query heads",
+    "check_len": "tokens the full-size check ran at (the row's own seqlen)",
+    "check_s": "seconds the full-size check took (backend run and reference), untimed",
     "golden_err": "normalised max difference from --golden_dir's data of this workload "
                   "(None: not compared, or this run saved it)",
     "compile_s": "JAX: lower+compile seconds; torch: first-call seconds",
@@ -68,7 +76,7 @@ COLUMNS: dict[str, str] = {
     "warmup": "untimed calls before timing",
     "iters": "timed repeats",
 }
-JSON_COLUMNS = ("mask_params", "versions", "options", "inner_options")
+JSON_COLUMNS = ("mask_params", "versions", "options", "inner_options", "check_errors")
 
 COMM_SUITE = "comm"
 # The comm suite's schema (lcab.comm.comm_row): column -> meaning.
@@ -297,6 +305,6 @@ def load(paths):
         )
     frame["options"] = frame["options"].map(options_key)
     for column in ("median_ms", "p20_ms", "p80_ms", "tflops", "max_err", "golden_err",
-                   "compile_s"):
+                   "compile_s", "spread", "check_err", "check_len", "check_s"):
         frame[column] = pd.to_numeric(frame[column], errors="coerce")
     return frame

@@ -30,7 +30,7 @@ import traceback
 import warnings
 from collections.abc import Callable, Iterable, Sequence
 
-from lcab import registry, results, validation
+from lcab import fullcheck, registry, results, validation
 from lcab.flops import tflops_per_second
 from lcab.runtime import Runtime, Timing
 from lcab.status import Status
@@ -129,6 +129,7 @@ class Settings:
     backend_options: tuple[tuple[str, str, str], ...] = ()  # (backend, key, value)
     golden_dir: str | None = None  # save or compare outputs and gradients (orbax)
     profile_dir: str | None = None  # one profiled call per case, after timing (traces)
+    full_check: bool = True  # lcab.fullcheck before timing (off: quicker, rows unchecked)
 
     def options_for(self, backend: str) -> dict[str, str]:
         return {key: value for name, key, value in self.backend_options if name == backend}
@@ -304,20 +305,40 @@ class Runner:
         else:
             q_shape = (w.batch, w.seqlen_q, w.heads_q, w.head_dim)
             kv_shape = (w.batch, w.seqlen_k, w.heads_kv, w.head_dim)
+        rows = []
+        try:
+            start = time.perf_counter()
+            fn = backend.build(w)
+            context["setup_s"] = time.perf_counter() - start
+        except Exception as exc:  # noqa: BLE001
+            runtime.cleanup()
+            return self.failed(case, directions, exc, runtime, context, "build")
+        checked = {}
+        if self.settings.full_check:
+            checked, failure = self._full_check(case, backend, runtime, fn, directions, context)
+            if failure is not None:  # the directions it left unchecked get no number
+                unchecked = [d for d in directions if d not in checked]
+                rows += self.failed(case, unchecked, failure, runtime, context,
+                                    "full-size check failed to run")
+            for direction, check in checked.items():
+                if not check.ok(direction):
+                    rows.append(self.write(
+                        case, direction, Status.MISMATCH, reason=check.mismatch(direction),
+                        max_err=verdict.error(direction), **check.columns(direction), **context))
+            done = {row["direction"] for row in rows}
+            directions = [d for d in directions if d not in done]
+            if not directions:
+                return rows
         measure = dict(warmup=self.settings.warmup, iters=self.settings.iters,
                        flush_l2=self.settings.flush_l2)
-        rows = []
         try:
             inputs = runtime.random_inputs(
                 [q_shape, kv_shape, kv_shape, q_shape], w.dtype, self.settings.seed
             )
-            start = time.perf_counter()
-            fn = backend.build(w)
-            context["setup_s"] = time.perf_counter() - start
             forward = runtime.measure(fn, inputs[:3], backward=False, **measure)
         except Exception as exc:  # noqa: BLE001
             runtime.cleanup()
-            return self.failed(case, directions, exc, runtime, context, "forward")
+            return rows + self.failed(case, directions, exc, runtime, context, "forward")
         both = failure = None
         if "bwd" in directions:
             try:
@@ -332,7 +353,8 @@ class Runner:
             golden = self._golden(case, runtime, fn, inputs, both is not None, backend.layout)
             context["golden_err"] = golden.get("error")
         if "fwd" in directions:
-            rows.append(self._measured(case, "fwd", forward, verdict, context, golden))
+            rows.append(self._measured(case, "fwd", forward, verdict, context, golden,
+                                       checked.get("fwd")))
         if failure is not None:
             return rows + self.failed(case, ["bwd"], failure, runtime, context, "backward")
         if both is not None:
@@ -342,10 +364,38 @@ class Runner:
                 peak_mem_bytes=both.peak_mem_bytes,
                 calls_per_sample=both.calls_per_sample,
             )
-            rows.append(self._measured(case, "bwd", backward, verdict, context, golden))
+            rows.append(self._measured(case, "bwd", backward, verdict, context, golden,
+                                       checked.get("bwd")))
         del inputs, fn
         runtime.cleanup()
         return rows
+
+    def _full_check(self, case, backend, runtime: Runtime, fn, directions, context):
+        """lcab.fullcheck at the timed workload, before any timing: ({direction:
+        CheckResult}, the exception that stopped it or None). A backward that
+        fails leaves the forward checked alone; a runtime without a reference
+        leaves a note and no check."""
+        check = fullcheck.plan(case.workload, self.settings.seed)
+        attempts = [tuple(directions)]
+        if "bwd" in directions and "fwd" in directions:
+            attempts.append(("fwd",))
+        failure = None
+        for attempt in attempts:
+            start = time.perf_counter()
+            try:
+                errors = runtime.full_check(fn, backend.layout, check,
+                                            backward="bwd" in attempt)
+            except NotImplementedError as exc:
+                note = f"no full-size check: {exc}"
+                context["notes"] = "; ".join(filter(None, [context.get("notes"), note]))
+                return {}, None
+            except Exception as exc:  # noqa: BLE001 - becomes the rows' status
+                runtime.cleanup()
+                failure = failure or exc
+                continue
+            result = fullcheck.result(check, errors, time.perf_counter() - start)
+            return {direction: result for direction in attempt}, failure
+        return {}, failure
 
     def _profile(self, case, runtime: Runtime, fn, inputs, with_gradients: bool) -> None:
         """One more call of the timed function under the framework's profiler,
@@ -383,20 +433,22 @@ class Runner:
         return {"error": error}
 
     def _measured(self, case, direction, timing: Timing, verdict, context,
-                  golden: dict | None = None) -> dict:
+                  golden: dict | None = None, check=None) -> dict:
         golden = golden or {}
         fields = dict(
             median_ms=timing.median_ms, p20_ms=timing.p20_ms, p80_ms=timing.p80_ms,
-            samples_ms=list(timing.samples_ms), compile_s=timing.compile_s,
+            spread=timing.spread, samples_ms=list(timing.samples_ms), compile_s=timing.compile_s,
             peak_mem_bytes=timing.peak_mem_bytes, max_err=verdict.error(direction), **context,
         )
+        if check is not None:
+            fields.update(check.columns(direction))
         if timing.calls_per_sample > 1:
             batched = f"each sample the mean of {timing.calls_per_sample} back-to-back calls"
             fields["notes"] = "; ".join(filter(None, [fields.get("notes"), batched]))
         if golden.get("note"):
             fields["notes"] = "; ".join(filter(None, [fields.get("notes"), golden["note"]]))
         if golden.get("mismatch"):  # a wrong answer gets no time, as at the probe
-            for timed in ("median_ms", "p20_ms", "p80_ms", "samples_ms"):
+            for timed in ("median_ms", "p20_ms", "p80_ms", "spread", "samples_ms"):
                 fields.pop(timed)
             return self.write(case, direction, Status.MISMATCH, reason=golden["mismatch"],
                              **fields)

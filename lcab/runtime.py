@@ -15,6 +15,13 @@ from typing import Any
 import numpy as np
 
 L2_FLUSH_BYTES = 256 * 1024 * 1024  # written between timed repeats on GPU
+# Warm-up on an accelerator: untimed samples go on until two in a row agree
+# within STEADY_TOLERANCE (clocks, caches and allocators settled), at most
+# MAX_WARM_SAMPLES of them, after the run's --warmup calls.
+STEADY_TOLERANCE = 0.03
+MAX_WARM_SAMPLES = 12
+# A row whose p80 / p20 exceeds this is flagged in tables, not printed plain.
+SPREAD_LIMIT = 1.10
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,6 +46,25 @@ class Timing:
     @property
     def p80_ms(self) -> float:
         return float(np.percentile(self.samples_ms, 80))
+
+    @property
+    def spread(self) -> float | None:
+        """p80 / p20 (None where p20 is not positive)."""
+        return self.p80_ms / self.p20_ms if self.p20_ms > 0 else None
+
+
+def warm_until_steady(sample: Callable[[], float]) -> int:
+    """Call `sample` (an untimed sample, in ms) until two in a row agree
+    within STEADY_TOLERANCE or MAX_WARM_SAMPLES ran; returns how many ran.
+    In a multi-process run `sample` must return the same value on every
+    process (the slowest's), so all stop together."""
+    last = sample()
+    for count in range(2, MAX_WARM_SAMPLES + 1):
+        now = sample()
+        if abs(now - last) <= STEADY_TOLERANCE * max(now, last):
+            return count
+        last = now
+    return MAX_WARM_SAMPLES
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,6 +119,14 @@ class Runtime(abc.ABC):
         saved results. `layout` is fn's; the store keeps (batch, seq, heads,
         dim). Runtimes without a store raise NotImplementedError."""
         raise NotImplementedError(f"{self.framework} runs cannot keep golden data yet")
+
+    def full_check(self, fn: Callable, layout: str, check, backward: bool) -> dict[str, float]:
+        """lcab.fullcheck: run fn (in `layout`) forward, and backward when
+        asked, on the check's inputs at the full workload, and return the
+        normalised max error of "out" (and "dq", "dk", "dv") on the check's
+        selection against this framework's own float32 reference. Runtimes
+        without a reference raise NotImplementedError."""
+        raise NotImplementedError(f"the {self.framework} runtime has no full-size reference")
 
     @abc.abstractmethod
     def measure(

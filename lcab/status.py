@@ -25,5 +25,6 @@ CODES = {
 }
 LEGEND = (
     "E = out of memory, X = mask or shape not expressible exactly, "
-    "- = unavailable here, ERR = error, MM = mismatch with the float64 reference"
+    "- = unavailable here, ERR = error, MM = mismatch with the reference; "
+    "a figure marked ~ has samples spread over 10 % (p80/p20), ? has no full-size check"
 )

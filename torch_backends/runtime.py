@@ -26,7 +26,7 @@ import time
 import numpy as np
 import torch
 
-from lcab.runtime import L2_FLUSH_BYTES, DeviceInfo, Runtime, Timing
+from lcab.runtime import L2_FLUSH_BYTES, DeviceInfo, Runtime, Timing, warm_until_steady
 from torch_backends import distributed
 from torch_backends.device import device_name
 from torch_backends.distributed import ShardedFunction
@@ -41,6 +41,7 @@ class TorchRuntime(Runtime):
         distributed.ensure_process_group()
         self.device_name = device_name()
         self._flush_buffer = None
+        self._reference = None  # (key, tensors): the last full-size reference
 
     @property
     def on_gpu(self) -> bool:
@@ -130,6 +131,36 @@ class TorchRuntime(Runtime):
             golden.save(directory, key, given, results)
         return None
 
+    def full_check(self, fn, layout, check, backward):
+        from torch_backends import reference
+
+        w = check.workload
+        q_shape = (w.batch, w.seqlen_q, w.heads_q, w.head_dim)
+        kv_shape = (w.batch, w.seqlen_k, w.heads_kv, w.head_dim)
+        q, k, v, dout = self.random_inputs([q_shape, kv_shape, kv_shape, q_shape], w.dtype,
+                                           check.seed)
+        q, k = q * check.spread, k * check.spread  # a power of two: exact
+        given = [x.transpose(1, 2).contiguous() if layout == "bhsd" else x
+                 for x in (q, k, v, dout)]
+        if backward:
+            got = self.forward_backward(fn, *given)
+        else:
+            got = (self.forward(fn, *given[:3]),)
+        if layout == "bhsd":
+            got = [x.transpose(1, 2) for x in got]
+        got = [reference.pick(x, check.selection, is_kv)
+               for x, is_kv in zip(got, (False, False, True, True))]  # out, dq, dk, dv
+        key = (check.key, backward)
+        if self._reference is None or self._reference[0] != key:
+            self._reference = None  # free the last one first
+            picked = [reference.pick(x, check.selection, is_kv)
+                      for x, is_kv in zip((q, k, v, dout), (False, True, True, False))]
+            want = reference.attention(*picked, check.chunk_slices, check.chunk_rows, backward)
+            self._reference = (key, want)
+        want = self._reference[1]
+        return {name: reference.normalised_error(g, t)
+                for name, g, t in zip(("out", "dq", "dk", "dv"), got, want)}
+
     def _to_store(self, x, layout):
         # float32 holds bf16/fp16 values exactly; the store keeps (b, s, h, d)
         x = x.detach().to(torch.float32)
@@ -175,6 +206,8 @@ class TorchRuntime(Runtime):
         for _ in range(warmup):
             step()
         self._sync()
+        if self.on_gpu:  # untimed samples until two agree (lcab.runtime)
+            warm_until_steady(lambda: self._slowest(self._timed_gpu(step, 1, flush_l2)[0]))
         samples = self._timed_gpu(step, iters, flush_l2) if self.on_gpu else self._timed_host(
             step, iters
         )
@@ -186,6 +219,14 @@ class TorchRuntime(Runtime):
         if distributed.world_size() > 1:
             samples, compile_s, peak = self._slowest_rank(samples, compile_s, peak)
         return Timing(tuple(samples), compile_s=compile_s, peak_mem_bytes=peak)
+
+    def _slowest(self, ms: float) -> float:
+        """One value, the maximum over ranks (itself in a single process)."""
+        if distributed.world_size() <= 1:
+            return ms
+        value = torch.tensor([ms], dtype=torch.float64, device=self.device_name)
+        torch.distributed.all_reduce(value, op=torch.distributed.ReduceOp.MAX)
+        return float(value.item())
 
     def _slowest_rank(self, samples, compile_s, peak):
         """Each sample, the compile time and the peak memory: the maximum over ranks."""

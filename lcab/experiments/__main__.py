@@ -96,7 +96,7 @@ def _settings(run_id: str, record: dict, **overrides) -> Settings:
         flags=json.dumps({"argv": " ".join(sys.argv[1:]), **record}),
         git_commit=_git_commit(), plugin_modules=tuple(cli.BACKEND_MODULES.value),
         isolate_timeout_s=cli.ISOLATE_TIMEOUT.value, golden_dir=cli.GOLDEN_DIR.value,
-        profile_dir=cli.PROFILE_DIR.value, **overrides)
+        profile_dir=cli.PROFILE_DIR.value, full_check=cli.FULL_CHECK.value, **overrides)
 
 
 def _attention_job(framework: str, backends: list[str], run_id: str) -> launch.Job:

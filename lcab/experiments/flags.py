@@ -67,6 +67,11 @@ PROFILE_DIR = flags.DEFINE_string(
     "After timing each case, run it once more under the framework's profiler and write the "
     "trace here (one folder per case); python -m lcab.trace_overlap reads how much "
     "communication the compute hid.")
+FULL_CHECK = flags.DEFINE_bool(
+    "full_check", True,
+    "Before timing each case, check its output and gradients at the timed size against a "
+    "float32 reference (lcab.fullcheck; columns check_*). --nofull_check is quicker; tables "
+    "mark its figures unchecked.")
 JAX_COORDINATOR = flags.DEFINE_string(
     "jax_coordinator", None, "Multi-process JAX: the coordinator's host:port (process 0's).")
 JAX_NUM_PROCESSES = flags.DEFINE_integer(

@@ -21,9 +21,12 @@ import pandas as pd
 from lcab import results
 from lcab.flops import TIMED_DIRECTIONS
 from lcab.results import MEASUREMENT_KEY
+from lcab.runtime import SPREAD_LIMIT
 from lcab.status import CODES, LEGEND, Status
 
 DIRECTIONS = TIMED_DIRECTIONS
+FLAG_UNSTEADY = "~"  # the samples' p80 / p20 exceeds SPREAD_LIMIT
+FLAG_UNCHECKED = "?"  # no full-size check at this workload (lcab.fullcheck)
 # Column order of every table: these frameworks first, in this order, then any
 # other framework alphabetically; backends alphabetically inside a framework.
 FRAMEWORK_ORDER = ("jax", "torch")
@@ -194,15 +197,31 @@ def status_code(status: str) -> str:
         ) from None
 
 
-def format_cell(status: str, tflops: float) -> str:
-    """"612" (or "0.041" below 10) for an OK row, its status code otherwise."""
+def format_cell(status: str, tflops: float, spread: float | None = None,
+                checked: bool = True) -> str:
+    """"612" (or "0.041" below 10) for an OK row, its status code otherwise.
+
+    An OK figure carries FLAG_UNSTEADY when its samples spread more than
+    SPREAD_LIMIT (p80 / p20) and FLAG_UNCHECKED when no full-size check
+    (lcab.fullcheck) stands behind it.
+    """
     if status != Status.OK.value:
         return status_code(status)
     if pd.isna(tflops):
         raise ValueError("an OK row has no tflops value; the result file is corrupt")
     # GPU figures read as integers; CPU runs are far below 10 TFLOP/s and
     # would all print 0, so small values keep two significant digits.
-    return f"{tflops:.0f}" if tflops >= 10 else f"{tflops:.2g}"
+    text = f"{tflops:.0f}" if tflops >= 10 else f"{tflops:.2g}"
+    if spread is not None and pd.notna(spread) and spread > SPREAD_LIMIT:
+        text += FLAG_UNSTEADY
+    return text if checked else text + FLAG_UNCHECKED
+
+
+def format_row(row) -> str:
+    """format_cell of a result row (a Series or mapping with the schema's columns)."""
+    check = row.get("check_err")
+    return format_cell(row["status"], row["tflops"], row.get("spread"),
+                       checked=check is not None and pd.notna(check))
 
 
 def _one_row_per_cell(rows: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
@@ -232,7 +251,7 @@ def cell_table(
     if not rows.empty:
         rows = _one_row_per_cell(rows, keys)
         cells = pd.Series(
-            [format_cell(s, t) for s, t in zip(rows["status"], rows["tflops"])],
+            [format_row(row) for _, row in rows.iterrows()],
             index=pd.MultiIndex.from_frame(rows[keys]),
             dtype=object,
         )
