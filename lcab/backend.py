@@ -46,6 +46,26 @@ class Support:
         return cls(False, reason=reason)
 
 
+@dataclasses.dataclass(frozen=True)
+class ProbeNeeds:
+    """What a backend's correctness probe must reach so that it runs the
+    code the timed case runs (lcab.validation sizes the probe by it).
+
+    `tilings` are the (block_q, block_k) grids of the backend's passes
+    (forward and dQ walk K/V tiles per query block, dK/dV query tiles per
+    K/V block). On each, the busiest program must visit at least
+    `min_tiles` tiles (a pipeline of two slots wraps twice) and one program
+    must see `min_full_runs` separate runs of unmasked tiles, each as far as
+    the timed case itself does; with `unaligned`, the length is a multiple
+    of no block, so the padding path runs.
+    """
+
+    tilings: tuple[tuple[int, int], ...]
+    min_tiles: int = 4
+    min_full_runs: int = 2
+    unaligned: bool = True
+
+
 class Backend(abc.ABC):
     """Subclass per implementation; register it in lcab.registry."""
 
@@ -165,6 +185,18 @@ class Backend(abc.ABC):
     def probe_heads_kv(self, workload: Workload) -> int:
         """K/V heads of the correctness probe (few, to keep it small)."""
         return min(workload.heads_kv, 2)
+
+    def probe_needs(self, workload: Workload) -> ProbeNeeds | None:
+        """What the probe of `workload` must reach (None: `probe_seqlen`
+        tokens suffice, the kernel has no pipeline a short probe misses)."""
+        return None
+
+    def pinned_to(self, workload: Workload) -> tuple["Backend", str]:
+        """(a backend that takes on any workload the decisions this one
+        takes on `workload`, a note naming them): the probe runs it, so a
+        choice made from the workload's size (a launch order) is the timed
+        case's. Default: (self, "")."""
+        return self, ""
 
     def planned_kwargs(self, workload: Workload) -> dict[str, Any]:
         """plan()'s keyword arguments; ValueError if the mask is not supported."""

@@ -43,6 +43,8 @@ COLUMNS: dict[str, str] = {
     "tflops": "flops / median seconds / 1e12, per GPU for CP rows",
     "peak_mem_bytes": "peak device memory of the case (None where unknown)",
     "max_err": "normalised max error of the correctness probe (max over out, dq, dk, dv)",
+    "probe": "the correctness probe's workload (lcab.validation): mask, length, batch, heads, "
+             "dtype",
     "spread": "p80_ms / p20_ms of the timed samples (tables flag a cell above "
               "lcab.runtime.SPREAD_LIMIT)",
     "check_err": "normalised max error of the full-size check at this very workload "

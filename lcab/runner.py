@@ -254,6 +254,7 @@ class Runner:
             return
         if verdict.note:
             context["notes"] = f"{context['notes']}; {verdict.note}"
+        context["probe"] = verdict.probe
         timed = []
         for direction in directions:
             if verdict.ok(direction):
@@ -276,21 +277,25 @@ class Runner:
         # One probe per code path: the same family expressed the same way
         # (support.how), dtype, head_dim and GQA ratio, so long sweeps probe
         # each family once. A workload short enough to be its own probe,
-        # or a hand-built mask, is probed as itself (keyed by fingerprint).
+        # or a hand-built mask, is probed as itself (keyed by fingerprint);
+        # a probe sized to the timed case (Backend.probe_needs) and run by
+        # the backend pinned to it is keyed by both.
         try:
             probe, note = validation.choose_probe(backend, workload, support.how)
+            prober, pinned = backend.pinned_to(workload)
         except Exception as exc:  # noqa: BLE001 - any failure is a row status
             return exc
         family = workload.mask.name
         if probe.mask == workload.mask or family not in validation.FAMILIES_BY_NAME:
             family = f"{family}@{workload.mask.fingerprint()}"
+        sized = backend.probe_needs(workload) is not None
         key = (backend.name, family, support.how, workload.dtype, workload.head_dim,
-               workload.gqa_ratio, backward)
+               workload.gqa_ratio, backward, probe.key() if sized else None, pinned)
         if key not in self._verdicts:
             try:
                 self._verdicts[key] = validation.check_probe(
-                    backend, runtime, probe, note=note, backward=backward,
-                    seed=self.settings.seed,
+                    prober, runtime, probe, note="; ".join(filter(None, [note, pinned])),
+                    backward=backward, seed=self.settings.seed,
                 )
             except Exception as exc:  # noqa: BLE001 - any failure is a row status
                 self._verdicts[key] = exc

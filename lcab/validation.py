@@ -7,6 +7,14 @@ the same mask with its sizes scaled to `backend.probe_seqlen` tokens, else
 the family with structure-revealing parameters (lcab.masks.small), whichever
 first takes the same path (Support.how) as the timed case; at most two K/V
 heads and a batch of at most two.
+
+A backend whose kernels pipeline over tiles declares what its probe must
+reach (Backend.probe_needs): then the probe is the shortest unaligned
+length, up to MAX_SIZED_PROBE, at which one of those masks makes every
+pass's busiest program visit enough tiles and see enough runs of unmasked
+tiles (each as far as the timed case does), and the backend pinned to the
+timed case's own decisions (Backend.pinned_to) runs it. A probe that falls
+short says so in the row's notes.
 Queries and keys are drawn with a larger spread than N(0, 1) so attention is
 peaked: a kernel that lets one wrong key in then moves its output by O(1),
 far beyond rounding error, instead of by 1/row_length.
@@ -19,8 +27,9 @@ import dataclasses
 import numpy as np
 
 from lcab import reference
-from lcab.backend import Backend
-from lcab.masks import FAMILIES_BY_NAME, small_mask
+from lcab.backend import Backend, ProbeNeeds
+from lcab.masks import FAMILIES_BY_NAME, AttnMask, small_mask
+from lcab.masks.schedule import FULL
 from lcab.masks.small import scaled_mask
 from lcab.runtime import Runtime
 from lcab.workloads import Workload
@@ -32,6 +41,8 @@ PROBE_SPREAD = 2.0  # std of q and k entries: scores have std PROBE_SPREAD**2
 _MAX_CUSTOM_PROBE = 2048  # a hand-built mask is probed as it is up to this size
 # A workload up to this many probe lengths long is probed with its own mask.
 _OWN_MASK_PROBE_FACTOR = 4
+# Longest probe sized by Backend.probe_needs (the float64 reference is dense).
+MAX_SIZED_PROBE = 2560
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,21 +101,147 @@ def choose_probe(
     """The probe that runs the same code path (Support.how) as the timed case.
 
     Returns the probe and a note that is empty unless only a probe taking
-    another path was possible (the note then says which).
+    another path, or one short of the backend's ProbeNeeds, was possible
+    (the note then says which).
     """
     if timed_how is None:
         timed_how = backend.supports(workload).how
+    needs = backend.probe_needs(workload)
+    if needs is not None and workload.mask.name in FAMILIES_BY_NAME:
+        if max(workload.seqlen_q, workload.seqlen_k) > MAX_SIZED_PROBE:
+            return _sized_probe(backend, workload, needs, timed_how)
+        # Short enough to be probed as itself: the timed pipelines exactly.
+        probe = probe_workload(workload, workload.mask, backend.probe_heads_kv(workload))
+        if backend.supports(probe).how == timed_how:
+            return probe, ""
+    return _first_probe(backend, workload, timed_how)
+
+
+def _first_probe(backend: Backend, workload: Workload, timed_how: str, note: str = ""):
+    """The first of _probe_masks that takes the timed path (with `note`),
+    else the first the backend runs at all (with a note saying so)."""
     fallback = None
     for mask in _probe_masks(workload, backend.probe_seqlen):
         probe = probe_workload(workload, mask, backend.probe_heads_kv(workload))
         support = backend.supports(probe)
         if support.ok and support.how == timed_how:
-            return probe, ""
+            return probe, note
         if support.ok and fallback is None:
             fallback = (probe, f"probe took the path {support.how!r}")
     if fallback is None:
         raise ValueError(f"no correctness probe of {workload.mask.name} is supported")
     return fallback
+
+
+@dataclasses.dataclass(frozen=True)
+class Reach:
+    """How far a mask's tiles go on one pass of one tiling: the most tiles
+    one program visits and the most separate runs of unmasked tiles in one
+    program (by_q: forward and dQ programs, one per query block; by_k:
+    dK/dV programs, one per K/V block)."""
+
+    tiles: int
+    runs: int
+
+
+def reach(mask: AttnMask, block_q: int, block_k: int) -> tuple[Reach, Reach]:
+    """(by_q, by_k) Reach of `mask` tiled block_q x block_k."""
+    schedule = mask.block_schedule(block_q, block_k)
+    return _reach_of(schedule), _reach_of(schedule.transposed())
+
+
+def _reach_of(schedule) -> Reach:
+    if len(schedule.q_block) == 0:
+        return Reach(0, 0)
+    tiles = np.bincount(schedule.q_block).max()
+    full = schedule.state == FULL
+    owner, block = schedule.q_block[full], schedule.k_block[full]
+    starts = np.ones(len(owner), dtype=bool)  # a full tile not right after its row's last
+    starts[1:] = (owner[1:] != owner[:-1]) | (block[1:] != block[:-1] + 1)
+    runs = np.bincount(owner[starts]).max() if starts.any() else 0
+    return Reach(int(tiles), int(runs))
+
+
+def _targets(workload: Workload, needs: ProbeNeeds) -> list[Reach]:
+    """Per tiling and pass, what the probe must reach: the needs, capped
+    by what the timed case itself reaches."""
+    wanted = []
+    for tiling in _tilings(needs):
+        for timed in reach(workload.mask, *tiling):
+            wanted.append(Reach(min(needs.min_tiles, timed.tiles),
+                                min(needs.min_full_runs, timed.runs)))
+    return wanted
+
+
+def _tilings(needs: ProbeNeeds) -> list[tuple[int, int]]:
+    return list(dict.fromkeys(needs.tilings))  # each once, in order
+
+
+def _shortfall(mask: AttnMask, needs: ProbeNeeds, wanted: list[Reach]) -> list[str]:
+    """What `mask` fails to reach of `wanted` (empty: it meets every target)."""
+    missing = []
+    passes = [(tiling, name) for tiling in _tilings(needs) for name in ("forward/dQ", "dK/dV")]
+    got = [r for tiling in _tilings(needs) for r in reach(mask, *tiling)]
+    for (tiling, name), have, want in zip(passes, got, wanted):
+        where = f"{name} at {tiling[0]}x{tiling[1]}"
+        if have.tiles < want.tiles:
+            missing.append(f"{where}: {have.tiles} of {want.tiles} tiles per program")
+        if have.runs < want.runs:
+            missing.append(f"{where}: {have.runs} of {want.runs} runs of unmasked tiles")
+    if needs.unaligned and all(mask.seqlen_q % max(t) == 0 for t in needs.tilings):
+        missing.append(f"length {mask.seqlen_q} is a multiple of every block")
+    return missing
+
+
+def _sized_lengths(needs: ProbeNeeds) -> list[int]:
+    """Candidate probe lengths, shortest first: from min_tiles of the largest
+    block on, never a multiple of a block when `unaligned` (blocks are
+    powers of two, so an odd length)."""
+    block = max(max(tiling) for tiling in needs.tilings)
+    length = needs.min_tiles * block + (block // 2 + 1 if needs.unaligned else 0)
+    lengths = []
+    while length <= MAX_SIZED_PROBE:
+        lengths.append(length)
+        length = 2 * length - (1 if needs.unaligned else 0)
+    return lengths or [MAX_SIZED_PROBE - (0 if not needs.unaligned else 1)]
+
+
+def _sized_masks(mask: AttnMask, seqlen: int):
+    """Stand-ins of `mask` at `seqlen`, most faithful first: every size
+    scaled; windows, blocks and prefixes kept at their timed size (documents
+    scaled); the family's structure-revealing parameters."""
+    yield scaled_mask(mask, seqlen)
+    try:
+        yield scaled_mask(mask, seqlen, keep_sizes=True)
+    except ValueError:
+        pass  # a kept size does not fit this length
+    yield small_mask(mask.name, seqlen)
+
+
+def _sized_probe(backend: Backend, workload: Workload, needs: ProbeNeeds,
+                 timed_how: str) -> tuple[Workload, str]:
+    """The shortest probe of Backend.probe_needs that takes the timed path."""
+    wanted = _targets(workload, needs)
+    best = None
+    for seqlen in _sized_lengths(needs):
+        for mask in _sized_masks(workload.mask, seqlen):
+            probe = probe_workload(workload, mask, backend.probe_heads_kv(workload))
+            if seqlen > MAX_SIZED_PROBE // 2:  # the float64 reference's memory
+                probe = dataclasses.replace(probe, batch=1)
+            support = backend.supports(probe)
+            if not (support.ok and support.how == timed_how):
+                continue
+            missing = _shortfall(mask, needs, wanted)
+            if not missing:
+                return probe, ""
+            if best is None or len(missing) < len(best[1]):
+                best = (probe, missing)
+    if best is None:
+        return _first_probe(backend, workload, timed_how,
+                            "probe could not be sized to the timed pipelines")
+    probe, missing = best
+    return probe, f"probe ({probe.seqlen_q} tokens) short of the timed pipelines: " + "; ".join(
+        missing)
 
 
 def _normalised_error(got: np.ndarray, want: np.ndarray) -> float:

@@ -12,11 +12,12 @@ Triton kernels run in Pallas interpret mode.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 from jax_backends import _shared
 from jax_backends.pallas_flex import mosaic_bwd_sm90, ops, plan, ring
-from lcab.backend import Backend, Support
+from lcab.backend import Backend, ProbeNeeds, Support
 from lcab.masks import MASK_NAMES
 from lcab.workloads import Workload
 
@@ -101,6 +102,27 @@ class PallasFlexBackend(Backend):
             mode += ", float32 in TF32 matmuls"
         options = "".join(f"; {key}={value}" for key, value in self.set_options.items())
         return Support.yes(f"block plan from the mask's slices; GQA unrepeated; {mode}{options}")
+
+    def probe_needs(self, workload: Workload) -> ProbeNeeds:
+        # The Mosaic kernels' two-slot K/V rings wrap from the third tile;
+        # four per program wrap them twice, on every pass and tiling.
+        return ProbeNeeds(tilings=(self.forward_blocks,
+                                   self.backward_blocks(workload.dtype, workload.head_dim)))
+
+    def launch_order(self, workload: Workload) -> str:
+        """The dK/dV launch order the backward takes on `workload`."""
+        backward = plan.make_plan(workload.mask,
+                                  *self.backward_blocks(workload.dtype, workload.head_dim))
+        return ops.dkv_launch(backward.geometry, workload.heads_kv * workload.batch,
+                              self.lowering)
+
+    def pinned_to(self, workload: Workload):
+        # A probe has fewer heads and a shorter mask, from which "auto"
+        # could choose the other dK/dV launch order: pin the timed one.
+        order = self.launch_order(workload)
+        pinned = type(self)(**self.set_options)
+        pinned.__dict__["lowering"] = dataclasses.replace(self.lowering, dkv_launch=order)
+        return pinned, f"probed with the dK/dV launch {order}"
 
     def plans(self, workload: Workload) -> tuple[plan.FlexPlan, plan.FlexPlan]:
         return (plan.make_plan(workload.mask, *self.forward_blocks),

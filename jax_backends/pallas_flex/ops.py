@@ -114,12 +114,18 @@ def _backward(q, k, v, delta, lse2, dout, plan: Geometry, tables, lowering: Lowe
 
 
 def _heads_together(plan: Geometry, programs_per_block: int, lowering: Lowering) -> bool:
-    """Whether dK/dV launches every head of a block together: the heaviest
-    program's excess run against the pass's share of work per running
-    program (all are equal: never)."""
+    return dkv_launch(plan, programs_per_block, lowering) == "heads_together"
+
+
+def dkv_launch(plan: Geometry, programs_per_block: int, lowering: Lowering) -> str:
+    """The dK/dV launch order the backward takes: the lowering's, or with
+    "auto", every head of a block together where the heaviest program's
+    excess run beats the pass's share of work per running program (all
+    equal: never). programs_per_block: K/V heads x batch."""
     if lowering.dkv_launch != "auto":
-        return lowering.dkv_launch == "heads_together"
-    return plan.dkv_tail * _CONCURRENT_PROGRAMS / programs_per_block > _TAIL_LIMIT
+        return lowering.dkv_launch
+    together = plan.dkv_tail * _CONCURRENT_PROGRAMS / programs_per_block > _TAIL_LIMIT
+    return "heads_together" if together else "head_major"
 
 
 def _pad(x, length):

@@ -69,19 +69,25 @@ _SIZE_PARAMS = ("window", "prefix_len", "global_len", "block_size")
 _MIN_BLOCK = 16
 
 
-def scaled_mask(mask: AttnMask, seqlen: int) -> AttnMask:
+def scaled_mask(mask: AttnMask, seqlen: int, keep_sizes: bool = False) -> AttnMask:
     """The same family with every size parameter scaled to `seqlen` tokens.
 
     Document boundaries scale with the sequence (documents that shrink to
     nothing merge into their neighbour); windows, prefix, global and block
     lengths scale and stay at least 1; the kept fraction and seed stay. The
     result is how the mask would look if the whole workload were small, so
-    a kernel expresses it the same way as the full-size mask.
+    a kernel expresses it the same way as the full-size mask. keep_sizes:
+    windows, prefix, global and block lengths keep their size (a window
+    still spans as many tiles), only documents scale; ValueError where a
+    kept size does not fit `seqlen`.
     """
     ratio = seqlen / mask.seqlen_q
     params = {k: v for k, v in mask.params.items() if k not in ("distribution", "seed")}
     for key in _SIZE_PARAMS:
-        if key in params:
+        if key in params and keep_sizes:
+            if params[key] >= seqlen:
+                raise ValueError(f"{key}={params[key]} does not fit {seqlen} tokens")
+        elif key in params:
             floor = min(params[key], _MIN_BLOCK) if key == "block_size" else 1
             params[key] = max(floor, round(params[key] * ratio))
     if "doc_lens" in params:
