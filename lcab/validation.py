@@ -162,12 +162,12 @@ def _reach_of(schedule) -> Reach:
     return Reach(int(tiles), int(runs))
 
 
-def _targets(workload: Workload, needs: ProbeNeeds) -> list[Reach]:
+def _targets_of(mask: AttnMask, needs: ProbeNeeds) -> list[Reach]:
     """Per tiling and pass, what the probe must reach: the needs, capped
-    by what the timed case itself reaches."""
+    by what the timed mask itself reaches."""
     wanted = []
     for tiling in _tilings(needs):
-        for timed in reach(workload.mask, *tiling):
+        for timed in reach(mask, *tiling):
             wanted.append(Reach(min(needs.min_tiles, timed.tiles),
                                 min(needs.min_full_runs, timed.runs)))
     return wanted
@@ -218,10 +218,19 @@ def _sized_masks(mask: AttnMask, seqlen: int):
     yield small_mask(mask.name, seqlen)
 
 
+def stand_in(mask: AttnMask, seqlen: int, needs: ProbeNeeds) -> AttnMask:
+    """`mask` at `seqlen` tokens reaching what `needs` asks of it (as far as
+    `mask` itself does), else the candidate that misses least."""
+    wanted = _targets_of(mask, needs)
+    ranked = sorted(_sized_masks(mask, seqlen),
+                    key=lambda m: len(_shortfall(m, needs, wanted)))
+    return ranked[0]
+
+
 def _sized_probe(backend: Backend, workload: Workload, needs: ProbeNeeds,
                  timed_how: str) -> tuple[Workload, str]:
     """The shortest probe of Backend.probe_needs that takes the timed path."""
-    wanted = _targets(workload, needs)
+    wanted = _targets_of(workload.mask, needs)
     best = None
     for seqlen in _sized_lengths(needs):
         for mask in _sized_masks(workload.mask, seqlen):

@@ -14,16 +14,27 @@ with INTERPRET = True.
 - AgainstReference: where the backend runs here, each claimed family goes
   through the runner (correctness gate against the float64 reference,
   then timing) in each declared direction, and its rows are OK.
+- AtFullSize (a GPU): each claimed family, forward and backward, at two
+  lengths whose masks wrap every 128-tile pipeline (one length odd), GQA
+  and MHA, bfloat16 and float16, against the full-size check's float32
+  reference (lcab.fullcheck). With LCAB_CONFORMANCE_ROWS set, each case
+  appends its errors there as a JSON line (the committed summary).
 """
 
 from __future__ import annotations
 
+import json
+import os
+import time
+
 import pytest
 
-from lcab import registry, results
-from lcab.masks import MASK_NAMES, small_mask
+from lcab import fullcheck, registry, results
+from lcab.backend import ProbeNeeds
+from lcab.masks import MASK_NAMES, make_mask, small_mask
+from lcab.masks.factory import taken_params
 from lcab.runner import Case, Settings, run_cases
-from lcab.validation import TOLERANCE
+from lcab.validation import TOLERANCE, stand_in
 from lcab.workloads import DTYPES, Workload
 
 # Built-in kernels only: plugins other test modules register are theirs to check.
@@ -143,3 +154,60 @@ class AgainstReference:
                 assert "not measurable" in row["reason"], (direction, status, row["reason"])
             if status != "UNSUPPORTED" and (name, family, direction) not in self.KNOWN_MISMATCHES:
                 assert row["max_err"] <= TOLERANCE[case.dtype], row
+
+
+class AtFullSize:
+    # (seqlen, (heads_q, heads_kv), dtype): every length with GQA and MHA,
+    # every dtype at every length (half of the 2 x 2 x 2 design).
+    SETTINGS = ((2048, (8, 2), "bfloat16"), (2048, (4, 4), "float16"),
+                (3001, (8, 2), "float16"), (3001, (4, 4), "bfloat16"))
+    TILES = ProbeNeeds(tilings=((128, 128),))  # four 128-tiles a program, two full runs
+    KNOWN_MISMATCHES = AgainstReference.KNOWN_MISMATCHES
+
+    @staticmethod
+    def mask(family: str, seqlen: int):
+        """The family as the paper's 32k sweep draws it, brought to `seqlen`
+        keeping what makes pipelines wrap (lcab.validation.stand_in)."""
+        timed = make_mask(family, 32768, **taken_params(family, distribution="prolong64k",
+                                                         window=1024))
+        return stand_in(timed, seqlen, AtFullSize.TILES)
+
+    @pytest.mark.parametrize(("seqlen", "heads", "dtype"), SETTINGS,
+                             ids=[f"{s}-{h[0]}:{h[1]}-{d}" for s, h, d in SETTINGS])
+    @pytest.mark.parametrize("family", MASK_NAMES)
+    @pytest.mark.parametrize("name", KERNELS)  # fastest: backends share a reference
+    def test_claimed_family_at_full_size(self, name, family, seqlen, heads, dtype):
+        cls = backend_class(name)
+        if family not in (cls.claimed_masks or ()):
+            pytest.skip(f"{name} does not claim {family}")
+        if dtype not in cls.dtypes:
+            pytest.skip(f"{name} runs no {dtype}")
+        reason = cls.unavailable_reason()
+        if reason:
+            pytest.skip(reason)
+        backend = registry.load_backend(name)
+        head_dim = 128 if cls.head_dims is None or 128 in cls.head_dims else max(cls.head_dims)
+        case = Workload(1, seqlen, seqlen, *heads, head_dim, dtype, self.mask(family, seqlen))
+        support = backend.supports(case)
+        if not support.ok:
+            pytest.skip(f"{name}: {support.reason}")
+        directions = [d for d in backend.directions if d in (support.directions or ("fwd", "bwd"))]
+        runtime = registry.load_runtime(cls.framework)
+        check = fullcheck.plan(case)
+        start = time.perf_counter()
+        errors = runtime.full_check(backend.build(case), backend.layout, check,
+                                    backward="bwd" in directions)
+        result = fullcheck.result(check, errors, time.perf_counter() - start)
+        verdicts = {d: result.ok(d) for d in directions}
+        if os.environ.get("LCAB_CONFORMANCE_ROWS"):
+            with open(os.environ["LCAB_CONFORMANCE_ROWS"], "a") as rows:
+                rows.write(json.dumps(dict(
+                    backend=name, mask=family, seqlen=seqlen, heads=f"{heads[0]}:{heads[1]}",
+                    dtype=dtype, how=support.how, directions=directions, errors=errors,
+                    tolerance=result.tolerance, ok=verdicts, seconds=round(result.seconds, 2),
+                    device=runtime.device().name)) + "\n")
+        for direction in directions:
+            if (name, family, direction) in self.KNOWN_MISMATCHES:
+                assert not verdicts[direction], result.errors
+            else:
+                assert verdicts[direction], (direction, result.errors, support.how)

@@ -1,5 +1,10 @@
 """Shared test setup: GPU tests run only where a GPU is visible; on a CPU,
-JAX gets 8 host devices so context parallelism runs in the tests."""
+JAX gets 8 host devices so context parallelism runs in the tests.
+
+LCAB_TEST_SHARD=I/N keeps the I-th of N contiguous parts of the collected
+tests (0-based), so N processes can share a long GPU suite; contiguous,
+so tests that share a reference (tests/conformance.py's AtFullSize) stay
+together."""
 
 import os
 
@@ -19,6 +24,12 @@ settings.load_profile("lcab")
 
 
 def pytest_collection_modifyitems(config, items):
+    shard = os.environ.get("LCAB_TEST_SHARD")
+    if shard:
+        index, count = (int(part) for part in shard.split("/"))
+        begin, end = len(items) * index // count, len(items) * (index + 1) // count
+        config.hook.pytest_deselected(items=items[:begin] + items[end:])
+        items[:] = items[begin:end]
     if presets.has_gpu():
         return
     skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU (no nvidia-smi on this machine)")

@@ -25,3 +25,8 @@ class TestAgainstReferenceAtModelShapes(conformance.AgainstReference):
     SEQLEN = 512
     HEADS = (8, 2)
     HEAD_DIM = 128
+
+
+@pytest.mark.gpu
+class TestAtFullSize(conformance.AtFullSize):
+    """Lengths that wrap every pipeline, against the full-size reference."""
