@@ -24,12 +24,14 @@ export XLA_PYTHON_CLIENT_PREALLOCATE=false NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
   TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 deadline=$((SECONDS + ${LCAB_DEADLINE:-560}))
 gpus=$(nvidia-smi -L | wc -l)
+# LCAB_GPUS (e.g. "0 2 3") confines the conformance part to those GPUs.
+read -r -a gpu_list <<<"${LCAB_GPUS:-$(seq -s ' ' 0 $((gpus - 1)))}"
 left() { echo $((deadline - SECONDS > 1 ? deadline - SECONDS : 1)); }
 
 if [ "$part" = conformance ]; then
-  shards=$((2 * gpus))
+  shards=$((2 * ${#gpu_list[@]}))
   for ((i = 0; i < shards; i++)); do
-    CUDA_VISIBLE_DEVICES=$((i % gpus)) LCAB_TEST_SHARD="$i/$shards" \
+    CUDA_VISIBLE_DEVICES=${gpu_list[$((i % ${#gpu_list[@]}))]} LCAB_TEST_SHARD="$i/$shards" \
       LCAB_CONFORMANCE_ROWS="$out/rows$i.jsonl" \
       timeout "$(left)" python3 -m pytest -m gpu -q -rfE -p no:cacheprovider \
       tests/test_conformance.py -k AtFullSize >"$out/shard$i.log" 2>&1 &
@@ -69,9 +71,14 @@ run_share() {  # GPU SHARE
     echo "gpu$gpu $which $framework: exit $? at $SECONDS s" >>"$rows/gpu$gpu/log"
   done
 }
-for ((g = 0; g < gpus && g < ${#shares[@]}; g++)); do
-  (for ((s = g; s < ${#shares[@]}; s += gpus)); do run_share "$g" "${shares[$s]}"; done) &
-done
+# LCAB_SHARES (e.g. "1") runs only those shares, each on the GPU of its index.
+if [ -n "${LCAB_SHARES:-}" ]; then
+  for s in $LCAB_SHARES; do run_share "$((s % gpus))" "${shares[$s]}" & done
+else
+  for ((g = 0; g < gpus && g < ${#shares[@]}; g++)); do
+    (for ((s = g; s < ${#shares[@]}; s += gpus)); do run_share "$g" "${shares[$s]}"; done) &
+  done
+fi
 wait
 find "$rows" -name '*.jsonl' -exec cat {} + >"$out/table.jsonl"
 tail -n 3 "$rows"/gpu*/log
