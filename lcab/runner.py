@@ -379,7 +379,11 @@ class Runner:
         """lcab.fullcheck at the timed workload, before any timing: ({direction:
         CheckResult}, the exception that stopped it or None). A backward that
         fails leaves the forward checked alone; a runtime without a reference
-        leaves a note and no check."""
+        (Runtime.has_full_check) leaves a note and no check."""
+        if not runtime.has_full_check:
+            note = f"no full-size check: the {runtime.framework} runtime has no reference"
+            context["notes"] = "; ".join(filter(None, [context.get("notes"), note]))
+            return {}, None
         check = fullcheck.plan(case.workload, self.settings.seed)
         attempts = [tuple(directions)]
         if "bwd" in directions and "fwd" in directions:
@@ -390,10 +394,6 @@ class Runner:
             try:
                 errors = runtime.full_check(fn, backend.layout, check,
                                             backward="bwd" in attempt)
-            except NotImplementedError as exc:
-                note = f"no full-size check: {exc}"
-                context["notes"] = "; ".join(filter(None, [context.get("notes"), note]))
-                return {}, None
             except Exception as exc:  # noqa: BLE001 - becomes the rows' status
                 runtime.cleanup()
                 failure = failure or exc

@@ -76,6 +76,9 @@ class DeviceInfo:
 
 class Runtime(abc.ABC):
     framework: str
+    # Whether full_check is implemented (lcab.fullcheck); rows of a runtime
+    # without one say so in their notes and carry no check columns.
+    has_full_check: bool = False
 
     @abc.abstractmethod
     def device(self) -> DeviceInfo: ...
@@ -125,7 +128,7 @@ class Runtime(abc.ABC):
         asked, on the check's inputs at the full workload, and return the
         normalised max error of "out" (and "dq", "dk", "dv") on the check's
         selection against this framework's own float32 reference. Runtimes
-        without a reference raise NotImplementedError."""
+        without a reference (has_full_check False) raise NotImplementedError."""
         raise NotImplementedError(f"the {self.framework} runtime has no full-size reference")
 
     @abc.abstractmethod

@@ -23,6 +23,7 @@ settings.register_profile("lcab", deadline=None, max_examples=60, derandomize=Tr
 settings.load_profile("lcab")
 
 
+@pytest.hookimpl(trylast=True)  # after -k and -m have deselected theirs
 def pytest_collection_modifyitems(config, items):
     shard = os.environ.get("LCAB_TEST_SHARD")
     if shard:

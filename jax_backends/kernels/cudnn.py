@@ -8,6 +8,9 @@ is_causal and silently drops it with is_causal (jax/_src/nn/functions.py),
 so the two-sided window is not claimed. query_seq_lengths and
 key_value_seq_lengths express padding, not packed documents, and a dense
 mask is never used: other families are UNSUPPORTED. GQA is native.
+At an odd length JAX's cuDNN front end refuses the backward
+(NotImplementedError "Unsupported sequence length", measured at 3001 tokens
+on an H200): such a workload runs forward only.
 """
 
 from __future__ import annotations
@@ -55,7 +58,12 @@ class CudnnBackend(Backend):
         support = super().supports(workload)
         if not support.ok:
             return support
-        return _shared.cudnn_head_dim_problem(workload) or support
+        problem = _shared.cudnn_head_dim_problem(workload)
+        if problem:
+            return problem
+        if workload.seqlen_q % 2 or workload.seqlen_k % 2:
+            return Support.yes(support.how, directions=("fwd",))
+        return support
 
     def plan(self, workload: Workload) -> Stated:
         return _API.state(workload)
