@@ -4,7 +4,7 @@
 #
 #   experiments/gpu_gate_session.sh OUT conformance
 #       pytest -m gpu's full-size conformance suite (tests/conformance.py,
-#       AtFullSize), two shards per GPU; OUT/conformance.jsonl holds one
+#       AtFullSize), LCAB_SHARDS_PER_GPU (default 2) shards per GPU; OUT/conformance.jsonl holds one
 #       line per case, OUT/conformance.log the pytest logs, and the summary
 #       (experiments/conformance_summary.py) is printed last.
 #   experiments/gpu_gate_session.sh OUT table ROWS_DIR
@@ -29,11 +29,11 @@ read -r -a gpu_list <<<"${LCAB_GPUS:-$(seq -s ' ' 0 $((gpus - 1)))}"
 left() { echo $((deadline - SECONDS > 1 ? deadline - SECONDS : 1)); }
 
 if [ "$part" = conformance ]; then
-  shards=$((2 * ${#gpu_list[@]}))
+  shards=$((${LCAB_SHARDS_PER_GPU:-2} * ${#gpu_list[@]}))
   for ((i = 0; i < shards; i++)); do
     CUDA_VISIBLE_DEVICES=${gpu_list[$((i % ${#gpu_list[@]}))]} LCAB_TEST_SHARD="$i/$shards" \
       LCAB_CONFORMANCE_ROWS="$out/rows$i.jsonl" \
-      timeout "$(left)" python3 -m pytest -m gpu -q -rfE -p no:cacheprovider \
+      timeout "$(left)" python3 -m pytest -m gpu -q -rfE -p no:cacheprovider --durations=5 \
       tests/test_conformance.py -k AtFullSize >"$out/shard$i.log" 2>&1 &
   done
   wait
