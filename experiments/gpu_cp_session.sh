@@ -27,9 +27,8 @@
 #                         compute hid (lcab.trace_overlap); traces copied flat
 #
 # Four masks (full, causal, full_document, causal_document), 64:8 heads,
-# d=128, bf16, the balanced dispatch (experiments/cp_*.flags), one warm-up
-# and three timed repeats (fewer than common.flags' 3 + 10, to fit the
-# session's device time). Each run has a time limit; a run past it keeps
+# d=128, bf16, the balanced dispatch (experiments/cp_*.flags), common.flags'
+# 3 warm-ups (then the runtime's steady warm-up) and 10 timed repeats. Each run has a time limit; a run past it keeps
 # the rows it wrote. Set LCAB_COMMIT to the commit being measured;
 # LCAB_EXTRA_ARGS is appended to every run (a CPU dry run: "--seqlens=512
 # --heads=4:2"); LCAB_LIMIT (seconds) replaces every run's own time limit.
@@ -41,7 +40,7 @@ out=$1
 shift
 export XLA_PYTHON_CLIENT_PREALLOCATE=false NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1 \
   TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-common=(--git_commit="${LCAB_COMMIT:-unknown}" --noprogress --nosummary --warmup=1 --iters=3)
+common=(--git_commit="${LCAB_COMMIT:-unknown}" --noprogress --nosummary --warmup=3 --iters=10)
 
 lcab() {  # LIMIT_SECONDS DIR ARGS...: one CLI run, its output in DIR/log
   local limit=$1 dir=$2

@@ -49,7 +49,7 @@ fi
 
 rows=$3
 seed=(--flagfile=experiments/pallas_flex.flags --seqlens=16k,32k,64k)
-paper=(--flagfile=experiments/pallas_flex_paper.flags)
+paper=(--flagfile=experiments/pallas_flex_paper.flags --seqlens=32k)
 # Four shares of about equal work (the seed's 64k cases weigh most).
 shares=(
   "seed:full,causal"

@@ -8,8 +8,9 @@ Two markdown tables, TFLOP/s forward / backward: the seed's six masks at
 heuristic config, and its cuDNN path) and torch.flex, then pallas_flex's
 ratios: to FA3 (to cuDNN, marked, where FA3's figure failed the
 reference), to its own full-mask figure at the same length, and to
-torch.flex. Cells use the results table's codes (X, MM, -, ...); a cell
-with no row at all is left empty.
+torch.flex. Cells use the results table's codes (X, MM, -, ...) and
+flags (~ samples spread over 10 %, ? no full-size check); a cell with no
+row at all is left empty, and a backend with no rows gets no column.
 
 A cell may have several rows across the folders (a backend retried in a
 later call after an UNAVAILABLE one): an OK row wins over any other, a
@@ -24,7 +25,7 @@ import sys
 import pandas as pd
 
 from lcab import results
-from lcab.report.tables import format_cell
+from lcab.report.tables import format_row
 
 BACKENDS = {
     "jax.pallas_flex": "pallas_flex",
@@ -103,8 +104,7 @@ class Table:
         rows = [self.row(backend, mask, seqlen, d) for d in DIRECTIONS]
         if all(row is None for row in rows):
             return ""
-        return " / ".join("" if row is None else format_cell(row["status"], row["tflops"])
-                          for row in rows)
+        return " / ".join("" if row is None else format_row(row) for row in rows)
 
     def ratio(self, mask, seqlen, backend, of_mask=None, fallback=None) -> str:
         """pallas_flex over `backend`, fwd / bwd; where `backend`'s figure
@@ -125,15 +125,17 @@ class Table:
         return "" if not any(parts) else " / ".join(parts)
 
     def markdown(self, masks, seqlens) -> str:
-        head = ["mask", "length", *BACKENDS.values(), "flex / FA3", "flex / own full",
-                "flex / torch.flex"]
+        # Backends with no row at all (not run, e.g. tokamax) get no column.
+        present = [b for b in BACKENDS if any(key[0] == b for key in self.cells)]
+        head = ["mask", "length", *(BACKENDS[b] for b in present), "flex / FA3",
+                "flex / own full", "flex / torch.flex"]
         lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         for mask in masks:
             for seqlen in seqlens:
                 if self.row("jax.pallas_flex", mask, seqlen, "fwd") is None:
                     continue
                 line = [mask, f"{seqlen // 1024}k"]
-                line += [self.shown(backend, mask, seqlen) for backend in BACKENDS]
+                line += [self.shown(backend, mask, seqlen) for backend in present]
                 line += [self.ratio(mask, seqlen, "jax.fa3", fallback="jax.cudnn"),
                          self.ratio(mask, seqlen, "jax.pallas_flex", of_mask="full"),
                          self.ratio(mask, seqlen, "torch.flex")]

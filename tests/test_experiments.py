@@ -243,3 +243,23 @@ def test_slurm_scripts_are_valid_bash_naming_existing_flagfiles(script):
     assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
     for flagfile in re.findall(r"--flagfile=(\S+)", script.read_text()):
         assert pathlib.Path(flagfile).exists(), flagfile
+
+
+@pytest.mark.parametrize("flagfile", sorted(p for p in pathlib.Path("experiments").glob("*.flags")
+                                            if p.name != "cpu_smoke.flags"),
+                         ids=lambda path: path.name)
+def test_canonical_sweeps_warm_up_three_times_and_take_ten_samples(flagfile):
+    """Every GPU sweep in experiments/ (the CPU smoke run aside) times at
+    least 10 samples after at least 3 warm-up calls, with the full-size
+    check left on."""
+    settings = presets.read(flagfile)
+    assert int(settings.get("iters", 10)) >= 10 and int(settings.get("warmup", 3)) >= 3
+    assert settings.get("full_check", "true") == "true"
+
+
+@pytest.mark.parametrize("script", sorted(pathlib.Path("experiments").glob("*.sh")),
+                         ids=lambda path: path.name)
+def test_session_scripts_keep_ten_samples(script):
+    for flag, value in re.findall(r"--(iters|warmup)=(\d+)", script.read_text()):
+        assert int(value) >= (10 if flag == "iters" else 3), (flag, value)
+    assert "--nofull_check" not in script.read_text()
