@@ -175,30 +175,49 @@ class JaxRuntime(Runtime):
         return (time.perf_counter() - start) * 1e3 / calls
 
     def measure(self, fn, inputs, *, backward, warmup, iters, flush_l2):
+        return self._measure(fn, inputs, (backward,), warmup, iters, flush_l2)[0]
+
+    def measure_pair(self, fn, inputs, *, warmup, iters, flush_l2):
+        return tuple(self._measure(fn, inputs, (False, True), warmup, iters, flush_l2))
+
+    def _measure(self, fn, inputs, kinds, warmup, iters, flush_l2) -> list[Timing]:
+        """Timings of fn forward (kind False) and/or forward+backward (True):
+        each compiled and warmed to its steady state, then their samples
+        taken in turn, so both come from one warm state."""
+        on_accelerator = jax.devices()[0].platform != "cpu"
+        flush = flush_l2 and on_accelerator
+        prepared = [self._prepare(fn, inputs if backward else inputs[:3], backward, warmup,
+                                  flush, on_accelerator) for backward in kinds]
+        if on_accelerator:  # whole untimed samples until two agree (lcab.runtime)
+            for compiled, args, calls, _, _ in prepared:
+                warm_until_steady(lambda c=compiled, a=args, n=calls: distributed.slowest(
+                    [self._batch_ms(c, a, n, flush)])[0])
+        samples = [[] for _ in prepared]
+        for _ in range(iters):
+            for (compiled, args, calls, flush_ms, _), taken in zip(prepared, samples):
+                taken.append(self._batch_ms(compiled, args, calls, flush) - flush_ms)
+        return [Timing(tuple(distributed.slowest(taken)), compile_s=compile_s,
+                       peak_mem_bytes=_peak_bytes(compiled), calls_per_sample=calls)
+                for (compiled, _, calls, _, compile_s), taken in zip(prepared, samples)]
+
+    def _prepare(self, fn, inputs, backward, warmup, flush, on_accelerator):
+        """(executable, its inputs, calls per sample, their flushes' ms,
+        compile seconds) of fn forward or forward+backward."""
         if hasattr(fn, "timed_inputs"):
             inputs = fn.timed_inputs(list(inputs))
-        timed = getattr(fn, "timed", fn)
-        target = timed
+        target = getattr(fn, "timed", fn)
         if backward:  # a function may time its own training step (jax.module)
-            target = getattr(fn, "timed_fwd_bwd", None) or _with_gradients(timed)
+            target = getattr(fn, "timed_fwd_bwd", None) or _with_gradients(target)
         start = time.perf_counter()
         compiled = jax.jit(target).lower(*inputs).compile()
         compile_s = time.perf_counter() - start
-        on_accelerator = jax.devices()[0].platform != "cpu"
-        flush = flush_l2 and on_accelerator
         for _ in range(warmup + 1):  # the first call also loads the executable
             single_ms = self._batch_ms(compiled, inputs, 1, flush)
         # Processes run collectives together, so they must agree on the batch.
         single_ms, compile_s = distributed.slowest([single_ms, compile_s])
         calls = calls_per_sample(single_ms) if on_accelerator else 1
         flush_ms = self._flush_ms(calls) if flush else 0.0
-        if on_accelerator:  # whole untimed samples until two agree (lcab.runtime)
-            warm_until_steady(lambda: distributed.slowest(
-                [self._batch_ms(compiled, inputs, calls, flush)])[0])
-        samples = [self._batch_ms(compiled, inputs, calls, flush) - flush_ms
-                   for _ in range(iters)]
-        return Timing(tuple(distributed.slowest(samples)), compile_s=compile_s,
-                      peak_mem_bytes=_peak_bytes(compiled), calls_per_sample=calls)
+        return compiled, inputs, calls, flush_ms, compile_s
 
     def _flush_ms(self, calls: int) -> float:
         self._batch_ms(None, (), calls, True)  # warm

@@ -336,21 +336,22 @@ class Runner:
                 return rows
         measure = dict(warmup=self.settings.warmup, iters=self.settings.iters,
                        flush_l2=self.settings.flush_l2)
+        both = failure = None
         try:
             inputs = runtime.random_inputs(
                 [q_shape, kv_shape, kv_shape, q_shape], w.dtype, self.settings.seed
             )
-            forward = runtime.measure(fn, inputs[:3], backward=False, **measure)
+            if "bwd" in directions:  # both from one warm state, samples in turn
+                try:
+                    forward, both = runtime.measure_pair(fn, inputs, **measure)
+                except Exception as exc:  # noqa: BLE001 - the forward may still stand
+                    runtime.cleanup()
+                    failure = exc
+            if both is None:
+                forward = runtime.measure(fn, inputs[:3], backward=False, **measure)
         except Exception as exc:  # noqa: BLE001
             runtime.cleanup()
             return rows + self.failed(case, directions, exc, runtime, context, "forward")
-        both = failure = None
-        if "bwd" in directions:
-            try:
-                both = runtime.measure(fn, inputs, backward=True, **measure)
-            except Exception as exc:  # noqa: BLE001
-                runtime.cleanup()
-                failure = exc
         if self.settings.profile_dir:
             self._profile(case, runtime, fn, inputs, both is not None)
         golden = {}

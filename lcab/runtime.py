@@ -138,6 +138,16 @@ class Runtime(abc.ABC):
     ) -> Timing:
         """Time fn(q, k, v) (backward=False) or fn plus its gradients (True)."""
 
+    def measure_pair(self, fn: Callable, inputs: Sequence, *, warmup: int, iters: int,
+                     flush_l2: bool) -> tuple[Timing, Timing]:
+        """(forward, forward+backward) Timings of fn on (q, k, v, dout), from
+        one warm state: runtimes that can take their samples in turn do;
+        this default measures one after the other."""
+        return (self.measure(fn, inputs[:3], backward=False, warmup=warmup, iters=iters,
+                             flush_l2=flush_l2),
+                self.measure(fn, inputs, backward=True, warmup=warmup, iters=iters,
+                             flush_l2=flush_l2))
+
     def profile(self, directory):
         """A context manager tracing what runs inside it into `directory`, in
         the Chrome trace-event format lcab.trace_overlap reads. Runtimes

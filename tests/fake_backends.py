@@ -189,3 +189,28 @@ class CausalForwardOnlyBackend(ReferenceBackend):
 for _cls in (NanBackend, IgnoresMaskBackend, RaisesInSupportsBackend, RaisesAtStartBackend,
              HangsBackend, CausalForwardOnlyBackend):
     registry.register_backend(_cls.name, f"{__name__}:{_cls.__name__}")
+
+
+class BackwardFailsWhenTimedBackend(ReferenceBackend):
+    """Right in the probe and the full-size check; its backward raises once
+    timing begins (a backward that fails only under timing, e.g. out of
+    memory beside the flush buffer)."""
+
+    name = "numpy.backward_fails_when_timed"
+
+    def build(self, workload):
+        attend = _reference_fn(workload.mask, workload.dtype)
+        right, calls = attend.grads, []
+
+        def grads(q, k, v, dout):
+            calls.append(1)
+            if len(calls) > 2:  # the probe's and the full check's are 1 and 2
+                raise RuntimeError("backward failed while timed")
+            return right(q, k, v, dout)
+
+        attend.grads = grads
+        return attend
+
+
+registry.register_backend(BackwardFailsWhenTimedBackend.name,
+                          f"{__name__}:BackwardFailsWhenTimedBackend")

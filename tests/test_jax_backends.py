@@ -272,3 +272,17 @@ def test_kernels_that_do_not_fit_the_device_are_oom_rows():
     assert runtime.is_oom(ValueError("Mosaic GPU kernel exceeds available shared memory: "
                                      "smem_bytes=232568 > max_smem_bytes=232448"))
     assert not runtime.is_oom(ValueError("Mixed input dtypes for matrix multiplication"))
+
+
+def test_forward_and_backward_are_timed_together_in_turn():
+    """measure_pair: both compiled and warmed, then samples in turn; each
+    Timing has its own compile time and every sample."""
+    runtime = registry.load_runtime("jax")
+    workload = Workload(1, 256, 256, 4, 2, 32, "float32", make_mask("causal", 256))
+    backend = registry.load_backend("jax.xla")
+    inputs = runtime.random_inputs([(1, 256, 4, 32), (1, 256, 2, 32), (1, 256, 2, 32),
+                                    (1, 256, 4, 32)], "float32", 0)
+    forward, both = runtime.measure_pair(backend.build(workload), inputs, warmup=1, iters=4,
+                                         flush_l2=False)
+    assert len(forward.samples_ms) == len(both.samples_ms) == 4
+    assert forward.compile_s > 0 and both.compile_s > 0 and both.median_ms > 0

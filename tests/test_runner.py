@@ -303,3 +303,27 @@ def test_rows_say_when_a_sample_averages_several_calls(tmp_path, monkeypatch):
     rows = run(tmp_path, [Case("numpy.reference", workload("causal"))])
     assert [r["notes"] for r in rows] == [
         "dense float64 reference; each sample the mean of 8 back-to-back calls"] * 2
+
+
+def test_a_backward_that_fails_when_timed_leaves_the_forward_timed(tmp_path):
+    rows = run(tmp_path, [Case("numpy.backward_fails_when_timed", workload("causal"))])
+    fwd, bwd = sorted(rows, key=lambda r: r["direction"], reverse=True)
+    assert fwd["direction"] == "fwd" and fwd["status"] == "OK" and fwd["median_ms"] > 0
+    assert fwd["check_err"] is not None
+    assert bwd["status"] == "ERROR" and "backward failed while timed" in bwd["reason"]
+
+
+def test_warm_up_runs_until_two_samples_agree():
+    from lcab import runtime
+
+    values = iter([9.0, 5.0, 3.0, 2.0, 2.02, 7.0])
+    assert runtime.warm_until_steady(lambda: next(values)) == 5  # 2.0 then 2.02
+    assert runtime.warm_until_steady(lambda: 1.0) == 2
+    drifting = iter(range(1, 1000, 10))
+    assert runtime.warm_until_steady(lambda: float(next(drifting))) == runtime.MAX_WARM_SAMPLES
+
+
+def test_rows_carry_their_spread(tmp_path):
+    rows = run(tmp_path, [Case("numpy.reference", workload("causal"))])
+    for row in rows:
+        assert row["spread"] == pytest.approx(row["p80_ms"] / row["p20_ms"])

@@ -308,3 +308,15 @@ def test_every_torch_backend_on_every_family_on_a_gpu(tmp_path, backend):
     must_run = cls.claimed_masks if cls.unavailable_reason() is None else set()
     assert not [r for r in not_ok(rows) if r[1] in must_run]
     assert all(r["max_err"] < TOLERANCE["bfloat16"] / 2 for r in rows if r["status"] == "OK")
+
+
+def test_forward_and_backward_are_timed_together_in_turn():
+    runtime = registry.load_runtime("torch")
+    workload = Workload(1, 256, 256, 4, 4, 32, "float32", make_mask("causal", 256))
+    backend = registry.load_backend("torch.sdpa_math")
+    shape = (1, 4, 256, 32) if backend.layout == "bhsd" else (1, 256, 4, 32)
+    inputs = runtime.random_inputs([shape] * 4, "float32", 0)
+    forward, both = runtime.measure_pair(backend.build(workload), inputs, warmup=1, iters=4,
+                                         flush_l2=False)
+    assert len(forward.samples_ms) == len(both.samples_ms) == 4
+    assert both.median_ms > 0 and forward.median_ms > 0

@@ -1,7 +1,9 @@
 """PyTorch runtime: CUDA events on GPU, the host clock on CPU.
 
 The first call (or torch.compile's compilation) is timed separately as
-compile_s, then `warmup` more untimed calls run. The forward is measured
+compile_s, then `warmup` more untimed calls run, then on a GPU untimed
+samples until two agree (lcab.runtime.warm_until_steady); a forward and a
+forward+backward measured together take their samples in turn. The forward is measured
 without autograd (inputs that do not require grad); forward+backward with
 fresh gradients each repeat. On GPU a
 256 MiB buffer is zeroed between repeats so no repeat finds its inputs in
@@ -181,6 +183,37 @@ class TorchRuntime(Runtime):
         self._flush_buffer.zero_()
 
     def measure(self, fn, inputs, *, backward, warmup, iters, flush_l2):
+        return self._measure(fn, inputs, (backward,), warmup, iters, flush_l2)[0]
+
+    def measure_pair(self, fn, inputs, *, warmup, iters, flush_l2):
+        return tuple(self._measure(fn, inputs, (False, True), warmup, iters, flush_l2))
+
+    def _measure(self, fn, inputs, kinds, warmup, iters, flush_l2) -> list[Timing]:
+        """Timings of fn forward (kind False) and/or forward+backward (True):
+        each run first, warmed and brought to its steady state, then their
+        samples taken in turn, so both come from one warm state."""
+        if self.on_gpu and flush_l2 and self._flush_buffer is None:
+            self._flush_l2()  # allocate it before the peak counter starts
+        prepared = [self._prepare(fn, inputs, backward, warmup) for backward in kinds]
+        steps = [step for step, _, _ in prepared]
+        if self.on_gpu:  # untimed samples until two agree (lcab.runtime)
+            for step in steps:
+                warm_until_steady(lambda step=step: self._slowest(
+                    self._timed_gpu([step], 1, flush_l2)[0][0]))
+        if self.on_gpu:
+            samples = self._timed_gpu(steps, iters, flush_l2)
+        else:
+            samples = self._timed_host(steps, iters)
+        timings = []
+        for (_, compile_s, peak), taken in zip(prepared, samples):
+            if distributed.world_size() > 1:
+                taken, compile_s, peak = self._slowest_rank(taken, compile_s, peak)
+            timings.append(Timing(tuple(taken), compile_s=compile_s, peak_mem_bytes=peak))
+        return timings
+
+    def _prepare(self, fn, inputs, backward, warmup):
+        """(step, first-call seconds, peak memory of its first calls) of fn
+        forward or forward+backward."""
         if backward:
             leaves = [x.detach().requires_grad_(True) for x in inputs[:3]]
             dout = fn.local(inputs[3]) if isinstance(fn, ShardedFunction) else inputs[3]
@@ -196,8 +229,6 @@ class TorchRuntime(Runtime):
                 fn(q, k, v)
 
         if self.on_gpu:
-            if flush_l2 and self._flush_buffer is None:
-                self._flush_l2()  # allocate it before the peak counter starts
             torch.cuda.reset_peak_memory_stats()
         self._sync()
         start = time.perf_counter()
@@ -207,19 +238,12 @@ class TorchRuntime(Runtime):
         for _ in range(warmup):
             step()
         self._sync()
-        if self.on_gpu:  # untimed samples until two agree (lcab.runtime)
-            warm_until_steady(lambda: self._slowest(self._timed_gpu(step, 1, flush_l2)[0]))
-        samples = self._timed_gpu(step, iters, flush_l2) if self.on_gpu else self._timed_host(
-            step, iters
-        )
         peak = None
         if self.on_gpu:
             # The flush buffer is the harness's, not the case's.
             flush_bytes = 0 if self._flush_buffer is None else self._flush_buffer.numel()
             peak = torch.cuda.max_memory_allocated() - flush_bytes
-        if distributed.world_size() > 1:
-            samples, compile_s, peak = self._slowest_rank(samples, compile_s, peak)
-        return Timing(tuple(samples), compile_s=compile_s, peak_mem_bytes=peak)
+        return step, compile_s, peak
 
     def _slowest(self, ms: float) -> float:
         """One value, the maximum over ranks (itself in a single process)."""
@@ -237,25 +261,29 @@ class TorchRuntime(Runtime):
         values = values.tolist()
         return values[:-2], values[-2], (int(values[-1]) if peak is not None else None)
 
-    def _timed_gpu(self, step, iters, flush_l2):
-        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-                  for _ in range(iters)]
-        for begin, end in events:
-            if flush_l2:
-                self._flush_l2()
-            begin.record()
-            step()
-            end.record()
+    def _timed_gpu(self, steps, iters, flush_l2):
+        """Per step, `iters` CUDA-event samples, the steps taking turns."""
+        events = [[(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                   for _ in steps] for _ in range(iters)]
+        for turn in events:
+            for step, (begin, end) in zip(steps, turn):
+                if flush_l2:
+                    self._flush_l2()
+                begin.record()
+                step()
+                end.record()
         torch.cuda.synchronize()
-        return [begin.elapsed_time(end) for begin, end in events]
+        return [[turn[i][0].elapsed_time(turn[i][1]) for turn in events]
+                for i in range(len(steps))]
 
     @staticmethod
-    def _timed_host(step, iters):
-        samples = []
+    def _timed_host(steps, iters):
+        samples = [[] for _ in steps]
         for _ in range(iters):
-            start = time.perf_counter()
-            step()
-            samples.append((time.perf_counter() - start) * 1e3)
+            for step, taken in zip(steps, samples):
+                start = time.perf_counter()
+                step()
+                taken.append((time.perf_counter() - start) * 1e3)
         return samples
 
     def is_oom(self, exc):
