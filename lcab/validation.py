@@ -188,8 +188,9 @@ def _shortfall(mask: AttnMask, needs: ProbeNeeds, wanted: list[Reach]) -> list[s
             missing.append(f"{where}: {have.tiles} of {want.tiles} tiles per program")
         if have.runs < want.runs:
             missing.append(f"{where}: {have.runs} of {want.runs} runs of unmasked tiles")
-    if needs.unaligned and all(mask.seqlen_q % max(t) == 0 for t in needs.tilings):
-        missing.append(f"length {mask.seqlen_q} is a multiple of every block")
+    blocks = {block for tiling in needs.tilings for block in tiling}
+    if needs.unaligned and any(mask.seqlen_q % block == 0 for block in blocks):
+        missing.append(f"length {mask.seqlen_q} is a multiple of a block")
     return missing
 
 
