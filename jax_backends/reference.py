@@ -15,9 +15,11 @@ import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
-from lcab.fullcheck import TENSORS
+from jax_backends import distributed
+
 from lcab.masks.slices import CAUSAL, FULL, INV_CAUSAL
 
 _HIGHEST = lax.Precision.HIGHEST
@@ -65,9 +67,14 @@ def chunk_attention(q, k, v, seen):
     return out.reshape(batch, rows, heads_q, head_dim)
 
 
+def attention(q, k, v, dout, chunk_slices, rows: int, backward: bool):
+    """(out,) or (out, dq, dk, dv) in float32, chunk by chunk of `rows` query
+    rows; chunk_slices is lcab.fullcheck's (n_chunks, n_max, 5) table."""
+    return _attention(q, k, v, dout, jnp.asarray(chunk_slices), rows=rows, backward=backward)
+
+
 @functools.partial(jax.jit, static_argnames=("rows", "backward"))
-def attention(q, k, v, dout, chunk_slices, *, rows: int, backward: bool):
-    """(out,) or (out, dq, dk, dv) in float32, chunk by chunk of `rows` query rows."""
+def _attention(q, k, v, dout, chunk_slices, *, rows: int, backward: bool):
     q, k, v, dout = (x.astype(jnp.float32) for x in (q, k, v, dout))
     batch, seqlen_q, heads_q, head_dim = q.shape
     n_chunks = chunk_slices.shape[0]
@@ -108,9 +115,13 @@ def pick(x, selection, kv: bool):
     return jnp.take(x, jnp.asarray(heads), axis=2)
 
 
-@jax.jit
-def normalised_error(got, want):
+def normalised_error(got, want) -> float:
     """max |got - want| / max |want|, infinite where got is not finite."""
+    return float(np.asarray(distributed.to_host(_normalised_error(got, want))))
+
+
+@jax.jit
+def _normalised_error(got, want):
     got = got.astype(jnp.float32)
     scale = jnp.maximum(jnp.max(jnp.abs(want)), 1e-6)
     error = jnp.max(jnp.abs(got - want)) / scale

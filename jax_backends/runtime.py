@@ -60,7 +60,6 @@ class JaxRuntime(Runtime):
     def __init__(self):
         distributed.initialize_from_environment()
         self._flush = None
-        self._reference = None  # (key, arrays): the last full-size reference
 
     def device(self) -> DeviceInfo:
         first = jax.devices()[0]
@@ -116,36 +115,10 @@ class JaxRuntime(Runtime):
     def forward_backward(self, fn, q, k, v, dout):
         return jax.jit(_with_gradients(fn))(q, k, v, dout)
 
-    def full_check(self, fn, layout, check, backward):
+    def full_reference(self):
         from jax_backends import reference
 
-        w = check.workload
-        q_shape = (w.batch, w.seqlen_q, w.heads_q, w.head_dim)
-        kv_shape = (w.batch, w.seqlen_k, w.heads_kv, w.head_dim)
-        q, k, v, dout = self.random_inputs([q_shape, kv_shape, kv_shape, q_shape], w.dtype,
-                                           check.seed)
-        spread = jnp.asarray(check.spread, dtype=q.dtype)  # a power of two: exact
-        q, k = q * spread, k * spread
-        given = [self.swap_seq_heads(x) if layout == "bhsd" else x for x in (q, k, v, dout)]
-        if backward:
-            got = self.forward_backward(fn, *given)
-        else:
-            got = (self.forward(fn, *given[:3]),)
-        if layout == "bhsd":
-            got = [self.swap_seq_heads(x) for x in got]
-        got = [reference.pick(x, check.selection, is_kv)
-               for x, is_kv in zip(got, (False, False, True, True))]  # out, dq, dk, dv
-        key = (check.key, backward)
-        if self._reference is None or self._reference[0] != key:
-            self._reference = None  # free the last one first
-            picked = [reference.pick(x, check.selection, is_kv)
-                      for x, is_kv in zip((q, k, v, dout), (False, True, True, False))]
-            want = reference.attention(*picked, jnp.asarray(check.chunk_slices),
-                                       rows=check.chunk_rows, backward=backward)
-            self._reference = (key, want)
-        want = self._reference[1]
-        return {name: float(self.to_numpy(reference.normalised_error(g, t)))
-                for name, g, t in zip(("out", "dq", "dk", "dv"), got, want)}
+        return reference
 
     def _flush_buffer(self):
         if self._flush is None:

@@ -60,41 +60,9 @@ class NumpyRuntime(Runtime):
     def forward_backward(self, fn, q, k, v, dout):
         return (fn(q, k, v), *fn.grads(q, k, v, dout))
 
-    def full_check(self, fn, layout, check, backward):
-        """lcab.fullcheck against lcab.reference (float64, dense: small
-        workloads only) on the check's selection."""
-        from lcab import reference
+    def full_reference(self):
+        return _DenseReference
 
-        w = check.workload
-        q_shape = (w.batch, w.seqlen_q, w.heads_q, w.head_dim)
-        kv_shape = (w.batch, w.seqlen_k, w.heads_kv, w.head_dim)
-        q, k, v, dout = self.random_inputs([q_shape, kv_shape, kv_shape, q_shape], w.dtype,
-                                           check.seed)
-        q, k = q * check.spread, k * check.spread
-        given = [self.swap_seq_heads(x) if layout == "bhsd" else x for x in (q, k, v, dout)]
-        got = (self.forward_backward(fn, *given) if backward
-               else (self.forward(fn, *given[:3]),))
-        got = [self.swap_seq_heads(x) if layout == "bhsd" else x for x in got]
-        sel = check.selection
-        rows = list(sel.batch_rows)
-
-        def pick(x, kv):
-            return np.asarray(x, dtype=np.float64)[rows][:, :, list(
-                sel.kv_heads if kv else sel.q_heads)]
-
-        q, k, v, dout = (pick(x, kv) for x, kv in zip((q, k, v, dout),
-                                                       (False, True, True, False)))
-        want = [reference.attention(q, k, v, w.mask)[0]]
-        if backward:
-            want += reference.attention_grads(q, k, v, w.mask, dout)
-        errors = {}
-        for name, x, t, kv in zip(("out", "dq", "dk", "dv"), got, want,
-                                  (False, False, True, True)):
-            x = pick(x, kv)
-            scale = max(float(np.max(np.abs(t), initial=0.0)), 1e-6)
-            errors[name] = (float(np.max(np.abs(x - t), initial=0.0)) / scale
-                            if np.all(np.isfinite(x)) else float("inf"))
-        return errors
 
     def measure(self, fn, inputs, *, backward, warmup, iters, flush_l2):
         run = (lambda: self.forward_backward(fn, *inputs)) if backward else (lambda: fn(*inputs))
@@ -109,3 +77,30 @@ class NumpyRuntime(Runtime):
             run()
             samples.append((time.perf_counter() - start) * 1e3)
         return Timing(tuple(samples), compile_s=first, peak_mem_bytes=None)
+
+
+class _DenseReference:
+    """lcab.fullcheck's reference for host-only runs: lcab.reference (float64,
+    dense: small workloads only) on the mask rebuilt from the check's slices."""
+
+    @staticmethod
+    def pick(x, selection, kv: bool):
+        heads = selection.kv_heads if kv else selection.q_heads
+        return np.asarray(x, dtype=np.float64)[list(selection.batch_rows)][:, :, list(heads)]
+
+    @staticmethod
+    def attention(q, k, v, dout, chunk_slices, rows, backward):
+        from lcab import reference
+        from lcab.masks import AttnMask
+
+        table = np.unique(np.asarray(chunk_slices).reshape(-1, 5), axis=0)
+        mask = AttnMask(q.shape[1], k.shape[1], table[table[:, 1] > table[:, 0]])
+        out = reference.attention(q, k, v, mask)[0]
+        return (out, *reference.attention_grads(q, k, v, mask, dout)) if backward else (out,)
+
+    @staticmethod
+    def normalised_error(got, want) -> float:
+        if not np.all(np.isfinite(got)):
+            return float("inf")
+        scale = max(float(np.max(np.abs(want), initial=0.0)), 1e-6)
+        return float(np.max(np.abs(got - want), initial=0.0)) / scale

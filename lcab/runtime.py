@@ -127,8 +127,38 @@ class Runtime(abc.ABC):
         """lcab.fullcheck: run fn (in `layout`) forward, and backward when
         asked, on the check's inputs at the full workload, and return the
         normalised max error of "out" (and "dq", "dk", "dv") on the check's
-        selection against this framework's own float32 reference. Runtimes
-        without a reference (has_full_check False) raise NotImplementedError."""
+        selection against the framework's own reference (`full_reference`,
+        kept for the next backend on the same workload)."""
+        reference = self.full_reference()
+        w = check.workload
+        q_shape = (w.batch, w.seqlen_q, w.heads_q, w.head_dim)
+        kv_shape = (w.batch, w.seqlen_k, w.heads_kv, w.head_dim)
+        q, k, v, dout = self.random_inputs([q_shape, kv_shape, kv_shape, q_shape], w.dtype,
+                                           check.seed)
+        q, k = q * check.spread, k * check.spread  # a power of two: exact
+        given = [self.swap_seq_heads(x) if layout == "bhsd" else x for x in (q, k, v, dout)]
+        got = (self.forward_backward(fn, *given) if backward
+               else (self.forward(fn, *given[:3]),))
+        got = [self.swap_seq_heads(x) if layout == "bhsd" else x for x in got]
+        got = [reference.pick(x, check.selection, kv)
+               for x, kv in zip(got, (False, False, True, True))]  # out, dq, dk, dv
+        key = (check.key, backward)
+        kept = getattr(self, "_kept_reference", None)
+        if kept is None or kept[0] != key:
+            self._kept_reference = None  # free the last one first
+            picked = [reference.pick(x, check.selection, kv)
+                      for x, kv in zip((q, k, v, dout), (False, True, True, False))]
+            want = reference.attention(*picked, check.chunk_slices, check.chunk_rows, backward)
+            self._kept_reference = kept = (key, want)
+        return {name: reference.normalised_error(g, t)
+                for name, g, t in zip(("out", "dq", "dk", "dv"), got, kept[1])}
+
+    def full_reference(self):
+        """The module of this framework's full-size reference: pick(x,
+        selection, kv), attention(q, k, v, dout, chunk_slices, rows,
+        backward) and normalised_error(got, want) -> float (jax_backends/
+        reference.py is one). Runtimes without one (has_full_check False)
+        raise NotImplementedError."""
         raise NotImplementedError(f"the {self.framework} runtime has no full-size reference")
 
     @abc.abstractmethod

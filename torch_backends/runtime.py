@@ -44,7 +44,6 @@ class TorchRuntime(Runtime):
         distributed.ensure_process_group()
         self.device_name = device_name()
         self._flush_buffer = None
-        self._reference = None  # (key, tensors): the last full-size reference
 
     @property
     def on_gpu(self) -> bool:
@@ -134,35 +133,10 @@ class TorchRuntime(Runtime):
             golden.save(directory, key, given, results)
         return None
 
-    def full_check(self, fn, layout, check, backward):
+    def full_reference(self):
         from torch_backends import reference
 
-        w = check.workload
-        q_shape = (w.batch, w.seqlen_q, w.heads_q, w.head_dim)
-        kv_shape = (w.batch, w.seqlen_k, w.heads_kv, w.head_dim)
-        q, k, v, dout = self.random_inputs([q_shape, kv_shape, kv_shape, q_shape], w.dtype,
-                                           check.seed)
-        q, k = q * check.spread, k * check.spread  # a power of two: exact
-        given = [x.transpose(1, 2).contiguous() if layout == "bhsd" else x
-                 for x in (q, k, v, dout)]
-        if backward:
-            got = self.forward_backward(fn, *given)
-        else:
-            got = (self.forward(fn, *given[:3]),)
-        if layout == "bhsd":
-            got = [x.transpose(1, 2) for x in got]
-        got = [reference.pick(x, check.selection, is_kv)
-               for x, is_kv in zip(got, (False, False, True, True))]  # out, dq, dk, dv
-        key = (check.key, backward)
-        if self._reference is None or self._reference[0] != key:
-            self._reference = None  # free the last one first
-            picked = [reference.pick(x, check.selection, is_kv)
-                      for x, is_kv in zip((q, k, v, dout), (False, True, True, False))]
-            want = reference.attention(*picked, check.chunk_slices, check.chunk_rows, backward)
-            self._reference = (key, want)
-        want = self._reference[1]
-        return {name: reference.normalised_error(g, t)
-                for name, g, t in zip(("out", "dq", "dk", "dv"), got, want)}
+        return reference
 
     def _to_store(self, x, layout):
         # float32 holds bf16/fp16 values exactly; the store keeps (b, s, h, d)
