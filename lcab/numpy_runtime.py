@@ -30,7 +30,6 @@ def round_to(array: np.ndarray, dtype: str) -> np.ndarray:
 
 class NumpyRuntime(Runtime):
     framework = "numpy"
-    has_full_check = True
 
     def device(self) -> DeviceInfo:
         return DeviceInfo(name="cpu", platform="cpu", count=1)

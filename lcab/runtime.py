@@ -76,9 +76,12 @@ class DeviceInfo:
 
 class Runtime(abc.ABC):
     framework: str
-    # Whether full_check is implemented (lcab.fullcheck); rows of a runtime
-    # without one say so in their notes and carry no check columns.
-    has_full_check: bool = False
+
+    @property
+    def has_full_check(self) -> bool:
+        """Whether this runtime has a full-size reference (lcab.fullcheck);
+        rows of one without say so in their notes and carry no check columns."""
+        return type(self).full_reference is not Runtime.full_reference
 
     @abc.abstractmethod
     def device(self) -> DeviceInfo: ...

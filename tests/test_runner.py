@@ -327,3 +327,21 @@ def test_rows_carry_their_spread(tmp_path):
     rows = run(tmp_path, [Case("numpy.reference", workload("causal"))])
     for row in rows:
         assert row["spread"] == pytest.approx(row["p80_ms"] / row["p20_ms"])
+
+
+def test_a_runtime_without_a_reference_leaves_rows_unchecked_and_says_so(tmp_path):
+    from lcab.numpy_runtime import NumpyRuntime
+    from lcab.runner import Runner
+    from lcab.runtime import Runtime
+
+    class Bare(NumpyRuntime):
+        full_reference = Runtime.full_reference
+
+    assert NumpyRuntime().has_full_check and not Bare().has_full_check
+    runner = Runner(results.Writer(tmp_path / "rows.jsonl"), SETTINGS)
+    context = {"notes": "dense"}
+    case = Case("numpy.reference", workload("causal"))
+    checked, failure = runner._full_check(case, registry.load_backend("numpy.reference"),
+                                          Bare(), None, ["fwd"], context)
+    assert checked == {} and failure is None
+    assert context["notes"] == "dense; no full-size check: the numpy runtime has no reference"
