@@ -13,6 +13,8 @@ import time
 
 import numpy as np
 
+from lcab import reference, validation
+from lcab.masks import AttnMask
 from lcab.runtime import DeviceInfo, Runtime, Timing
 
 
@@ -89,17 +91,9 @@ class _DenseReference:
 
     @staticmethod
     def attention(q, k, v, dout, chunk_slices, rows, backward):
-        from lcab import reference
-        from lcab.masks import AttnMask
-
         table = np.unique(np.asarray(chunk_slices).reshape(-1, 5), axis=0)
         mask = AttnMask(q.shape[1], k.shape[1], table[table[:, 1] > table[:, 0]])
         out = reference.attention(q, k, v, mask)[0]
         return (out, *reference.attention_grads(q, k, v, mask, dout)) if backward else (out,)
 
-    @staticmethod
-    def normalised_error(got, want) -> float:
-        if not np.all(np.isfinite(got)):
-            return float("inf")
-        scale = max(float(np.max(np.abs(want), initial=0.0)), 1e-6)
-        return float(np.max(np.abs(got - want), initial=0.0)) / scale
+    normalised_error = staticmethod(validation.normalised_error)

@@ -254,7 +254,8 @@ def _sized_probe(backend: Backend, workload: Workload, needs: ProbeNeeds,
         missing)
 
 
-def _normalised_error(got: np.ndarray, want: np.ndarray) -> float:
+def normalised_error(got: np.ndarray, want: np.ndarray) -> float:
+    """max |got - want| / max |want|, infinite where got is not finite."""
     if not np.all(np.isfinite(got)):
         return float("inf")
     scale = max(float(np.max(np.abs(want), initial=0.0)), 1e-6)
@@ -303,7 +304,7 @@ def check_probe(
         runtime.to_numpy(runtime.forward(fn, device["q"], device["k"], device["v"])),
         backend.layout,
     )
-    fwd_err = _normalised_error(got_out, want_out)
+    fwd_err = normalised_error(got_out, want_out)
     bwd_err = None
     if backward:
         wants = reference.attention_grads(
@@ -313,7 +314,7 @@ def check_probe(
             fn, device["q"], device["k"], device["v"], device["dout"]
         )
         errors = [
-            _normalised_error(_to_layout(runtime.to_numpy(got), backend.layout), want)
+            normalised_error(_to_layout(runtime.to_numpy(got), backend.layout), want)
             for got, want in zip(gots, (want_out, *wants))
         ]
         bwd_err = max(errors)

@@ -18,15 +18,15 @@ import numpy as np
 import pytest
 
 from lcab import fullcheck, registry, results
-from lcab.masks import AttnMask, AttnSlice, MASK_NAMES, make_mask
+from lcab.masks import MASK_NAMES, AttnMask, AttnSlice, make_mask
 from lcab.runner import Case, Settings, run_cases
 from lcab.workloads import Workload
 
 jax = pytest.importorskip("jax")
 jnp = jax.numpy
 
-from jax_backends.kernels.xla import XlaBackend  # noqa: E402
-from jax_backends import reference as jax_reference  # noqa: E402
+from jax_backends import reference as jax_reference
+from jax_backends.kernels.xla import XlaBackend
 
 SEQLEN = 4096
 TILE = 128
@@ -217,7 +217,6 @@ def test_runner_writes_mismatch_with_the_figures_and_times_the_rest(tmp_path):
 def test_check_can_be_turned_off_and_tables_mark_it(tmp_path):
     from lcab.report import tables
 
-    path = tmp_path / "rows.jsonl"
     w = workload(seqlen=256, heads=(4, 2))
     for full_check in (True, False):
         settings = Settings(warmup=0, iters=1, run_id=f"t{full_check}", git_commit="abc",

@@ -76,7 +76,7 @@ def test_a_probe_that_cannot_reach_says_so():
     class Huge(Tiled):
         tilings = ((1024, 1024),)  # four tiles need 4k tokens: past the cap
 
-    probe, note = validation.choose_probe(Huge(), timed("causal", 32768, "pile"))
+    _, note = validation.choose_probe(Huge(), timed("causal", 32768, "pile"))
     assert "short of the timed pipelines" in note and "of 4 tiles per program" in note
 
 
