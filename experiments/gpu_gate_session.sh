@@ -53,8 +53,8 @@ paper=(--flagfile=experiments/pallas_flex_paper.flags --seqlens=32k)
 # Four shares of about equal work (the seed's 64k cases weigh most).
 shares=(
   "seed:full,causal"
-  "seed:full_document,causal_document,sliding_window_causal,block_causal_document"
-  "paper:full,causal,sliding_window,sliding_window_causal,global_sliding_window,full_document,causal_document"
+  "seed:full_document,causal_document,sliding_window_causal,varlen_block_causal"
+  "paper:full,causal,sliding_window,sliding_window_causal,longca_global_window,full_document,causal_document"
   "paper:block_causal_document,share_question,causal_blockwise,prefix_lm_document,prefix_lm_causal,block_sparse,var_block_sparse"
 )
 run_share() {  # GPU SHARE

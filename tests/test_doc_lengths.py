@@ -1,11 +1,11 @@
-"""Document-length histograms and the packed-sequence sampler."""
+"""Document-length histograms and the uncapped sampler (LCAB's original)."""
 
 import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from lcab.masks import doc_lengths
+from lcab.masks import doc_lengths, doc_samplers
 
 
 @pytest.mark.parametrize("name", doc_lengths.DISTRIBUTIONS)
@@ -23,6 +23,8 @@ def test_csv_buckets_are_closed_intervals():
     assert (hist.lo[0], hist.hi[0], hist.lo[1], hist.hi[1]) == (1, 11, 11, 51)
     assert hist.hi[-1] == 196609
     assert hist.weight[4] == pytest.approx(3794735 / 13463217)
+    # The numbers as written, which the peers' samplers read.
+    assert (hist.first[0], hist.last[0], hist.first[-1], hist.last[-1]) == (0, 10, 131073, 196608)
 
 
 @given(
@@ -31,9 +33,9 @@ def test_csv_buckets_are_closed_intervals():
     name=st.sampled_from(doc_lengths.DISTRIBUTIONS),
 )
 def test_sampled_lengths_fill_the_sequence_exactly(seqlen, seed, name):
-    lens = doc_lengths.sample_doc_lens(seqlen, np.random.default_rng(seed), name)
+    lens = doc_samplers.sample("uncapped", seqlen, np.random.default_rng(seed), name)
     assert sum(lens) == seqlen and min(lens) >= 1
-    again = doc_lengths.sample_doc_lens(seqlen, np.random.default_rng(seed), name)
+    again = doc_samplers.sample("uncapped", seqlen, np.random.default_rng(seed), name)
     assert lens == again
 
 
@@ -42,7 +44,7 @@ def test_lengths_follow_the_histogram(name):
     hist = doc_lengths.histogram(name)
     rng = np.random.default_rng(0)
     # About 100k documents: bucket frequencies within +-0.004 (over 4 sigma).
-    lens = doc_lengths.sample_doc_lens(int(hist.mean() * 100_000), rng, name)[:-1]
+    lens = doc_samplers.sample("uncapped", int(hist.mean() * 100_000), rng, name)[:-1]
     bucket = np.searchsorted(hist.lo, lens, side="right") - 1
     observed = np.bincount(bucket, minlength=len(hist.weight)) / len(lens)
     np.testing.assert_allclose(observed, hist.weight, atol=0.004)

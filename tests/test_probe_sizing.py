@@ -18,7 +18,7 @@ from lcab.masks import make_mask
 from lcab.masks.factory import taken_params
 from lcab.workloads import Workload
 
-PAPER = ("full", "causal", "sliding_window", "sliding_window_causal", "global_sliding_window",
+PAPER = ("full", "causal", "sliding_window", "sliding_window_causal", "longca_global_window",
          "full_document", "causal_document", "block_causal_document", "share_question",
          "causal_blockwise", "prefix_lm_document", "prefix_lm_causal", "block_sparse",
          "var_block_sparse")

@@ -260,7 +260,7 @@ def test_resume_skips_rows_that_exist(tmp_path):
 
 
 # ----- the real CPU backends against the reference, family by family --------
-LOW_PRECISION_MASKS = ["causal", "causal_document", "block_sparse", "global_sliding_window"]
+LOW_PRECISION_MASKS = ["causal", "causal_document", "block_sparse", "longformer_window"]
 
 
 @pytest.mark.parametrize("backend", ["jax.xla", "torch.sdpa_math"])

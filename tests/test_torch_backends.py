@@ -71,7 +71,7 @@ def test_flex_on_cpu_is_forward_only_and_says_so(tmp_path):
 
 @pytest.mark.parametrize("backend", ["torch.sdpa_math", "torch.flex"])
 def test_low_precision_and_batches(tmp_path, backend):
-    masks = ["causal_document", "var_block_sparse", "global_sliding_window"]
+    masks = ["causal_document", "var_block_sparse", "longformer_window"]
     cases = [Case(backend, workload(small_mask(m, 300), (4, 2), 32, "bfloat16", 2))
              for m in masks]
     rows = run(tmp_path, cases)

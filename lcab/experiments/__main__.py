@@ -74,6 +74,10 @@ def _sweep(backends: list[str]) -> Sweep:
         mask_seed=cli.MASK_SEED.value,
         window=cli.WINDOW.value,
         doc_distribution=cli.DOC_DISTRIBUTION.value,
+        doc_sampler=cli.DOC_SAMPLER.value,
+        doc_cap=cli.DOC_CAP.value,
+        keeps=tuple(cli.parse_keep(k) for k in cli.KEEP.value or ()),
+        sparse_blocks=tuple(cli.parse_block(b) for b in cli.SPARSE_BLOCK.value or ()),
     )
 
 
@@ -106,7 +110,9 @@ def _attention_job(framework: str, backends: list[str], run_id: str) -> launch.J
         "backends": list(sweep.backends), "masks": list(sweep.masks),
         "seqlens": list(sweep.seqlens), "heads": list(sweep.heads),
         "head_dim": sweep.head_dim, "dtype": sweep.dtype, "window": sweep.window,
-        "doc_distribution": sweep.doc_distribution, "mask_seed": sweep.mask_seed,
+        "doc_distribution": sweep.doc_distribution, "doc_sampler": sweep.doc_sampler,
+        "doc_cap": sweep.doc_cap, "keep": list(sweep.keeps),
+        "sparse_block": list(sweep.sparse_blocks), "mask_seed": sweep.mask_seed,
         "backend_options": [list(o) for o in options],
     }
     return launch.Job(
@@ -176,7 +182,10 @@ def main(argv):
         processes.jax_setting(cli.JAX_COORDINATOR.value, cli.JAX_NUM_PROCESSES.value,
                               cli.JAX_PROCESS_ID.value, cli.JAX_DISTRIBUTED_AUTO.value))
     run_id = cli.RUN_ID.value or _run_id()
-    jobs = _jobs(run_id)
+    try:
+        jobs = _jobs(run_id)
+    except ValueError as exc:  # a combination of valid flags that makes no workload
+        raise app.UsageError(str(exc)) from exc
     all_ok = _run(jobs, run_id)
     if cli.SUMMARY.value and not launch.launched_rank():
         from lcab.report.summary import summary_text  # pandas, only where a table is printed

@@ -2,7 +2,7 @@
 value fails at parse time, naming the valid choices, before anything runs.
 
 The workload flags (--masks, --heads, --head_dim, --dtype, --directions,
---doc_distribution, --mask_seed, --dispatch) are defined in
+--doc_distribution, --doc_sampler, --doc_cap, --mask_seed, --dispatch) are defined in
 lcab.experiments.workload_flags, shared with `python -m lcab.model`. Flags
 are read only in main (lcab/experiments/__main__.py).
 """
@@ -15,7 +15,8 @@ from lcab import comm, processes, registry
 from lcab.experiments import workload_flags
 from lcab.experiments.sweep import parse_seqlen
 from lcab.experiments.workload_flags import (  # noqa: F401 - the shared workload flags
-    DIRECTIONS, DISPATCH, DOC_DISTRIBUTION, DTYPE, HEAD_DIM, HEADS, MASK_SEED, MASKS)
+    DIRECTIONS, DISPATCH, DOC_CAP, DOC_DISTRIBUTION, DOC_SAMPLER, DTYPE, HEAD_DIM, HEADS,
+    MASK_SEED, MASKS)
 from lcab.results import COMM_SUITE
 from lcab.runner import import_plugins
 
@@ -44,6 +45,12 @@ ISOLATE_TIMEOUT = flags.DEFINE_float(
     "isolate_timeout", 1800.0, "With --isolate, kill a case running longer (seconds).",
     lower_bound=1.0)
 WINDOW = flags.DEFINE_integer("window", None, "Window for sliding-window masks.", lower_bound=0)
+KEEP = flags.DEFINE_list(
+    "keep", None, "Block-sparse masks: kept fractions of kv blocks per q block, each in (0, 1] "
+    "(a list runs each; the paper's sparsity sweep is 0.1,0.2,0.5,0.8,1.0).")
+SPARSE_BLOCK = flags.DEFINE_list(
+    "sparse_block", None, "Block-sparse masks: block sizes (var_block_sparse: the average), "
+    "e.g. 64,128; a list runs each.")
 SEED = flags.DEFINE_integer("seed", 0, "Seed of the random inputs.")
 FLUSH_L2 = flags.DEFINE_bool("flush_l2", True, "Rewrite 256 MiB between repeats on GPU.")
 BACKEND_MODULES = flags.DEFINE_list(
@@ -94,6 +101,22 @@ COMM_RANKS = flags.DEFINE_list(
     "comm_ranks", ["2"], "--suite=comm: device counts to time each collective over.")
 
 
+def parse_keep(text: str) -> float:
+    try:
+        keep = float(text)
+    except ValueError:
+        keep = float("nan")
+    if not 0.0 < keep <= 1.0:
+        raise ValueError(f"--keep {text!r} is not a kept fraction in (0, 1]")
+    return keep
+
+
+def parse_block(text: str) -> int:
+    if not str(text).strip().isdigit() or int(text) <= 0:
+        raise ValueError(f"--sparse_block {text!r} is not a positive block size in tokens")
+    return int(text)
+
+
 def parse_ranks(text: str) -> int:
     if not text.isdigit() or int(text) < 2:
         raise ValueError(f"--comm_ranks {text!r} is not a device count of 2 or more")
@@ -138,6 +161,8 @@ def check_backend_options(triples) -> None:
 
 
 workload_flags.validate_each(SEQLENS, parse_seqlen)
+workload_flags.validate_each(KEEP, parse_keep)
+workload_flags.validate_each(SPARSE_BLOCK, parse_block)
 workload_flags.validate_each(COMM_OPS, comm.check_op)
 workload_flags.validate_each(COMM_SIZES, comm.parse_bytes)
 workload_flags.validate_each(COMM_RANKS, parse_ranks)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 
 from lcab import registry
 from lcab.masks import canonical_name, make_mask, taken_params
@@ -35,6 +36,11 @@ class Sweep:
     mask_seed: int = 0
     window: int | None = None
     doc_distribution: str | None = None
+    doc_sampler: str | None = None
+    doc_cap: float | None = None
+    # Block-sparse families only: every kept fraction x every block size.
+    keeps: tuple[float, ...] = ()
+    sparse_blocks: tuple[int, ...] = ()
 
     def __post_init__(self):
         for name in self.backends:
@@ -44,15 +50,23 @@ class Sweep:
 
     def mask_params(self, name: str) -> dict:
         """The sweep-wide parameters that this family takes."""
-        return taken_params(name, window=self.window, distribution=self.doc_distribution)
+        return taken_params(name, window=self.window, distribution=self.doc_distribution,
+                            sampler=self.doc_sampler, doc_cap=self.doc_cap)
+
+    def mask_settings(self, name: str) -> list[dict]:
+        """Every parameter setting family `name` runs at: one, or for the
+        block-sparse families each (keep, block size) of the sweep."""
+        if "keep" not in taken_params(name, keep=1.0):
+            return [self.mask_params(name)]
+        return [{**self.mask_params(name), **taken_params(name, keep=keep, block_size=block)}
+                for keep, block in itertools.product(self.keeps or (None,),
+                                                     self.sparse_blocks or (None,))]
 
     def cases(self) -> list[Case]:
         cases = []
         for mask_name in self.masks:
-            for seqlen in self.seqlens:
-                mask = make_mask(
-                    mask_name, seqlen, seed=self.mask_seed, **self.mask_params(mask_name)
-                )
+            for seqlen, params in itertools.product(self.seqlens, self.mask_settings(mask_name)):
+                mask = make_mask(mask_name, seqlen, seed=self.mask_seed, **params)
                 workload = Workload(
                     self.batch, seqlen, seqlen, *self.heads, self.head_dim, self.dtype, mask
                 )

@@ -19,6 +19,7 @@ from lcab.experiments.sweep import parse_heads
 from lcab.flops import TIMED_DIRECTIONS
 from lcab.masks import MASK_NAMES, canonical_name
 from lcab.masks.doc_lengths import DISTRIBUTIONS
+from lcab.masks.doc_samplers import SAMPLERS, check_cap
 from lcab.workloads import DTYPES, canonical_dtype
 
 MASKS = flags.DEFINE_list("masks", None, f"Mask families: {', '.join(MASK_NAMES)}.")
@@ -28,7 +29,17 @@ DTYPE = flags.DEFINE_string("dtype", None, f"One of {', '.join(DTYPES)} (or bf16
 DIRECTIONS = flags.DEFINE_list(
     "directions", ["fwd", "bwd"], "Directions to time: fwd, bwd (bwd = fwd+bwd - fwd).")
 DOC_DISTRIBUTION = flags.DEFINE_enum(
-    "doc_distribution", None, list(DISTRIBUTIONS), "Document-length histogram.")
+    "doc_distribution", None, list(DISTRIBUTIONS),
+    "Document-length histogram (default: chatqa2_long_sft; with --doc_sampler=longca, the "
+    "seed paper's schedule by length).")
+DOC_SAMPLER = flags.DEFINE_enum(
+    "doc_sampler", None, list(SAMPLERS),
+    "How documents are drawn from the histogram: uncapped (LCAB's original), magi_pack "
+    "(MagiAttention's packing, documents cut at --doc_cap of the length) or longca (the seed "
+    "paper's). docs/masks.md says how each works.")
+DOC_CAP = flags.DEFINE_float(
+    "doc_cap", None, "magi_pack only: the longest document as a fraction of the length, "
+    "in (0, 1] (default 0.25).")
 MASK_SEED = flags.DEFINE_integer("mask_seed", 0, "Seed of random mask parameters.")
 DISPATCH = flags.DEFINE_list(
     "dispatch", None,
@@ -68,3 +79,4 @@ validate_each(HEADS, parse_heads)
 validate_each(DTYPE, canonical_dtype)
 validate_each(DIRECTIONS, parse_direction)
 validate_each(DISPATCH, parse_dispatch)
+validate_each(DOC_CAP, check_cap)

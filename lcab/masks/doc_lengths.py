@@ -1,8 +1,8 @@
-"""Document-length histograms (published dataset statistics) and a sampler.
+"""Document-length histograms: published dataset statistics.
 
-Each histogram is a list of length buckets with weights. A packed sequence
-is drawn by picking a bucket by weight, a length uniformly inside it, and
-clipping the last document to what is left of the sequence.
+Each histogram is a list of length buckets with weights. How a histogram
+becomes the documents of one packed sequence is a sampler's job
+(lcab.masks.doc_samplers).
 """
 
 from __future__ import annotations
@@ -34,22 +34,27 @@ _BUCKET = re.compile(r"^\s*\[\s*(\d+)\s*,\s*(\d+)\s*([)\]])\s*$")
 class LengthHistogram:
     name: str
     source: str
-    lo: np.ndarray  # inclusive lower bound of each bucket
+    lo: np.ndarray  # inclusive lower bound of each bucket (at least 1)
     hi: np.ndarray  # exclusive upper bound of each bucket
     weight: np.ndarray  # probabilities, summing to 1
+    # The two numbers each bucket is written with ("[a,b)" or "[a, b]"),
+    # which the peers' samplers read without the brackets.
+    first: np.ndarray
+    last: np.ndarray
 
     def mean(self) -> float:
         return float(np.sum(self.weight * (self.lo + self.hi - 1) / 2))
 
 
-def _parse_bucket(text: str) -> tuple[int, int]:
+def _parse_bucket(text: str) -> tuple[int, int, int, int]:
+    """'[a, b]' or '[a,b)' -> (lo, hi) half-open with lo >= 1, then (a, b)."""
     match = _BUCKET.match(text)
     if not match:
         raise ValueError(f"cannot parse length bucket {text!r}")
-    lo, hi, close = int(match[1]), int(match[2]), match[3]
-    hi = hi + 1 if close == "]" else hi
+    first, last, close = int(match[1]), int(match[2]), match[3]
+    hi = last + 1 if close == "]" else last
     # A document has at least one token.
-    return max(lo, 1), hi
+    return max(first, 1), hi, first, last
 
 
 @functools.cache
@@ -65,25 +70,6 @@ def histogram(name: str) -> LengthHistogram:
         items = [(_parse_bucket(row["range"]), float(row["number"])) for row in rows]
     bounds = np.array([b for b, _ in items], dtype=np.int64)
     weight = np.array([w for _, w in items], dtype=np.float64)
-    return LengthHistogram(name, source, bounds[:, 0], bounds[:, 1], weight / weight.sum())
-
-
-def sample_doc_lens(
-    seqlen: int, rng: np.random.Generator, distribution: str = DEFAULT_DISTRIBUTION
-) -> list[int]:
-    """Document lengths drawn from a named histogram, summing to seqlen."""
-    hist = histogram(distribution)
-    lens: list[int] = []
-    remaining = seqlen
-    while remaining > 0:
-        # Draw in batches sized by the mean, so long sequences cost few calls.
-        batch = int(remaining / hist.mean()) + 8
-        bucket = rng.choice(len(hist.weight), size=batch, p=hist.weight)
-        drawn = rng.integers(hist.lo[bucket], hist.hi[bucket])
-        for length in drawn:
-            length = min(int(length), remaining)
-            lens.append(length)
-            remaining -= length
-            if remaining == 0:
-                break
-    return lens
+    return LengthHistogram(
+        name, source, bounds[:, 0], bounds[:, 1], weight / weight.sum(), bounds[:, 2], bounds[:, 3]
+    )

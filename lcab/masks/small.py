@@ -17,16 +17,18 @@ _DOC_LENS = (40, 72, 24, 56, 64)  # out of 256: five uneven documents
 SMALL_PARAMS: dict[str, dict] = {
     "sliding_window": {"window": 24},
     "sliding_window_causal": {"window": 24},
-    "global_sliding_window": {"global_len": 20},
+    "longformer_window": {"global_len": 20},
+    "longca_global_window": {"global_len": 20},
     "full_document": {"doc_lens": _DOC_LENS},
     "causal_document": {"doc_lens": _DOC_LENS},
     "block_causal_document": {"doc_lens": _DOC_LENS, "block_size": 16},
+    "varlen_block_causal": {"doc_lens": _DOC_LENS, "block_size": 24},
     "share_question": {"doc_lens": _DOC_LENS},
     "causal_blockwise": {"doc_lens": _DOC_LENS},
     "prefix_lm_causal": {"prefix_len": 64},
     "prefix_lm_document": {"doc_lens": _DOC_LENS, "prefix_len": 16},
     "block_sparse": {"block_size": 16, "keep": 0.25},
-    "var_block_sparse": {"block_size": 24, "keep": 0.25},
+    "var_block_sparse": {"block_size": 24, "keep": 0.25, "min_block": 8},
 }
 
 
@@ -63,7 +65,9 @@ def small_mask(name: str, seqlen: int = SMALL_SEQLEN, seed: int = 0) -> AttnMask
     return make_mask(name, seqlen, seed=seed, **small_params(name, seqlen))
 
 
-_SIZE_PARAMS = ("window", "prefix_len", "global_len", "block_size")
+_SIZE_PARAMS = ("window", "prefix_len", "global_len", "block_size", "min_block")
+# How the documents were drawn: scaled masks give their documents explicitly.
+_DRAW_PARAMS = ("distribution", "sampler", "doc_cap", "seed")
 # Sparse blocks keep at least this size, so that a probe stays a few tiles
 # of a blocked pattern rather than a cloud of single cells.
 _MIN_BLOCK = 16
@@ -82,13 +86,13 @@ def scaled_mask(mask: AttnMask, seqlen: int, keep_sizes: bool = False) -> AttnMa
     kept size does not fit `seqlen`.
     """
     ratio = seqlen / mask.seqlen_q
-    params = {k: v for k, v in mask.params.items() if k not in ("distribution", "seed")}
+    params = {k: v for k, v in mask.params.items() if k not in _DRAW_PARAMS}
     for key in _SIZE_PARAMS:
         if key in params and keep_sizes:
             if params[key] >= seqlen:
                 raise ValueError(f"{key}={params[key]} does not fit {seqlen} tokens")
         elif key in params:
-            floor = min(params[key], _MIN_BLOCK) if key == "block_size" else 1
+            floor = min(params[key], _MIN_BLOCK) if key in ("block_size", "min_block") else 1
             params[key] = max(floor, round(params[key] * ratio))
     if "doc_lens" in params:
         ends = [round(end * ratio) for end in _cumulative(params["doc_lens"])]

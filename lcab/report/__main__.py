@@ -19,8 +19,22 @@ rows). DIR receives:
   module.md, module.csv           per-GPU TFLOP/s of jax.module rows (if any)
   comm.md, comm.csv               the comm suite: bus bandwidth per collective,
                                   rank count and size, alpha-beta fit (if any)
+  memory.md, memory.csv           peak device memory of kernel rows in GiB
+                                  (2^30 bytes), cells "fwd / bwd" per backend,
+                                  (mask, seqlen); only OK rows, a cell without
+                                  one is empty (if any OK kernel row has
+                                  peak_mem_bytes; lcab.report.memory)
+  sparsity.md, sparsity.csv       block-sparse masks (block_sparse,
+                                  var_block_sparse): TFLOP/s per backend by
+                                  (mask, seqlen, block_size, direction, keep)
+                                  (if any such rows; lcab.report.sparsity)
   figures/kernel_<mask>.png       one per mask with kernel rows
   figures/cp_<mask>.png           one per mask with CP rows
+  figures/memory_<mask>.png       peak GiB against seqlen (log2), one line per
+                                  backend, fwd solid, bwd dashed
+  figures/sparsity_<mask>.png     TFLOP/s against keep (0 to 1), one line per
+                                  backend, a panel per (seqlen, block_size)
+                                  and direction
   README.md                       an index: devices, dates, legend, every
                                   table embedded and every figure shown
 
@@ -28,6 +42,13 @@ The kernel and cross-framework files are written when kernel rows exist, a
 direction's file when that direction has rows. Results of several settings
 (shapes, dtype, device) give one section per setting in each markdown file,
 and figure names gain the setting: figures/kernel_<mask>__<setting>.png.
+
+Kernel, cross-framework, CP, memory and summary tables key cells by (mask,
+seqlen). Where a block-sparse family ran with several settings (keep,
+block_size), e.g. a keep sweep at one seqlen, every row of that family shows
+its setting in the mask column, "block_sparse(keep=0.2, block=128)", and
+gets a kernel figure per setting (tables.label_mask_settings); rows of two
+settings never share a cell. sparsity.md puts the same rows against keep.
 """
 
 from __future__ import annotations
@@ -39,7 +60,7 @@ import pandas as pd
 from absl import app, flags
 
 from lcab import results
-from lcab.report import figures, tables
+from lcab.report import figures, memory, sparsity, tables
 from lcab.report.summary import summary_text
 from lcab.status import LEGEND
 
@@ -160,16 +181,26 @@ def _figure_stem(kind: str, mask: str, label: str, several_settings: bool) -> st
     return f"{kind}_{slug(mask)}__{slug(label)}" if several_settings else f"{kind}_{slug(mask)}"
 
 
+# Each kind of figure: its draw function and the rows whose masks get one.
+FIGURE_KINDS = (
+    ("kernel", figures.kernel_figure, lambda group: tables.suite_rows(group, "kernel")),
+    ("cp", figures.cp_figure, lambda group: tables.suite_rows(group, "cp")),
+    ("memory", figures.memory_figure, memory.memory_rows),
+    ("sparsity", figures.sparsity_figure, sparsity.sparsity_rows),
+)
+
+
 def write_figures(writer: ReportWriter, frame: pd.DataFrame) -> list[pathlib.Path]:
-    """One kernel figure per mask with kernel rows, one CP figure per mask with CP rows."""
+    """Per setting, one figure of each kind (FIGURE_KINDS) per mask with its rows."""
     groups = list(tables.setting_groups(frame))
     drawn = []
-    for suite, draw in (("kernel", figures.kernel_figure), ("cp", figures.cp_figure)):
+    for kind, draw, rows_of in FIGURE_KINDS:
         for label, group in groups:
-            rows = group[group["suite"] == suite]
-            for mask in pd.unique(rows["mask"]):
-                stem = _figure_stem(suite, mask, label, len(groups) > 1)
-                drawn.append(writer.figure(draw, rows, mask, stem))
+            # The whole group is drawn from: each figure selects its own rows,
+            # naming backends and masks as its table does.
+            for mask in pd.unique(rows_of(group)["mask"]):
+                stem = _figure_stem(kind, mask, label, len(groups) > 1)
+                drawn.append(writer.figure(draw, group, mask, stem))
     return drawn
 
 
@@ -232,6 +263,10 @@ def write_report(paths: list[str], out: pathlib.Path) -> list[pathlib.Path]:
     module = frame[frame["suite"] == "module"]
     writer.table("module", "Attention module (projections + attention, jax.module): per-GPU "
                  "TFLOP/s", _per_setting(module, lambda group: tables.cp_table(group, "module")))
+    writer.table("memory", f"Kernels, peak device memory, fwd / bwd: {memory.UNIT}",
+                 _per_setting(kernel, memory.memory_table))
+    writer.table("sparsity", "Block-sparse masks: TFLOP/s against keep (the kept fraction "
+                 "of kv blocks per q block)", _per_setting(kernel, sparsity.sparsity_table))
     if not comm.empty:
         writer.table("comm", "Collectives alone: bus bandwidth (GB/s) by bytes per rank; "
                      "alpha-beta fit", [("every collective", comm)])

@@ -1,4 +1,5 @@
-"""Figures of result rows: kernel bar charts and CP line charts (PNG).
+"""Figures of result rows (PNG): kernel bar charts, CP line charts, peak
+memory against seqlen and block-sparse TFLOP/s against keep.
 
 Kernel figures follow the MagiAttention benchmark figures: one picture per
 mask, grouped bars per sequence length, one bar per backend, the TFLOP/s
@@ -18,9 +19,10 @@ import pathlib
 import pandas as pd
 from matplotlib import colormaps
 from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
-from lcab.report import tables
+from lcab.report import memory, sparsity, tables
 from lcab.status import LEGEND, Status
 from lcab.workloads import format_seqlen
 
@@ -30,6 +32,7 @@ PANEL_TITLES = {"fwd": "forward", "bwd": "backward"}
 # neighbouring labels do not run into each other.
 UPRIGHT_LABELS_ABOVE = 16
 STUB_FRACTION = 0.012  # a failed row's stub bar, as a fraction of the panel's height
+DIRECTION_STYLES = {"fwd": "-", "bwd": "--"}  # memory lines: fwd solid, bwd dashed
 
 
 def _colors(names: list[str]) -> dict[str, tuple]:
@@ -117,32 +120,59 @@ def kernel_figure(frame: pd.DataFrame, mask: str, path: str | pathlib.Path) -> p
     return _save(fig, path)
 
 
+# ---------------------------------------------------------------- line helpers
+
+
+def _ok_top(rows: pd.DataFrame) -> float:
+    """The highest OK TFLOP/s of the rows (1 without any), to scale a panel."""
+    ok_values = rows.loc[rows["status"] == Status.OK.value, "tflops"]
+    return float(ok_values.max()) if not ok_values.empty else 1.0
+
+
+def _tflops_curve(ax, mine, x: str, k: int, top: float, color, style: str, name: str) -> None:
+    """One curve of TFLOP/s against column x; a failed point is its code near the x axis."""
+    mine = mine.sort_values(x)
+    ok = mine[mine["status"] == Status.OK.value]
+    ax.plot(ok[x], ok["tflops"], style, marker="o", color=color, label=name)
+    for r in mine[mine["status"] != Status.OK.value].itertuples(index=False):
+        # Each curve's codes at its own height (k), so failures at one x stay readable.
+        ax.text(getattr(r, x), top * (0.03 + 0.06 * (k % 12)),
+                tables.format_cell(r.status, r.tflops), ha="center", va="bottom",
+                fontsize=9, fontweight="bold", color=color)
+
+
+def _log2_axis(ax, values, labels) -> None:
+    """A log2 x axis with a tick at each value, room at both ends."""
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(values, labels)
+    ax.minorticks_off()
+    ax.set_xlim(values[0] / 1.25, values[-1] * 1.25)
+
+
+def _panel_legend(fig: Figure, axes) -> None:
+    """Every panel's curves, once each: a curve may fail everywhere in one panel."""
+    legend = {}
+    for ax in axes:
+        legend.update(zip(*reversed(ax.get_legend_handles_labels())))
+    fig.legend(list(legend.values()), list(legend), loc="outside right center",
+               fontsize=8, frameon=False)
+
+
 # ---------------------------------------------------------------- CP lines
 
 
 def _cp_panel(ax, rows, lines, colors, styles) -> None:
     """Per-GPU TFLOP/s against cp_size; a failed point is its code on the x axis."""
-    ok_values = rows.loc[rows["status"] == Status.OK.value, "tflops"]
-    top = float(ok_values.max()) if not ok_values.empty else 1.0
+    top = _ok_top(rows)
     curves = [(line, seqlen) for line in lines for seqlen in styles]
     for k, (line, seqlen) in enumerate(curves):
-        mine = rows[(rows["line"] == line) & (rows["seqlen"] == seqlen)].sort_values("cp_size")
+        mine = rows[(rows["line"] == line) & (rows["seqlen"] == seqlen)]
         if mine.empty:
             continue
-        ok = mine[mine["status"] == Status.OK.value]
         name = line if len(styles) == 1 else f"{line} @ {format_seqlen(seqlen)}"
-        ax.plot(ok["cp_size"], ok["tflops"], styles[seqlen], marker="o", color=colors[line],
-                label=name)
-        for r in mine[mine["status"] != Status.OK.value].itertuples(index=False):
-            # Each curve's codes at its own height, so failures at one cp_size stay readable.
-            ax.text(r.cp_size, top * (0.03 + 0.06 * (k % 12)),
-                    tables.format_cell(r.status, r.tflops), ha="center", va="bottom",
-                    fontsize=9, fontweight="bold", color=colors[line])
+        _tflops_curve(ax, mine, "cp_size", k, top, colors[line], styles[seqlen], name)
     sizes = sorted(int(s) for s in pd.unique(rows["cp_size"]))
-    ax.set_xscale("log", base=2)
-    ax.set_xticks(sizes, [str(s) for s in sizes])
-    ax.minorticks_off()
-    ax.set_xlim(sizes[0] / 1.25, sizes[-1] * 1.25)  # room for codes at the ends
+    _log2_axis(ax, sizes, [str(s) for s in sizes])
     ax.set_ylim(0, top * 1.15)
     ax.set_xlabel("cp_size (GPUs)")
     ax.set_ylabel("TFLOP/s per GPU")
@@ -166,13 +196,79 @@ def cp_figure(frame: pd.DataFrame, mask: str, path: str | pathlib.Path) -> pathl
     for ax, direction in zip(axes, directions):
         _cp_panel(ax, rows[rows["direction"] == direction], lines, colors, styles)
         ax.set_title(PANEL_TITLES.get(direction, direction), fontsize=10)
-    # Every panel's lines, once each: a line may fail everywhere in one panel.
-    legend = {}
-    for ax in axes:
-        legend.update(zip(*reversed(ax.get_legend_handles_labels())))
-    fig.legend(list(legend.values()), list(legend), loc="outside right center",
-               fontsize=8, frameon=False)
+    _panel_legend(fig, axes)
     seqlen_text = ", ".join(format_seqlen(s) for s in seqlens)
     fig.suptitle(f"{mask} at {seqlen_text}, context parallel: {label}", fontsize=11)
+    _footnote(fig, rows)
+    return _save(fig, path)
+
+
+# ---------------------------------------------------------------- peak memory
+
+
+def memory_figure(frame: pd.DataFrame, mask: str, path: str | pathlib.Path) -> pathlib.Path:
+    """A PNG of one mask's peak memory (GiB) against seqlen: one colour per
+    backend, fwd solid and bwd dashed (memory.memory_rows: OK rows only)."""
+    rows = _rows_of_mask(memory.memory_rows(frame), "memory", mask)
+    label = tables.single_setting(rows, "memory_figure")
+    lines = tables.line_order(rows)
+    colors = _colors(lines)
+    fig = Figure(figsize=(10.0, 5.0), layout="constrained")
+    ax = fig.subplots()
+    for line in lines:
+        for direction, style in DIRECTION_STYLES.items():
+            mine = rows[(rows["line"] == line) & (rows["direction"] == direction)]
+            mine = mine.sort_values("seqlen")
+            ax.plot(mine["seqlen"], mine["gib"], style, marker="o", color=colors[line])
+    seqlens = sorted(int(s) for s in pd.unique(rows["seqlen"]))
+    _log2_axis(ax, seqlens, [format_seqlen(s) for s in seqlens])
+    ax.set_ylim(0, float(rows["gib"].max()) * 1.1)
+    ax.set_xlabel("sequence length")
+    ax.set_ylabel(f"peak memory, {memory.UNIT}")
+    ax.grid(alpha=0.3)
+    # Colours name the backends, styles the directions: two keys, one legend.
+    handles = [Line2D([], [], color=colors[line], label=line) for line in lines]
+    handles += [Line2D([], [], color="0.3", linestyle=style, label=PANEL_TITLES[direction])
+                for direction, style in DIRECTION_STYLES.items()]
+    fig.legend(handles=handles, loc="outside right center", fontsize=8, frameon=False)
+    fig.suptitle(f"{mask}, peak memory: {label}", fontsize=11)
+    return _save(fig, path)
+
+
+# ---------------------------------------------------------------- sparsity
+
+
+def sparsity_figure(frame: pd.DataFrame, mask: str, path: str | pathlib.Path) -> pathlib.Path:
+    """A PNG of one block-sparse mask's TFLOP/s against keep (0 to 1): one
+    line per backend, one row of panels per (seqlen, block_size), one column
+    per direction (sparsity.sparsity_rows)."""
+    rows = _rows_of_mask(sparsity.sparsity_rows(frame), "block-sparse kernel", mask)
+    label = tables.single_setting(rows, "sparsity_figure")
+    lines = tables.line_order(rows)
+    colors = _colors(lines)
+    panels = sorted(set(zip(rows["seqlen"].astype(int), rows["block_size"])))
+    directions = [d for d in tables.DIRECTIONS if (rows["direction"] == d).any()]
+
+    fig = Figure(figsize=(4.8 * len(directions) + 2.5, 3.4 * len(panels) + 0.8),
+                 layout="constrained")
+    axes = fig.subplots(len(panels), len(directions), squeeze=False)
+    for (seqlen, block), panel_axes in zip(panels, axes):
+        for ax, direction in zip(panel_axes, directions):
+            mine = rows[(rows["seqlen"] == seqlen) & (rows["block_size"] == block)
+                        & (rows["direction"] == direction)]
+            top = _ok_top(mine)
+            for k, line in enumerate(lines):
+                curve = mine[mine["line"] == line]
+                if not curve.empty:
+                    _tflops_curve(ax, curve, "keep", k, top, colors[line], "-", line)
+            ax.set_xlim(0, 1.02)  # keep is in (0, 1]; the margin shows a point at 1
+            ax.set_ylim(0, top * 1.15)
+            ax.set_xlabel("keep (kept fraction of kv blocks)")
+            ax.set_ylabel("TFLOP/s")
+            ax.grid(alpha=0.3)
+            ax.set_title(f"{format_seqlen(seqlen)}, block {block}: "
+                         f"{PANEL_TITLES.get(direction, direction)}", fontsize=10)
+    _panel_legend(fig, axes.ravel())
+    fig.suptitle(f"{mask}, TFLOP/s against keep: {label}", fontsize=11)
     _footnote(fig, rows)
     return _save(fig, path)

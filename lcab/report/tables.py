@@ -7,6 +7,10 @@ combination that was never measured an empty string. Each table function
 first keeps only the newest row of each measurement (`latest`) and expects
 one setting group (`setting_groups`):
 numbers from different shapes, dtypes or devices never share a table.
+A mask family run with several settings of its sparsity parameters
+(SWEPT_MASK_PARAMS: keep, block_size) names each setting in the mask column,
+e.g. "block_sparse(keep=0.2, block=128)" (`label_mask_settings`), so rows of
+one (mask, seqlen) at two keep values are two table rows, never one cell.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from __future__ import annotations
 import json
 import re
 import warnings
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 
 import pandas as pd
 
@@ -37,6 +41,9 @@ KERNEL_INDEX = ("mask", "seqlen")
 CP_INDEX = ("mask", "seqlen", "direction", "cp_size")
 CROSS_INDEX = ("mask", "seqlen", "direction")
 CP_SHORT_INDEX = ("mask", "seqlen", "cp_size")
+# Mask parameters a sweep may vary at one sequence length (the block-sparse
+# families'), with their short names in a mask label.
+SWEPT_MASK_PARAMS = {"keep": "keep", "block_size": "block"}
 
 
 # ---------------------------------------------------------------- row selection
@@ -62,8 +69,51 @@ def latest(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def suite_rows(frame: pd.DataFrame, suite: str) -> pd.DataFrame:
-    """The newest rows of one suite ("kernel" or "cp")."""
-    return latest(frame[frame["suite"] == suite])
+    """The newest rows of one suite ("kernel" or "cp"), masks labelled with
+    their sparsity setting where a family ran with several."""
+    # Labelled over every suite, so kernel and CP rows of one frame agree.
+    labelled = label_mask_settings(frame)
+    return latest(labelled[labelled["suite"] == suite])
+
+
+def swept_params(mask_params) -> dict:
+    """The SWEPT_MASK_PARAMS of a row's mask_params (JSON text or dict)."""
+    params = results.json_field(mask_params)
+    return {name: params[name] for name in SWEPT_MASK_PARAMS if name in params}
+
+
+def _param_text(value) -> str:
+    return f"{value:g}" if isinstance(value, (int, float)) else str(value)
+
+
+def mask_setting_label(mask: str, params: Mapping) -> str:
+    """E.g. "block_sparse(keep=0.2, block=128)"; the mask alone without params."""
+    if not params:
+        return str(mask)
+    inner = ", ".join(f"{SWEPT_MASK_PARAMS[name]}={_param_text(params[name])}"
+                      for name in SWEPT_MASK_PARAMS if name in params)
+    return f"{mask}({inner})"
+
+
+def label_mask_settings(frame: pd.DataFrame) -> pd.DataFrame:
+    """Rows of a mask family that ran with several settings of
+    SWEPT_MASK_PARAMS get theirs in the mask column (mask_setting_label).
+
+    Tables key cells by (mask, seqlen): without this, two keep values of one
+    seqlen would share a cell and only the newer would be shown. A family with
+    one setting keeps its plain name; labelling twice changes nothing.
+    """
+    if frame.empty or "mask_params" not in frame:
+        return frame
+    params = frame["mask_params"].map(swept_params)
+    settings = params.map(lambda p: tuple(sorted(p.items())))
+    several = settings.groupby(frame["mask"], sort=False).nunique() > 1
+    relabel = frame["mask"].isin(several.index[several])
+    if not relabel.any():
+        return frame
+    masks = [mask_setting_label(mask, p) if r else mask
+             for mask, p, r in zip(frame["mask"], params, relabel)]
+    return frame.assign(mask=masks)
 
 
 def _int_text(value) -> str:
@@ -243,15 +293,16 @@ def _one_row_per_cell(rows: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
 
 def cell_table(
     rows: pd.DataFrame, index: Sequence[str], column: str, columns: Sequence[str],
-    row_index: pd.MultiIndex,
+    row_index: pd.MultiIndex, formatter: Callable[[pd.Series], str] = format_row,
 ) -> pd.DataFrame:
-    """Pivot rows into `row_index` x `columns` cells of formatted TFLOP/s or codes."""
+    """Pivot rows into `row_index` x `columns` cells, each `formatter(row)`
+    (by default formatted TFLOP/s or the status code)."""
     index, keys = list(index), [*index, column]
     table = pd.DataFrame(index=row_index, columns=list(columns), dtype=object)
     if not rows.empty:
         rows = _one_row_per_cell(rows, keys)
         cells = pd.Series(
-            [format_row(row) for _, row in rows.iterrows()],
+            [formatter(row) for _, row in rows.iterrows()],
             index=pd.MultiIndex.from_frame(rows[keys]),
             dtype=object,
         )
@@ -459,7 +510,7 @@ def cp_beside_single_table(frame: pd.DataFrame, framework: str) -> pd.DataFrame:
                                 lines, row_index)
         return pd.concat([beside, strategies], axis=1)
 
-    joined = _joined_directions(map(one_direction, DIRECTIONS))
+    joined = joined_directions(map(one_direction, DIRECTIONS))
     filled = joined != ""
     return joined.loc[filled.any(axis=1), filled.any(axis=0)]
 
@@ -556,7 +607,7 @@ def date_range(frame: pd.DataFrame) -> str:
     return first if first == last else f"{first} to {last}"
 
 
-def _joined_directions(tables: Iterable[pd.DataFrame]) -> pd.DataFrame:
+def joined_directions(tables: Iterable[pd.DataFrame]) -> pd.DataFrame:
     """Cells "fwd / bwd" from one table per direction; a side never measured is blank."""
     tables = list(tables)
     joined = tables[0]
@@ -571,7 +622,7 @@ def _by_direction(rows: pd.DataFrame, index: Sequence[str], column: str, columns
     row_index = sorted_index(rows, index)
     tables = [cell_table(rows[rows["direction"] == d], index, column, columns, row_index)
               for d in present]
-    return present, _joined_directions(tables)
+    return present, joined_directions(tables)
 
 
 def short_table(frame: pd.DataFrame) -> str:
@@ -581,7 +632,7 @@ def short_table(frame: pd.DataFrame) -> str:
     with index (mask, seqlen, cp_size) and per-GPU TFLOP/s. Ends with the
     legend of the codes and the device names.
     """
-    newest = latest(frame)
+    newest = label_mask_settings(latest(frame))
     parts = []
     for label, group in setting_groups(newest):
         kernel = group[group["suite"] == "kernel"]

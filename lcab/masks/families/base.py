@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from lcab.masks import doc_lengths
+from lcab.masks import doc_samplers
 from lcab.masks.slices import BI_CAUSAL, CAUSAL, FULL, INV_CAUSAL
 
 Builder = Callable[..., tuple[np.ndarray, dict]]
@@ -75,18 +75,33 @@ def band_rows(q0: int, q1: int, k0: int, k1: int, left: int, right: int) -> list
     return rows
 
 
-def resolve_doc_lens(seqlen: int, rng, doc_lens=None, distribution=None) -> tuple[list, dict]:
-    """Explicit doc_lens (checked) or lengths drawn from a histogram."""
+DOC_PARAMS = ("doc_lens", "distribution", "sampler", "doc_cap")
+
+
+def resolve_doc_lens(seqlen: int, rng, doc_lens=None, distribution=None, sampler=None,
+                     doc_cap=None) -> tuple[list, dict]:
+    """Explicit doc_lens (checked) or lengths drawn by a sampler from a histogram.
+
+    With doc_lens, any sampler settings given too are kept as their record
+    (a mask rebuilt from its recorded params is the same mask, same params).
+    """
     if doc_lens is not None:
         doc_lens = [int(x) for x in doc_lens]
         if any(x <= 0 for x in doc_lens):
             raise ValueError(f"doc_lens must all be positive, got {doc_lens}")
         if sum(doc_lens) != seqlen:
             raise ValueError(f"doc_lens sum to {sum(doc_lens)}, not {seqlen=}")
-        return doc_lens, {"doc_lens": doc_lens}
-    distribution = distribution or doc_lengths.DEFAULT_DISTRIBUTION
-    drawn = doc_lengths.sample_doc_lens(seqlen, rng, distribution)
-    return drawn, {"distribution": distribution, "doc_lens": drawn}
+        record = {"sampler": sampler, "distribution": distribution, "doc_cap": doc_cap}
+        return doc_lens, {**{k: v for k, v in record.items() if v is not None},
+                          "doc_lens": doc_lens}
+    sampler = doc_samplers.check_sampler(sampler or doc_samplers.DEFAULT_SAMPLER)
+    distribution = distribution or doc_samplers.default_distribution(sampler, seqlen)
+    drawn = doc_samplers.sample(sampler, seqlen, rng, distribution, doc_cap)
+    params = {"sampler": sampler, "distribution": distribution, "doc_lens": drawn}
+    if sampler == "magi_pack":
+        params["doc_cap"] = doc_samplers.check_cap(
+            doc_samplers.DEFAULT_CAP if doc_cap is None else doc_cap)
+    return drawn, params
 
 
 def doc_bounds(doc_lens) -> list[tuple[int, int]]:

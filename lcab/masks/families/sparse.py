@@ -1,6 +1,9 @@
 """Block-sparse masks: per q block, a random top-k choice of kv blocks.
 
-Kept tiles are full; runs of adjacent kept kv blocks merge into one slice.
+As in the seed paper (LongCA-bench, with MagiAttention's pattern
+generators): every q block keeps k = max(1, int(keep * n_kv_blocks)) kv
+blocks, the top k of uniform random scores. Kept tiles are full; runs of
+adjacent kept kv blocks merge into one slice.
 """
 
 import numpy as np
@@ -10,20 +13,21 @@ from lcab.masks.slices import FULL
 
 DEFAULT_BLOCK = 128
 DEFAULT_AVG_BLOCK = 512
+DEFAULT_MIN_BLOCK = 128  # the paper's smallest variable block
 DEFAULT_KEEP = 0.2
 
 
 def _check_keep(keep) -> float:
     keep = float(keep)
     if not 0.0 < keep <= 1.0:
-        raise ValueError(f"keep={keep} must be in (0, 1]")
+        raise ValueError(f"keep={keep} must be in (0, 1]: the kept fraction of kv blocks")
     return keep
 
 
 def _topk_tiles(q_edges, k_edges, keep, rng) -> np.ndarray:
-    """Slice table keeping round(keep * n_k) kv blocks (at least 1) per q block."""
+    """Slice table keeping int(keep * n_k) kv blocks (at least 1) per q block."""
     n_q, n_k = len(q_edges) - 1, len(k_edges) - 1
-    k = max(1, int(round(keep * n_k)))
+    k = min(max(1, int(keep * n_k)), n_k)
     scores = rng.random((n_q, n_k))
     chosen = np.zeros((n_q, n_k), dtype=bool)
     top = np.argpartition(-scores, k - 1, axis=1)[:, :k]
@@ -49,15 +53,14 @@ def _uniform_edges(seqlen, block):
     return np.minimum(np.arange(0, seqlen + block, block), seqlen)[: -(-seqlen // block) + 1]
 
 
-def _variable_edges(seqlen, avg, rng):
-    """Block sizes uniform in [avg/2, 3*avg/2], the last one clipped."""
-    low, high = max(1, avg // 2), max(1, avg // 2) + avg
-    sizes = rng.integers(low, high + 1, size=seqlen // low + 2)
-    edges = np.concatenate([[0], np.cumsum(sizes)])
-    cut = int(np.searchsorted(edges, seqlen))
-    edges = edges[: cut + 1].copy()
-    edges[-1] = seqlen
-    return edges
+def _variable_edges(seqlen, n_blocks, min_block, rng):
+    """n_blocks blocks of at least min_block tokens covering seqlen: the
+    tokens beyond n_blocks * min_block are split at n_blocks - 1 uniform
+    random cut points (the paper's random partition)."""
+    extra = seqlen - n_blocks * min_block
+    cuts = np.sort(rng.integers(0, extra, size=n_blocks - 1, endpoint=True))
+    sizes = np.diff(np.concatenate([[0], cuts, [extra]])) + min_block
+    return np.concatenate([[0], np.cumsum(sizes)])
 
 
 @register("block_sparse", params=("block_size", "keep"))
@@ -69,11 +72,19 @@ def block_sparse(seqlen, rng, block_size=DEFAULT_BLOCK, keep=DEFAULT_KEEP):
     return _topk_tiles(edges, edges, keep, rng), {"block_size": block, "keep": keep}
 
 
-@register("var_block_sparse", params=("block_size", "keep"))
-def var_block_sparse(seqlen, rng, block_size=DEFAULT_AVG_BLOCK, keep=DEFAULT_KEEP):
-    """Block-sparse with variable block sizes (block_size is the average)."""
+@register("var_block_sparse", params=("block_size", "keep", "min_block"))
+def var_block_sparse(seqlen, rng, block_size=DEFAULT_AVG_BLOCK, keep=DEFAULT_KEEP,
+                     min_block=DEFAULT_MIN_BLOCK):
+    """Block-sparse with variable blocks: S // block_size blocks of random size >= min_block."""
     avg = check_positive("block_size", block_size)
+    least = check_positive("min_block", min_block)
     keep = _check_keep(keep)
-    q_edges = _variable_edges(seqlen, avg, rng)
-    k_edges = _variable_edges(seqlen, avg, rng)
-    return _topk_tiles(q_edges, k_edges, keep, rng), {"block_size": avg, "keep": keep}
+    n_blocks = max(1, seqlen // avg)
+    if n_blocks * least > seqlen:
+        raise ValueError(
+            f"var_block_sparse: {n_blocks} blocks of at least min_block={least} do not fit "
+            f"seqlen={seqlen}; choose min_block <= {seqlen // n_blocks}")
+    q_edges = _variable_edges(seqlen, n_blocks, least, rng)
+    k_edges = _variable_edges(seqlen, n_blocks, least, rng)
+    params = {"block_size": avg, "keep": keep, "min_block": least}
+    return _topk_tiles(q_edges, k_edges, keep, rng), params
