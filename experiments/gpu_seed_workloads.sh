@@ -24,7 +24,7 @@ deadline=$((SECONDS + ${LCAB_DEADLINE:-560}))
 left() { echo $((deadline - SECONDS > 1 ? deadline - SECONDS : 1)); }
 case $part in
   blog) runs=("--flagfile=experiments/pallas_flex.flags --masks=full_document,causal_document,varlen_block_causal --seqlens=16k,32k,64k") ;;
-  paper) runs=("--flagfile=experiments/pallas_flex_paper.flags") ;;
+  paper) runs=("--flagfile=experiments/pallas_flex_paper.flags --seqlens=32k") ;;
   sparsity) runs=("--flagfile=experiments/paper_block_sparse.flags --seqlens=16k"
                   "--flagfile=experiments/paper_var_block_sparse.flags --seqlens=16k --sparse_block=128,512") ;;
   *) echo "part $part is not blog, paper or sparsity" >&2; exit 2 ;;

@@ -263,8 +263,12 @@ def test_seed_blog_flags_are_the_blogs_setting():
     assert flags["seqlens"] == "1k,2k,4k,8k,16k,24k,32k,64k"
     assert (flags["heads"], flags["head_dim"], flags["dtype"], flags["window"]) == (
         "64:8", "128", "bfloat16", "1024")
-    assert (flags["doc_sampler"], flags["doc_distribution"], flags["doc_cap"]) == (
-        "magi_pack", "chatqa2_long_sft", "0.25")
+    # The histogram and cap are magi_pack's defaults, which the flagfile
+    # leaves unset so that, as the GPU preset, it carries them into no other sweep.
+    assert flags["doc_sampler"] == "magi_pack"
+    assert "doc_distribution" not in flags and "doc_cap" not in flags
+    mask = make_mask("causal_document", 65536, sampler="magi_pack")
+    assert (mask.params["distribution"], mask.params["doc_cap"]) == ("chatqa2_long_sft", 0.25)
 
 
 def test_paper_flags_are_the_papers_setting():
@@ -287,3 +291,22 @@ def test_a_sparsity_sweep_runs_every_kept_fraction_and_block():
     assert sorted((p["keep"], p["block_size"]) for p in sparse) == sorted(
         (k, b) for k in (0.1, 0.5, 1.0) for b in (64, 128))
     assert [c.workload.mask.name for c in cases].count("causal") == 1
+
+
+# ----- rows written before these workloads ------------------------------------
+def test_earlier_rows_rebuild_their_own_masks():
+    """Rows of 2026-11-27's full-size gate (before the seeds' workloads):
+    global_sliding_window reads as longformer_window, and the earlier
+    block-sparse generators (round(), uniform variable sizes) rebuild each
+    row's mask to its recorded fingerprint."""
+    from lcab import results
+    from lcab.model.validation import mask_of
+
+    frame = results.load("results/gpu/2026-11-27-full-size-gate/table")
+    old = frame[frame["mask"].isin(["longformer_window", "block_sparse", "var_block_sparse"])]
+    assert set(old["mask"]) == {"longformer_window", "block_sparse", "var_block_sparse"}
+    assert "global_sliding_window" not in set(frame["mask"])
+    for _, row in old.drop_duplicates("mask_fingerprint").iterrows():
+        assert mask_of(row).fingerprint() == row["mask_fingerprint"]
+    rebuilt = mask_of(old[old["mask"] == "block_sparse"].iloc[0])
+    assert rebuilt.params["rounding"] == "nearest"

@@ -15,6 +15,12 @@ DEFAULT_BLOCK = 128
 DEFAULT_AVG_BLOCK = 512
 DEFAULT_MIN_BLOCK = 128  # the paper's smallest variable block
 DEFAULT_KEEP = 0.2
+# How many kv blocks a q block keeps: int(keep * n) as the paper, or
+# round(keep * n) as LCAB before 2026-11-27 (kept so its rows rebuild).
+ROUNDINGS = {"floor": int, "nearest": lambda x: int(round(x))}
+# Variable block sizes: the paper's random partition, or LCAB's earlier
+# sizes uniform in [b/2, 3b/2] (kept so its rows rebuild).
+SIZINGS = ("partition", "uniform")
 
 
 def _check_keep(keep) -> float:
@@ -24,10 +30,16 @@ def _check_keep(keep) -> float:
     return keep
 
 
-def _topk_tiles(q_edges, k_edges, keep, rng) -> np.ndarray:
+def _check_choice(name, value, choices):
+    if value not in choices:
+        raise ValueError(f"{name}={value!r} is not one of {', '.join(choices)}")
+    return value
+
+
+def _topk_tiles(q_edges, k_edges, keep, rng, rounding="floor") -> np.ndarray:
     """Slice table keeping int(keep * n_k) kv blocks (at least 1) per q block."""
     n_q, n_k = len(q_edges) - 1, len(k_edges) - 1
-    k = min(max(1, int(keep * n_k)), n_k)
+    k = min(max(1, ROUNDINGS[rounding](keep * n_k)), n_k)
     scores = rng.random((n_q, n_k))
     chosen = np.zeros((n_q, n_k), dtype=bool)
     top = np.argpartition(-scores, k - 1, axis=1)[:, :k]
@@ -53,6 +65,17 @@ def _uniform_edges(seqlen, block):
     return np.minimum(np.arange(0, seqlen + block, block), seqlen)[: -(-seqlen // block) + 1]
 
 
+def _uniform_sizes_edges(seqlen, avg, rng):
+    """LCAB's earlier variable blocks: sizes uniform in [avg/2, 3*avg/2], the last clipped."""
+    low, high = max(1, avg // 2), max(1, avg // 2) + avg
+    sizes = rng.integers(low, high + 1, size=seqlen // low + 2)
+    edges = np.concatenate([[0], np.cumsum(sizes)])
+    cut = int(np.searchsorted(edges, seqlen))
+    edges = edges[: cut + 1].copy()
+    edges[-1] = seqlen
+    return edges
+
+
 def _variable_edges(seqlen, n_blocks, min_block, rng):
     """n_blocks blocks of at least min_block tokens covering seqlen: the
     tokens beyond n_blocks * min_block are split at n_blocks - 1 uniform
@@ -63,22 +86,31 @@ def _variable_edges(seqlen, n_blocks, min_block, rng):
     return np.concatenate([[0], np.cumsum(sizes)])
 
 
-@register("block_sparse", params=("block_size", "keep"))
-def block_sparse(seqlen, rng, block_size=DEFAULT_BLOCK, keep=DEFAULT_KEEP):
+@register("block_sparse", params=("block_size", "keep", "rounding"))
+def block_sparse(seqlen, rng, block_size=DEFAULT_BLOCK, keep=DEFAULT_KEEP, rounding="floor"):
     """Uniform block-sparse: per q block keep a fraction of kv blocks (top-k of random scores)."""
     block = check_positive("block_size", block_size)
     keep = _check_keep(keep)
+    _check_choice("rounding", rounding, tuple(ROUNDINGS))
     edges = _uniform_edges(seqlen, block)
-    return _topk_tiles(edges, edges, keep, rng), {"block_size": block, "keep": keep}
+    params = {"block_size": block, "keep": keep, "rounding": rounding}
+    return _topk_tiles(edges, edges, keep, rng, rounding), params
 
 
-@register("var_block_sparse", params=("block_size", "keep", "min_block"))
+@register("var_block_sparse", params=("block_size", "keep", "min_block", "sizes", "rounding"))
 def var_block_sparse(seqlen, rng, block_size=DEFAULT_AVG_BLOCK, keep=DEFAULT_KEEP,
-                     min_block=DEFAULT_MIN_BLOCK):
+                     min_block=DEFAULT_MIN_BLOCK, sizes="partition", rounding="floor"):
     """Block-sparse with variable blocks: S // block_size blocks of random size >= min_block."""
     avg = check_positive("block_size", block_size)
-    least = check_positive("min_block", min_block)
     keep = _check_keep(keep)
+    _check_choice("sizes", sizes, SIZINGS)
+    _check_choice("rounding", rounding, tuple(ROUNDINGS))
+    params = {"block_size": avg, "keep": keep, "sizes": sizes, "rounding": rounding}
+    if sizes == "uniform":
+        q_edges = _uniform_sizes_edges(seqlen, avg, rng)
+        k_edges = _uniform_sizes_edges(seqlen, avg, rng)
+        return _topk_tiles(q_edges, k_edges, keep, rng, rounding), params
+    least = check_positive("min_block", min_block)
     n_blocks = max(1, seqlen // avg)
     if n_blocks * least > seqlen:
         raise ValueError(
@@ -86,5 +118,4 @@ def var_block_sparse(seqlen, rng, block_size=DEFAULT_AVG_BLOCK, keep=DEFAULT_KEE
             f"seqlen={seqlen}; choose min_block <= {seqlen // n_blocks}")
     q_edges = _variable_edges(seqlen, n_blocks, least, rng)
     k_edges = _variable_edges(seqlen, n_blocks, least, rng)
-    params = {"block_size": avg, "keep": keep, "min_block": least}
-    return _topk_tiles(q_edges, k_edges, keep, rng), params
+    return _topk_tiles(q_edges, k_edges, keep, rng, rounding), {**params, "min_block": least}
