@@ -2,9 +2,12 @@
 
     python3 experiments/pallas_flex_table.py ROWS_DIR [ROWS_DIR ...]
 
-Two markdown tables, TFLOP/s forward / backward: the seed's six masks at
-16k-64k (chatqa2 documents) and the paper's fourteen masks at 32k (ProLong
-64k documents), pallas_flex beside FA3, cuDNN, tokamax (Mosaic with its
+Two markdown tables, TFLOP/s forward / backward: the seed blog's six masks
+at 16k-64k (its documents: magi_pack from chatqa2) and the paper's fourteen
+masks at 32k (its documents: longca from prolong64k), each only where the
+rows are those workloads (document masks drawn otherwise, and block-sparse
+masks of LCAB's earlier generators, are left out; docs/masks.md), pallas_flex
+beside FA3, cuDNN, tokamax (Mosaic with its
 heuristic config, and its cuDNN path) and torch.flex, then pallas_flex's
 ratios: to FA3 (to cuDNN, marked, where FA3's figure failed the
 reference), to its own full-mask figure at the same length, and to
@@ -36,11 +39,13 @@ BACKENDS = {
     "torch.flex": "torch.flex",
 }
 SEED_MASKS = ("full", "causal", "full_document", "causal_document",
-              "sliding_window_causal", "block_causal_document")
+              "sliding_window_causal", "varlen_block_causal")
 PAPER_MASKS = ("full", "causal", "sliding_window", "sliding_window_causal",
-               "global_sliding_window", "full_document", "causal_document",
+               "longca_global_window", "full_document", "causal_document",
                "block_causal_document", "share_question", "causal_blockwise",
                "prefix_lm_document", "prefix_lm_causal", "block_sparse", "var_block_sparse")
+SEED_DOCUMENTS = ("magi_pack", "chatqa2_long_sft")
+PAPER_DOCUMENTS = ("longca", "prolong64k")
 DIRECTIONS = ("fwd", "bwd")
 # The issue's setting; other rows in the folders (correctness checks at 2k,
 # float16, head_dim 64) are not table cells.
@@ -57,17 +62,40 @@ def _rank(row) -> int:
     return 0 if row["status"] in results.RETRIED_ON_RESUME else 1
 
 
+def documents(row) -> tuple[str, str] | None:
+    """(sampler, histogram) of a row's drawn documents; None for a mask
+    that draws none (rows written before samplers were named: uncapped)."""
+    params = results.json_field(row["mask_params"])
+    if "distribution" not in params:
+        return None
+    return params.get("sampler", "uncapped"), params["distribution"]
+
+
+def run_documents(row) -> tuple[str, str | None]:
+    """A mask without documents: how its run drew documents for the masks
+    that have them (a histogram or a sampler), which tells the seed's run
+    from the paper's where both timed the same workload."""
+    flags = results.json_field(row["flags"])
+    return "run", flags.get("doc_distribution") or flags.get("doc_sampler")
+
+
+def current_form(row) -> bool:
+    """False for block-sparse rows of LCAB's earlier generators."""
+    params = results.json_field(row["mask_params"])
+    return params.get("rounding", "floor") == "floor" and params.get(
+        "sizes", "partition") == "partition"
+
+
 def cells(frame: pd.DataFrame) -> dict[tuple, pd.Series]:
-    """(backend, mask, seqlen, the run's --doc_distribution, direction) -> its
-    one row, among the rows in SETTING."""
+    """(backend, mask, seqlen, documents, direction) -> its one row, among
+    the rows in SETTING."""
     frame = frame[frame["backend"].isin(BACKENDS)
                   & (frame[list(SETTING)] == pd.Series(SETTING)).all(axis=1)].copy()
-    frame["distribution"] = frame["flags"].map(
-        lambda flags: results.json_field(flags).get("doc_distribution"))
+    frame = frame[frame.apply(current_form, axis=1)] if len(frame) else frame
     chosen: dict[tuple, pd.Series] = {}
     for _, row in frame.iterrows():
-        key = (row["backend"], row["mask"], int(row["seqlen"]), row["distribution"],
-               row["direction"])
+        key = (row["backend"], row["mask"], int(row["seqlen"]),
+               documents(row) or run_documents(row), row["direction"])
         held = chosen.get(key)
         if held is not None and held["status"] == "OK" and row["status"] == "OK":
             raise ValueError(f"two OK rows for one cell {key}: runs {held['run_id']} "
@@ -78,20 +106,23 @@ def cells(frame: pd.DataFrame) -> dict[tuple, pd.Series]:
 
 
 class Table:
-    def __init__(self, frame: pd.DataFrame, distribution: str):
+    def __init__(self, frame: pd.DataFrame, documents: tuple[str, str]):
         self.cells = cells(frame)
-        self.distribution = distribution
+        self.documents = documents
 
     def row(self, backend, mask, seqlen, direction):
-        """The cell's row from a run with this table's documents, else from
-        another run where the mask does not depend on the documents drawn
-        (full, causal, windows: the same workload)."""
-        found = self.cells.get((backend, mask, seqlen, self.distribution, direction))
+        """The cell's row with this table's documents, else one of a mask
+        that draws no documents (full, causal, windows: the same workload
+        in every run)."""
+        found = self.cells.get((backend, mask, seqlen, self.documents, direction))
         if found is not None:
             return found
-        others = [row for key, row in self.cells.items()
+        others = [(key[3][1], row) for key, row in self.cells.items()
                   if key[:3] == (backend, mask, seqlen) and key[4] == direction
-                  and "distribution" not in results.json_field(row["mask_params"])]
+                  and key[3][0] == "run"]
+        if len(others) > 1:  # timed in several runs: this table's run's
+            others = [pair for pair in others if pair[0] in self.documents]
+        others = [row for _, row in others]
         if len(others) > 1:
             raise ValueError(f"{backend} {mask} {seqlen} {direction}: rows from several runs")
         return others[0] if others else None
@@ -145,8 +176,8 @@ class Table:
 
 def tables(paths) -> tuple[str, str]:
     frame = results.load(paths)
-    seed = Table(frame, "chatqa2_long_sft").markdown(SEED_MASKS, (16384, 32768, 65536))
-    paper = Table(frame, "prolong64k").markdown(PAPER_MASKS, (32768,))
+    seed = Table(frame, SEED_DOCUMENTS).markdown(SEED_MASKS, (16384, 32768, 65536))
+    paper = Table(frame, PAPER_DOCUMENTS).markdown(PAPER_MASKS, (32768,))
     return seed, paper
 
 

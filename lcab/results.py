@@ -266,15 +266,31 @@ _EARLIER_FORMS = {
 
 
 def _name_legacy_mask(row: dict) -> None:
-    """Rename an earlier family and fill in its generator's earlier form,
-    so that the row rebuilds its own mask (same fingerprint)."""
+    """Rename an earlier family and fill in its generator's form where the
+    row does not record it, so that the row rebuilds its own mask."""
     row["mask"] = _RENAMED_MASKS.get(row.get("mask"), row.get("mask"))
     if row.get("mask") not in _EARLIER_FORMS:
         return
     marker, earlier = _EARLIER_FORMS[row["mask"]]
     params = json_field(row.get("mask_params"))
-    if params and marker not in params:
+    if params and marker not in params and not _is_current_form(row, params):
         row["mask_params"] = {**params, **earlier}
+
+
+def _is_current_form(row: Mapping, params: dict) -> bool:
+    """Whether the row's mask is today's generator's (some rows were
+    written by it before it recorded its form): its fingerprint decides."""
+    from lcab.masks import make_mask  # only for these few rows
+
+    if "min_block" in params:  # only the current var_block_sparse has it
+        return True
+    try:
+        params = dict(params)
+        seed = params.pop("seed", 0)
+        mask = make_mask(row["mask"], int(row["seqlen"]), seed=seed, **params)
+    except (KeyError, TypeError, ValueError):
+        return False
+    return mask.fingerprint() == row.get("mask_fingerprint")
 
 
 def _options_from_flags(row: Mapping) -> dict[str, str]:

@@ -474,7 +474,7 @@ def test_the_pallas_flex_table_never_picks_between_two_measurements():
     frame = results.load([_H100_ROWS])
     with pytest.raises(ValueError, match="two OK rows for one cell"):
         script.cells(pd.concat([frame, frame]))
-    table = script.Table(frame, "chatqa2_long_sft")
+    table = script.Table(frame, ("uncapped", "chatqa2_long_sft"))
     unavailable = frame[(frame["backend"] == "jax.tokamax_mosaic_heuristic")
                         & (frame["status"] == "UNAVAILABLE")]
     assert len(unavailable) == 24  # call 1: six masks x 16k, 32k x fwd, bwd

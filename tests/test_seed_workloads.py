@@ -308,5 +308,20 @@ def test_earlier_rows_rebuild_their_own_masks():
     assert "global_sliding_window" not in set(frame["mask"])
     for _, row in old.drop_duplicates("mask_fingerprint").iterrows():
         assert mask_of(row).fingerprint() == row["mask_fingerprint"]
-    rebuilt = mask_of(old[old["mask"] == "block_sparse"].iloc[0])
-    assert rebuilt.params["rounding"] == "nearest"
+    # At 32k (256 blocks) round(51.2) == int(51.2): the same mask, read as
+    # today's; the variable blocks were uniform sizes.
+    assert mask_of(old[old["mask"] == "block_sparse"].iloc[0]).params["rounding"] == "floor"
+    assert mask_of(old[old["mask"] == "var_block_sparse"].iloc[0]).params["sizes"] == "uniform"
+
+
+def test_rows_of_todays_generators_that_do_not_name_it_read_as_today():
+    """The seed-workloads run's first rows were written before block_sparse
+    recorded its rounding: their fingerprint says which generator they are."""
+    from lcab import results
+
+    frame = results.load("results/gpu/2026-11-27-seed-workloads/paper")
+    sparse = frame[frame["mask"].isin(["block_sparse", "var_block_sparse"])]
+    params = [results.json_field(p) for p in sparse["mask_params"]]
+    assert len(params) == 12 and all(
+        p.get("rounding", "floor") == "floor" and p.get("sizes", "partition") == "partition"
+        for p in params)
