@@ -95,6 +95,11 @@ def mask_setting_label(mask: str, params: Mapping) -> str:
     return f"{mask}({inner})"
 
 
+def swept_label(mask: str) -> bool:
+    """Whether a mask column value carries its setting (mask_setting_label)."""
+    return str(mask).endswith(")") and "(" in str(mask)
+
+
 def label_mask_settings(frame: pd.DataFrame) -> pd.DataFrame:
     """Rows of a mask family that ran with several settings of
     SWEPT_MASK_PARAMS get theirs in the mask column (mask_setting_label).
