@@ -178,6 +178,18 @@ def _report(*args):
     )
 
 
+def report_of(frame, tmp_path):
+    """`python -m lcab.report --out` on the frame's rows; the output folder."""
+    rows = tmp_path / "rows.jsonl"
+    writer = results.Writer(rows)
+    for row in frame.to_dict("records"):
+        writer.write(row)
+    out = tmp_path / "report"
+    result = _report("--results", str(rows), "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    return out
+
+
 def test_cli_writes_every_table_figure_and_the_index(tmp_path):
     # Repeated and comma-separated paths both work; the duplicates collapse in latest().
     result = _report("--results", f"{SAMPLE},{SAMPLE.parent}", "--results", str(SAMPLE),

@@ -10,7 +10,7 @@ import pytest
 
 from lcab import results
 from lcab.report import figures, memory, tables
-from tests.test_report import SAMPLE, _report
+from tests.test_report import SAMPLE, report_of
 
 GIB = 2**30
 
@@ -76,13 +76,7 @@ def test_the_memory_figure_is_written(frame, tmp_path):
 
 
 def test_the_cli_writes_the_memory_files_and_indexes_them(frame, tmp_path):
-    rows = tmp_path / "rows.jsonl"
-    writer = results.Writer(rows)
-    for row in frame.to_dict("records"):
-        writer.write(row)
-    out = tmp_path / "report"
-    result = _report("--results", str(rows), "--out", str(out))
-    assert result.returncode == 0, result.stderr
+    out = report_of(frame, tmp_path)
     for name in ("memory.md", "memory.csv", "figures/memory_full.png",
                  "figures/memory_causal.png", "figures/memory_causal_document.png"):
         assert (out / name).exists(), name

@@ -13,7 +13,7 @@ import pytest
 
 from lcab import results
 from lcab.report import figures, sparsity, tables
-from tests.test_report import SAMPLE, _report
+from tests.test_report import SAMPLE, report_of
 
 KEEPS = (0.2, 0.5, 1.0)
 BLOCKS = (64, 128)
@@ -99,13 +99,7 @@ def test_the_sparsity_figure_is_written(sparse, tmp_path):
 
 
 def test_the_cli_writes_the_sparsity_files_and_indexes_them(sparse, tmp_path):
-    rows = tmp_path / "rows.jsonl"
-    writer = results.Writer(rows)
-    for row in sparse.to_dict("records"):
-        writer.write(row)
-    out = tmp_path / "report"
-    result = _report("--results", str(rows), "--out", str(out))
-    assert result.returncode == 0, result.stderr
+    out = report_of(sparse, tmp_path)
     for name in ("sparsity.md", "sparsity.csv", "figures/sparsity_block_sparse.png",
                  "figures/sparsity_var_block_sparse.png"):
         assert (out / name).exists(), name

@@ -148,7 +148,7 @@ def test_varlen_block_causal_is_block_causal_inside_sampled_documents(seqlen, da
     lens = mask.params["doc_lens"]
     starts = np.repeat(np.cumsum([0, *lens[:-1]]), lens)
     ends = np.repeat(np.cumsum(lens), lens)
-    i, j = np.indices((seqlen, seqlen))
+    _, j = np.indices((seqlen, seqlen))
     block_end = np.minimum(starts + ((np.arange(seqlen) - starts) // block + 1) * block, ends)
     same = starts[:, None] == starts[None, :]
     np.testing.assert_array_equal(mask.to_dense(), same & (j < block_end[:, None]))

@@ -14,7 +14,7 @@ measured CP row there and against MagiAttention's published figures. The
 output is a model, not a measurement: label it so wherever it is shown.
 
 The workload flags (--masks, --heads, --head_dim, --dtype, --directions,
---doc_distribution, --mask_seed, --dispatch) are the benchmark's
+--doc_distribution, --doc_sampler, --doc_cap, --mask_seed, --dispatch) are the benchmark's
 (lcab.experiments.workload_flags); here they default to causal_document and
 full, 64:8 heads, d=128, bf16, chatqa2 documents, the forward, the balanced
 dispatch. The default --kernel_results and --comm_results are the committed
@@ -115,8 +115,9 @@ workload.validate_each(_SEQLEN_PER_GPU, parse_seqlen)
 
 
 def _mask_params(name: str) -> dict:
-    """The document-length histogram, for the families that take one."""
-    return taken_params(name, distribution=workload.DOC_DISTRIBUTION.value)
+    """How documents are drawn, for the families that draw them."""
+    return taken_params(name, distribution=workload.DOC_DISTRIBUTION.value,
+                        sampler=workload.DOC_SAMPLER.value, doc_cap=workload.DOC_CAP.value)
 
 
 def _predictions(curve, network, shape, seqlen_per_gpu) -> pd.DataFrame:

@@ -17,7 +17,7 @@ DEFAULT_MIN_BLOCK = 128  # the paper's smallest variable block
 DEFAULT_KEEP = 0.2
 # How many kv blocks a q block keeps: int(keep * n) as the paper, or
 # round(keep * n) as LCAB before 2026-11-27 (kept so its rows rebuild).
-ROUNDINGS = {"floor": int, "nearest": lambda x: int(round(x))}
+ROUNDINGS = {"floor": int, "nearest": round}
 # Variable block sizes: the paper's random partition, or LCAB's earlier
 # sizes uniform in [b/2, 3b/2] (kept so its rows rebuild).
 SIZINGS = ("partition", "uniform")
