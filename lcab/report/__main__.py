@@ -265,7 +265,8 @@ def write_report(paths: list[str], out: pathlib.Path) -> list[pathlib.Path]:
     module = frame[frame["suite"] == "module"]
     writer.table("module", "Attention module (projections + attention, jax.module): per-GPU "
                  "TFLOP/s", _per_setting(module, lambda group: tables.cp_table(group, "module")))
-    writer.table("memory", f"Kernels, peak device memory, fwd / bwd: {memory.UNIT}",
+    writer.table("memory", f"Kernels, peak device memory, fwd / bwd: {memory.UNIT} (torch: "
+                 "max_memory_allocated; JAX: XLA's memory analysis of the compiled program)",
                  _per_setting(kernel, memory.memory_table))
     writer.table("sparsity", "Block-sparse masks: TFLOP/s against keep (the kept fraction "
                  "of kv blocks per q block)", _per_setting(kernel, sparsity.sparsity_table))

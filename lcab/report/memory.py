@@ -5,6 +5,10 @@ for fwd the forward call's peak, for bwd the forward+backward call's (the
 runner times the backward as the two together). Only OK rows with a known
 peak count (CPU rows have none); a failed or unmeasured case is an empty
 cell, never a status code, since a failed run's memory says nothing.
+The frameworks measure it differently: torch's is
+torch.cuda.max_memory_allocated over the case, JAX's is XLA's memory
+analysis of the compiled program (arguments + outputs + temporaries; JAX
+has no per-case peak counter), so compare within a framework first.
 `figures.memory_figure` draws the same rows.
 """
 
