@@ -325,3 +325,21 @@ def test_rows_of_todays_generators_that_do_not_name_it_read_as_today():
     assert len(params) == 12 and all(
         p.get("rounding", "floor") == "floor" and p.get("sizes", "partition") == "partition"
         for p in params)
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--doc_sampler=longca", "--doc_cap=0.5"], "magi_pack sampler only"),
+    (["--doc_sampler=magi_pack", "--doc_cap=1.5"], r"must be in \(0, 1\]"),
+    (["--keep=0.2,1.5"], r"not a kept fraction in \(0, 1\]"),
+])
+def test_bad_combinations_on_the_command_line_end_without_a_traceback(flags, message):
+    import re
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-m", "lcab.experiments", "--masks=causal_document,block_sparse",
+         "--seqlens=4k", "--backends=jax.xla", "--out=/nonexistent/never-written", *flags],
+        capture_output=True, text=True, timeout=300)
+    assert done.returncode != 0 and "Traceback" not in done.stderr
+    assert re.search(message, done.stderr), done.stderr[-500:]
