@@ -46,9 +46,10 @@ and figure names gain the setting: figures/kernel_<mask>__<setting>.png.
 Kernel, cross-framework, CP, memory and summary tables key cells by (mask,
 seqlen). Where a block-sparse family ran with several settings (keep,
 block_size), e.g. a keep sweep at one seqlen, every row of that family shows
-its setting in the mask column, "block_sparse(keep=0.2, block=128)", and
-gets a kernel figure per setting (tables.label_mask_settings); rows of two
-settings never share a cell. sparsity.md puts the same rows against keep.
+its setting in the mask column, "block_sparse(keep=0.2, block=128)"
+(tables.label_mask_settings); rows of two settings never share a cell.
+sparsity.md and its figure put the same rows against keep; the kernel and
+memory figures leave them out (one point per setting).
 """
 
 from __future__ import annotations
