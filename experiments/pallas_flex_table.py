@@ -28,6 +28,7 @@ import sys
 import pandas as pd
 
 from lcab import results
+from lcab.masks import earlier
 from lcab.report.tables import format_row
 
 BACKENDS = {
@@ -81,9 +82,7 @@ def run_documents(row) -> tuple[str, str | None]:
 
 def current_form(row) -> bool:
     """False for block-sparse rows of LCAB's earlier generators."""
-    params = results.json_field(row["mask_params"])
-    return params.get("rounding", "floor") == "floor" and params.get(
-        "sizes", "partition") == "partition"
+    return not earlier.is_earlier_form(results.json_field(row["mask_params"]))
 
 
 def cells(frame: pd.DataFrame) -> dict[tuple, pd.Series]:

@@ -255,42 +255,17 @@ def read_rows(paths: Iterable[str | pathlib.Path]) -> list[dict]:
     return rows
 
 
-# Masks as rows written before 2026-11-27 name them (docs/masks.md, "Rows
-# written earlier"): the family was renamed, or its generator's earlier
-# form is now a parameter value that the row does not record.
-_RENAMED_MASKS = {"global_sliding_window": "longformer_window"}
-_EARLIER_FORMS = {
-    "block_sparse": ("rounding", {"rounding": "nearest"}),
-    "var_block_sparse": ("sizes", {"sizes": "uniform", "rounding": "nearest"}),
-}
-
-
 def _name_legacy_mask(row: dict) -> None:
-    """Rename an earlier family and fill in its generator's form where the
-    row does not record it, so that the row rebuilds its own mask."""
-    row["mask"] = _RENAMED_MASKS.get(row.get("mask"), row.get("mask"))
-    if row.get("mask") not in _EARLIER_FORMS:
-        return
-    marker, earlier = _EARLIER_FORMS[row["mask"]]
+    """A mask named as rows written before 2026-11-27 name it, read as
+    today's (lcab.masks.earlier), so that the row rebuilds its own mask."""
+    from lcab.masks import earlier  # the masks package, only where rows are read
+
     params = json_field(row.get("mask_params"))
-    if params and marker not in params and not _is_current_form(row, params):
-        row["mask_params"] = {**params, **earlier}
-
-
-def _is_current_form(row: Mapping, params: dict) -> bool:
-    """Whether the row's mask is today's generator's (some rows were
-    written by it before it recorded its form): its fingerprint decides."""
-    from lcab.masks import make_mask  # only for these few rows
-
-    if "min_block" in params:  # only the current var_block_sparse has it
-        return True
-    try:
-        params = dict(params)
-        seed = params.pop("seed", 0)
-        mask = make_mask(row["mask"], int(row["seqlen"]), seed=seed, **params)
-    except (KeyError, TypeError, ValueError):
-        return False
-    return mask.fingerprint() == row.get("mask_fingerprint")
+    mask, today = earlier.as_today(row.get("mask"), row.get("seqlen") or 0, params,
+                                   row.get("mask_fingerprint"))
+    row["mask"] = mask
+    if today != params:
+        row["mask_params"] = today
 
 
 def _options_from_flags(row: Mapping) -> dict[str, str]:

@@ -96,11 +96,12 @@ def resolve_doc_lens(seqlen: int, rng, doc_lens=None, distribution=None, sampler
                           "doc_lens": doc_lens}
     sampler = doc_samplers.check_sampler(sampler or doc_samplers.DEFAULT_SAMPLER)
     distribution = distribution or doc_samplers.default_distribution(sampler, seqlen)
+    if sampler == "magi_pack" and doc_cap is None:
+        doc_cap = doc_samplers.DEFAULT_CAP  # recorded, so the row names its cap
     drawn = doc_samplers.sample(sampler, seqlen, rng, distribution, doc_cap)
     params = {"sampler": sampler, "distribution": distribution, "doc_lens": drawn}
-    if sampler == "magi_pack":
-        params["doc_cap"] = doc_samplers.check_cap(
-            doc_samplers.DEFAULT_CAP if doc_cap is None else doc_cap)
+    if doc_cap is not None:
+        params["doc_cap"] = float(doc_cap)
     return drawn, params
 
 
