@@ -3,6 +3,8 @@
 It shares no code with any kernel: per chunk of query rows, scores, a
 softmax and a weighted sum, the mask applied from the mask's slices as
 lcab.masks.slices defines them, and gradients by autodiff of that chunk.
+A few chunks can be run alone (`chunks`): their out, and dQ by each chunk's
+vjp w.r.t. its own rows (the check's sampled rows, lcab.fullcheck).
 Deliberately plain; a chunk bounds its memory, nothing makes it fast.
 Arrays are (batch, seq, heads, head_dim) with GQA: query head h reads K/V
 head h // (heads_q // heads_kv).
@@ -67,18 +69,30 @@ def chunk_attention(q, k, v, seen):
     return out.reshape(batch, rows, heads_q, head_dim)
 
 
-def attention(q, k, v, dout, chunk_slices, rows: int, backward: bool):
+def attention(q, k, v, dout, chunk_slices, rows: int, backward: bool, chunks=None):
     """(out,) or (out, dq, dk, dv) in float32, chunk by chunk of `rows` query
-    rows; chunk_slices is lcab.fullcheck's (n_chunks, n_max, 5) table."""
-    return _attention(q, k, v, dout, jnp.asarray(chunk_slices), rows=rows, backward=backward)
+    rows; chunk_slices is lcab.fullcheck's (n_chunks, n_max, 5) table.
+
+    With `chunks` (ascending chunk indices), q and dout hold only the rows
+    of those chunks, one after the other (only the last may be short), and
+    chunk_slices their slices, one entry per chunk; the result is (out,) or
+    (out, dq) of those rows: dK and dV need every row, so none is made.
+    """
+    chunk_slices = jnp.asarray(chunk_slices)
+    key_grads = backward and chunks is None
+    if chunks is None:
+        chunks = np.arange(chunk_slices.shape[0])
+    return _attention(q, k, v, dout, chunk_slices, jnp.asarray(chunks, dtype=jnp.int32),
+                      rows=rows, backward=backward, key_grads=key_grads)
 
 
-@functools.partial(jax.jit, static_argnames=("rows", "backward"))
-def _attention(q, k, v, dout, chunk_slices, *, rows: int, backward: bool):
+@functools.partial(jax.jit, static_argnames=("rows", "backward", "key_grads"))
+def _attention(q, k, v, dout, chunk_slices, chunk_index, *, rows: int, backward: bool,
+               key_grads: bool):
     q, k, v, dout = (x.astype(jnp.float32) for x in (q, k, v, dout))
-    batch, seqlen_q, heads_q, head_dim = q.shape
+    batch, given_rows, heads_q, head_dim = q.shape
     n_chunks = chunk_slices.shape[0]
-    padding = ((0, 0), (0, n_chunks * rows - seqlen_q), (0, 0), (0, 0))
+    padding = ((0, 0), (0, n_chunks * rows - given_rows), (0, 0), (0, 0))
 
     def chunked(x):
         x = jnp.pad(x, padding).reshape(batch, n_chunks, rows, heads_q, head_dim)
@@ -89,22 +103,23 @@ def _attention(q, k, v, dout, chunk_slices, *, rows: int, backward: bool):
         seen = visible(slices, index * rows, rows, k.shape[1])
         if not backward:
             return sums, (chunk_attention(q_chunk, k, v, seen),)
+        if not key_grads:  # the chunk's own vjp w.r.t. its rows alone
+            out, pullback = jax.vjp(lambda q_: chunk_attention(q_, k, v, seen), q_chunk)
+            return sums, (out, *pullback(dout_chunk))
         out, pullback = jax.vjp(lambda q_, k_, v_: chunk_attention(q_, k_, v_, seen),
                                 q_chunk, k, v)
         dq, dk, dv = pullback(dout_chunk)
         return (sums[0] + dk, sums[1] + dv), (out, dq)
 
-    sums = (jnp.zeros_like(k), jnp.zeros_like(v))
+    sums = (jnp.zeros_like(k), jnp.zeros_like(v)) if key_grads else ()
     sums, per_chunk = lax.scan(step, sums, (chunked(q), chunked(dout), chunk_slices,
-                                            jnp.arange(n_chunks)))
+                                            chunk_index))
 
     def unchunked(x):
         return jnp.swapaxes(x, 0, 1).reshape(batch, n_chunks * rows, heads_q, head_dim)[
-            :, :seqlen_q]
+            :, :given_rows]
 
-    if not backward:
-        return (unchunked(per_chunk[0]),)
-    return unchunked(per_chunk[0]), unchunked(per_chunk[1]), *sums
+    return (*(unchunked(x) for x in per_chunk), *sums)
 
 
 def pick(x, selection, kv: bool):
@@ -113,6 +128,12 @@ def pick(x, selection, kv: bool):
     heads = selection.kv_heads if kv else selection.q_heads
     x = jnp.take(x, jnp.asarray(selection.batch_rows), axis=0)
     return jnp.take(x, jnp.asarray(heads), axis=2)
+
+
+def pick_rows(x, rows):
+    """Query rows `rows` (ascending indices) of one (b, s, h, d) array, every
+    batch row and head."""
+    return jnp.take(x, jnp.asarray(rows), axis=1)
 
 
 def normalised_error(got, want) -> float:

@@ -119,6 +119,10 @@ class JaxRuntime(Runtime):
 
         return reference
 
+    def all_finite(self, arrays):
+        arrays = tuple(arrays) if isinstance(arrays, (list, tuple)) else (arrays,)
+        return bool(distributed.to_host(_all_finite(arrays))) if arrays else True
+
     def _flush_buffer(self):
         if self._flush is None:
             # On every local device: a CP step reads inputs on all of them.
@@ -265,6 +269,13 @@ def calls_per_sample(single_call_ms: float) -> int:
     if single_call_ms <= 0:
         return MAX_CALLS_PER_SAMPLE
     return int(min(MAX_CALLS_PER_SAMPLE, max(1, np.ceil(BATCH_TARGET_MS / single_call_ms))))
+
+
+@jax.jit
+def _all_finite(arrays):
+    """One boolean on the device; XLA fuses the test into the reduction, so
+    no array of the inputs' size is made."""
+    return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in arrays]))
 
 
 def _with_gradients(fn):

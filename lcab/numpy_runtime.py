@@ -64,7 +64,6 @@ class NumpyRuntime(Runtime):
     def full_reference(self):
         return _DenseReference
 
-
     def measure(self, fn, inputs, *, backward, warmup, iters, flush_l2):
         run = (lambda: self.forward_backward(fn, *inputs)) if backward else (lambda: fn(*inputs))
         start = time.perf_counter()
@@ -90,10 +89,32 @@ class _DenseReference:
         return np.asarray(x, dtype=np.float64)[list(selection.batch_rows)][:, :, list(heads)]
 
     @staticmethod
-    def attention(q, k, v, dout, chunk_slices, rows, backward):
-        table = np.unique(np.asarray(chunk_slices).reshape(-1, 5), axis=0)
-        mask = AttnMask(q.shape[1], k.shape[1], table[table[:, 1] > table[:, 0]])
-        out = reference.attention(q, k, v, mask)[0]
-        return (out, *reference.attention_grads(q, k, v, mask, dout)) if backward else (out,)
+    def pick_rows(x, rows):
+        return np.asarray(x, dtype=np.float64)[:, np.asarray(rows)]
+
+    @staticmethod
+    def attention(q, k, v, dout, chunk_slices, rows, backward, chunks=None):
+        """As jax_backends.reference.attention (`chunks` included), dense."""
+        if chunks is None:
+            return _dense_attention(q, k, v, dout, chunk_slices, backward, q.shape[1])
+        # A row's out and dQ depend on that row alone: place the given rows
+        # at their positions among rows of zeros, run them all, keep them.
+        positions = np.concatenate([c * rows + np.arange(rows) for c in chunks])[: q.shape[1]]
+        table = np.asarray(chunk_slices).reshape(-1, 5)
+        seqlen_q = int(max(positions[-1] + 1, table[:, 1].max()))
+        placed = [np.zeros((q.shape[0], seqlen_q, *q.shape[2:])) for _ in (q, dout)]
+        for array, given in zip(placed, (q, dout)):
+            array[:, positions] = given
+        found = _dense_attention(placed[0], k, v, placed[1], chunk_slices, backward, seqlen_q)
+        return tuple(x[:, positions] for x in found[:2])
 
     normalised_error = staticmethod(validation.normalised_error)
+
+
+def _dense_attention(q, k, v, dout, chunk_slices, backward, seqlen_q):
+    """(out,) or (out, dq, dk, dv) of lcab.reference on the mask whose slices
+    are the chunks' (seqlen_q rows)."""
+    table = np.unique(np.asarray(chunk_slices).reshape(-1, 5), axis=0)
+    mask = AttnMask(seqlen_q, k.shape[1], table[table[:, 1] > table[:, 0]])
+    out = reference.attention(q, k, v, mask)[0]
+    return (out, *reference.attention_grads(q, k, v, mask, dout)) if backward else (out,)

@@ -5,11 +5,16 @@ WORLD_SIZE. Multi-process JAX is started by the user (srun, mpirun, or by
 hand) and told how to meet through the CLI's --jax_* flags, which reach the
 JAX runtime in JAX_DISTRIBUTED (jax_backends.distributed reads it). Only
 process 0 writes rows and prints; its times are the maximum over processes.
+A process the CLI started for one framework (lcab.experiments.launch) is
+`supervised()` and dies with its parent (`die_with_parent`).
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
+import signal
+import sys
 
 JAX_DISTRIBUTED = "LCAB_JAX_DISTRIBUTED"  # "auto" or "coordinator,num_processes,process_id"
 
@@ -61,3 +66,29 @@ def jax_setting(coordinator: str | None, processes: int | None, process_id: int 
     if not 0 <= process_id < processes:
         raise ValueError(f"--jax_process_id {process_id} is not in [0, {processes})")
     return f"{coordinator},{processes},{process_id}"
+
+
+# Set for a framework process that the CLI started and supervises (its rows
+# are checked when it ends); it then dies with its parent.
+WORKER = "LCAB_WORKER"
+# Where a supervised process lists the row keys it is about to write (JSON).
+PLAN = "LCAB_PLAN"
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def supervised() -> bool:
+    """Whether the CLI started this process to run one framework's cases."""
+    return bool(os.environ.get(WORKER))
+
+
+def die_with_parent() -> None:
+    """Have the kernel kill this process when its parent dies, so that no
+    orphan goes on writing rows after the run it belongs to was killed
+    (Linux only; elsewhere a no-op). Safe as a subprocess preexec_fn."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass  # no prctl here: children then outlive a killed parent

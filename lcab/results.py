@@ -5,15 +5,67 @@ as it is measured, so a killed run loses nothing already measured and
 `--resume` skips what is there. Files from separate processes, machines or
 days merge by concatenation. The comm suite's rows (one per collective, rank
 count and message size) have a schema of their own, COMM_COLUMNS.
+
+Reading (read_rows, and so load, done_keys, the report and the summaries):
+a line that is not a row is skipped with a warning (SkippedRow) naming the
+file, the 1-based line and the problem; the rest of the file is read, and
+nothing malformed reaches a table. Files are read as bytes, line by line:
+
+- A line that is not UTF-8, or not JSON (the torn tail of a killed run, NUL
+  bytes), or JSON that is not an object ([1, 2], 42, null, "text") is
+  skipped. A byte order mark before a line and a CR before its LF are not
+  part of it; blank lines are passed over.
+- An attention row (suite != "comm") needs, present and not null, the
+  columns that place it (ATTENTION_REQUIRED): its measurement key and table
+  cell (suite, framework, backend, mask, seqlen, direction, status,
+  workload_key, cp_size) and its setting group (batch, heads_q, heads_kv,
+  head_dim, dtype). A comm row needs COMM_REQUIRED: framework, op, ranks,
+  bytes, device (the comm table groups by it) and status. An OK row also
+  needs the figure its cell shows (OK_REQUIRED): tflops; for a comm row
+  busbw_gbps and median_ms. Other columns may be missing or null (device and
+  strategy of attention rows, timestamp, every timing of a row not OK), and
+  columns outside the schema are kept.
+- Types, for each column present and not null: NAME_COLUMNS are non-empty
+  strings; TEXT_COLUMNS (device, strategy, inner, run_id) strings;
+  COUNT_COLUMNS (seqlen, seqlen_k, batch, heads_q, heads_kv, head_dim,
+  cp_size, ranks, bytes) positive integers, never bools or text ("512"); an
+  integral float (4096.0) is read as that int; NUMBER_COLUMNS (timings,
+  tflops, flops, errors, memory, ...) finite numbers, never bools; samples_ms
+  a list of finite numbers; JSON_COLUMNS an object, or text holding one (as
+  a frame from load() written back holds; "", "null", "NaN" for none);
+  timestamp an ISO 8601 time; status one of lcab.status.Status; direction of
+  an attention row one of lcab.flops.TIMED_DIRECTIONS; mask_params' keep and
+  block_size, where given, finite numbers (the sparsity table's axes).
+- A file none of whose rows carries any of RESULT_MARKS (suite, status,
+  workload_key, run_id, timestamp, git_commit) is another tool's log stored
+  beside the results (results/ holds conformance.jsonl and kernels.jsonl
+  files): passed over without a warning.
+
+Every row committed under results/ reads without a warning. Rows written
+before a column existed stay readable: a row without `options` takes them
+from its flags (_options_from_flags), a mask under an earlier name is read
+as today's (lcab.masks.earlier).
+
+Measurements (load, newest_rows): rows of one MEASUREMENT_KEY are reruns,
+the newest timestamp (the instant, not the text) wins, whatever its status:
+a rerun that failed shows as the failure, not as the older number. A row
+written without its device (a run that failed before its runtime named one)
+takes the device, cp_size and strategy of the measurement it repeats
+(with_known_context) so that this holds for it too.
 """
 
 from __future__ import annotations
 
+import contextlib
+import datetime
 import json
 import math
 import pathlib
 import warnings
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+
+from lcab.flops import TIMED_DIRECTIONS
+from lcab.status import Status
 
 # The schema: column -> meaning. Order is the DataFrame's column order.
 COLUMNS: dict[str, str] = {
@@ -151,14 +203,68 @@ MEASUREMENT_KEY = (
 )
 
 
+# The columns of MEASUREMENT_KEY that only a run which reached its runtime
+# and backend knows (lcab.runner writes them from both).
+RUN_CONTEXT = ("device", "cp_size", "strategy")
+
+
+def with_known_context(rows: Iterable[Mapping]) -> list[Mapping]:
+    """The rows, each one without a device (its run failed before its
+    runtime named one: lcab.runner's ERROR rows for a framework process that
+    was lost, an isolated child that died) given the RUN_CONTEXT of the
+    newest row of the same measurement (suite, backend, workload_key,
+    direction, options) that names a device.
+
+    So a rerun that failed that way and the older row it repeats are one
+    measurement, of which the newer is shown; without this the older
+    number would still be shown as the newest, and the failure beside it
+    under a device of its own ("nan"). A row with no such peer is left as
+    it is. Rows are copied, never changed.
+    """
+    rows = list(rows)
+    known = {}  # measurement -> its newest row that names a device
+    for row in sorted(rows, key=_time_order):
+        key = _attention_key(row)
+        if key is not None and row.get("device") is not None:
+            known[key] = row
+    return [_in_context(row, known) for row in rows]
+
+
+def _in_context(row: Mapping, known: Mapping[tuple, Mapping]) -> Mapping:
+    peer = known.get(_attention_key(row)) if row.get("device") is None else None
+    return row if peer is None else {**row, **{column: peer.get(column) for column in RUN_CONTEXT}}
+
+
+def _attention_key(row: Mapping) -> tuple | None:
+    """row_key of an attention row; None for a comm row (its device is
+    always known)."""
+    if row.get("suite") == COMM_SUITE:
+        return None
+    return (row.get("suite"), row.get("backend"), row.get("workload_key"), row.get("direction"),
+            options_key(row.get("options")))
+
+
 def newest_rows(rows: Iterable[Mapping]) -> list[Mapping]:
     """The newest row (by timestamp) of each measurement (MEASUREMENT_KEY),
-    for readers of raw rows that must not count a rerun twice."""
+    for readers of raw rows that must not count a rerun twice; a row
+    without a device counts as the measurement it repeats
+    (with_known_context)."""
     newest = {}
-    for row in sorted(rows, key=lambda row: str(row.get("timestamp") or "")):
+    for row in sorted(with_known_context(rows), key=_time_order):
         newest[tuple(options_key(row.get(column)) if column == "options" else row.get(column)
                      for column in MEASUREMENT_KEY)] = row
     return list(newest.values())
+
+
+def _time_order(row: Mapping) -> tuple:
+    """Sort key of a row's time, as tables.latest orders them: by the
+    instant (not the text: "+02:00" and "Z" sort right), rows without a
+    readable time first."""
+    time = _parsed_time(row.get("timestamp"))
+    return (0, _EARLIEST) if time is None else (1, time)
+
+
+_EARLIEST = datetime.datetime.min.replace(tzinfo=datetime.UTC)
 
 
 def row_key(row: Mapping) -> tuple:
@@ -223,7 +329,8 @@ def _files(paths: Iterable[str | pathlib.Path]) -> list[pathlib.Path]:
     found = []
     for path in map(pathlib.Path, paths):
         if path.is_dir():
-            found += sorted(path.rglob("*.jsonl"))
+            # A directory that happens to end in .jsonl is no file to read.
+            found += sorted(p for p in path.rglob("*.jsonl") if p.is_file())
         elif path.exists():
             found.append(path)
         else:
@@ -231,28 +338,254 @@ def _files(paths: Iterable[str | pathlib.Path]) -> list[pathlib.Path]:
     return found
 
 
+# ---------------------------------------------------------------- reading
+
+class SkippedRow(UserWarning):
+    """A line of a result file that read_rows left out, and why."""
+
+
+@contextlib.contextmanager
+def skipped_rows_told_once() -> Iterator[None]:
+    """Within it, each SkippedRow message is shown once, however often the
+    files are read (a report reads them for its frame and again for its comm
+    rows). Python's own once-filter cannot do this: any change to the
+    warning filters (an import, a catch_warnings) makes it forget."""
+    told: set[str] = set()
+    show = warnings.showwarning
+
+    def show_new(message, category, *args, **kwargs):
+        if issubclass(category, SkippedRow):
+            if str(message) in told:
+                return
+            told.add(str(message))
+        show(message, category, *args, **kwargs)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("always", SkippedRow)
+        warnings.showwarning = show_new  # catch_warnings restores it
+        yield
+
+
+# Columns only result rows carry. A JSONL file none of whose rows has any of
+# them is another tool's log kept beside the results (the conformance gate's
+# conformance.jsonl, the kernel studies' kernels.jsonl): not read, and not
+# warned about.
+RESULT_MARKS = frozenset({"suite", "status", "workload_key", "run_id", "timestamp", "git_commit"})
+
+# What a row cannot be placed without (present and not null): the columns of
+# its measurement key and table cell, and of its setting group.
+ATTENTION_REQUIRED = (
+    "suite", "framework", "backend", "mask", "seqlen", "direction", "status", "workload_key",
+    "batch", "heads_q", "heads_kv", "head_dim", "dtype", "cp_size",
+)
+COMM_REQUIRED = ("framework", "op", "ranks", "bytes", "device", "status")
+# What an OK row's table cell shows.
+OK_REQUIRED = {"attention": ("tflops",), COMM_SUITE: ("busbw_gbps", "median_ms")}
+
+# Type rules, each for the columns present and not null.
+NAME_COLUMNS = ("suite", "framework", "backend", "mask", "dtype", "workload_key", "op")
+TEXT_COLUMNS = ("device", "strategy", "inner", "run_id")
+COUNT_COLUMNS = ("seqlen", "seqlen_k", "batch", "heads_q", "heads_kv", "head_dim", "cp_size",
+                 "ranks", "bytes")
+NUMBER_COLUMNS = (
+    "median_ms", "p20_ms", "p80_ms", "tflops", "flops", "max_err", "check_err", "spread",
+    "check_s", "check_len", "golden_err", "compile_s", "setup_s", "density", "mask_area",
+    "peak_mem_bytes", "n_devices", "warmup", "iters", "algbw_gbps", "busbw_gbps",
+)
+STATUSES = tuple(status.value for status in Status)
+# Text a JSON column may hold for "none": pandas writes a missing one as NaN.
+_NO_JSON = ("", "null", "NaN")
+
+
+def _is_name(value) -> bool:
+    return isinstance(value, str) and value.strip() != ""
+
+
+def _is_number(value) -> bool:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an int beyond any float: a frame could not hold it
+        return False
+
+
+def _is_count(value) -> bool:
+    # An integral float (4096.0, as pandas writes an integer column with
+    # gaps) is the same count; read_rows stores it as an int. Counts fit a
+    # frame's int64 column.
+    whole = isinstance(value, int) or (isinstance(value, float) and value.is_integer())
+    return _is_number(value) and whole and 0 < value < 2**63
+
+
+def _is_number_list(value) -> bool:
+    return isinstance(value, list) and all(map(_is_number, value))
+
+
+def _is_json_object(value) -> bool:
+    """A dict, or text holding one (a frame from load() written back holds
+    JSON text)."""
+    if isinstance(value, dict):
+        return True
+    if not isinstance(value, str):
+        return False
+    if value in _NO_JSON:
+        return True
+    try:
+        return isinstance(json.loads(value), dict)
+    except (ValueError, RecursionError):
+        return False
+
+
+def _is_iso_time(value) -> bool:
+    return isinstance(value, str) and _parsed_time(value) is not None
+
+
+def _parsed_time(value) -> datetime.datetime | None:
+    """An ISO 8601 time as an aware datetime (UTC where it names no zone);
+    None where it is not one."""
+    try:
+        time = datetime.datetime.fromisoformat(value)
+    except (TypeError, ValueError):
+        return None
+    return time if time.tzinfo else time.replace(tzinfo=datetime.UTC)
+
+
+# column -> (test, what the value must be)
+_TYPE_RULES: dict[str, tuple[Callable[[object], bool], str]] = {
+    **{column: (_is_name, "a non-empty string") for column in NAME_COLUMNS},
+    **{column: (lambda v: isinstance(v, str), "a string") for column in TEXT_COLUMNS},
+    **{column: (_is_count, "a positive integer") for column in COUNT_COLUMNS},
+    **{column: (_is_number, "a finite number") for column in NUMBER_COLUMNS},
+    "samples_ms": (_is_number_list, "a list of finite numbers"),
+    **{column: (_is_json_object, "a JSON object") for column in JSON_COLUMNS},
+    "timestamp": (_is_iso_time, "an ISO 8601 time"),
+    "status": (lambda v: v in STATUSES, f"one of {', '.join(STATUSES)}"),
+}
+_ATTENTION_TYPE_RULES = {
+    **_TYPE_RULES,
+    "direction": (lambda v: v in TIMED_DIRECTIONS, f"one of {', '.join(TIMED_DIRECTIONS)}"),
+}
+# The sparsity table reads these two mask parameters as numbers.
+_SWEPT_PARAMS = ("keep", "block_size")
+
+
+def _json_kind(value) -> str:
+    kinds = ((bool, "boolean"), (list, "list"), ((int, float), "number"), (str, "string"))
+    return next((name for kind, name in kinds if isinstance(value, kind)), "null")
+
+
+def _shown(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def row_problem(row) -> str | None:
+    """Why a parsed line is not a row that read_rows returns (None: it is
+    one). The rules are the module docstring's, "Reading"."""
+    if not isinstance(row, dict):
+        return f"not a row: a JSON {_json_kind(row)}"
+    kind = COMM_SUITE if row.get("suite") == COMM_SUITE else "attention"
+    required = COMM_REQUIRED if kind == COMM_SUITE else ATTENTION_REQUIRED
+    if row.get("status") == Status.OK.value:
+        required += OK_REQUIRED[kind]
+    missing = [column for column in required if row.get(column) is None]
+    if missing:
+        return f"missing or null column(s) {', '.join(missing)}"
+    rules = _TYPE_RULES if kind == COMM_SUITE else _ATTENTION_TYPE_RULES
+    problems = [f"{column}={_shown(row[column])} is not {what}"
+                for column, (test, what) in rules.items()
+                if row.get(column) is not None and not test(row[column])]
+    problems += _mask_param_problems(row)
+    return "; ".join(problems) or None
+
+
+def _mask_param_problems(row: Mapping) -> list[str]:
+    if not _is_json_object(row.get("mask_params")):
+        return []  # the type rules name it
+    params = json_field(row.get("mask_params"))
+    return [f"mask_params {name}={_shown(params[name])} is not a finite number"
+            for name in _SWEPT_PARAMS if name in params and not _is_number(params[name])]
+
+
+def _warn_skipped(path: pathlib.Path, number: int, problem: str) -> None:
+    warnings.warn(f"{path}:{number}: skipping the row: {problem}", SkippedRow)
+
+
+def _parsed_lines(data: bytes) -> Iterator[tuple[int, object, str | None]]:
+    """(1-based line number, parsed JSON, None) of each non-blank line, or
+    (number, None, why) for a line that is not UTF-8 or not JSON."""
+    # Split on LF only, as editors and `grep -n` count lines; a CR before it
+    # (CRLF files) is JSON whitespace.
+    for number, raw in enumerate(data.split(b"\n"), 1):
+        try:
+            # utf-8-sig: a byte order mark opens the file (or each file
+            # concatenated into it); it is no part of the row.
+            text = raw.decode("utf-8-sig")
+        except UnicodeDecodeError as exc:
+            yield number, None, (f"not UTF-8 text (byte 0x{raw[exc.start]:02x} "
+                                 f"at column {exc.start + 1})")
+            continue
+        if not text.strip():
+            continue
+        try:
+            yield number, json.loads(text), None
+        except (ValueError, RecursionError) as exc:  # RecursionError: nested too deep
+            yield number, None, f"a truncated or corrupt row ({exc})"
+
+
+def _another_tools_log(lines: list[tuple[int, object, str | None]]) -> bool:
+    """Whether a file's parsed lines are records with none of RESULT_MARKS."""
+    records = [value for _, value, _ in lines if isinstance(value, dict) and value]
+    return bool(records) and not any(RESULT_MARKS & record.keys() for record in records)
+
+
+def _rows_of_file(path: pathlib.Path) -> list[dict]:
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        warnings.warn(f"{path}: skipping the file: cannot read it ({exc})", SkippedRow)
+        return []
+    lines = list(_parsed_lines(data))
+    if _another_tools_log(lines):
+        return []
+    rows = []
+    for number, value, problem in lines:
+        problem = problem or row_problem(value)
+        if problem:
+            _warn_skipped(path, number, problem)
+        else:
+            rows.append(_as_read(value))
+    return rows
+
+
 def read_rows(paths: Iterable[str | pathlib.Path]) -> list[dict]:
     """Every row in the files (directories are searched for *.jsonl).
 
-    A line that does not parse (the tail of a killed run) is skipped with a
-    warning naming it.
+    A line that is not a row by the module docstring's rules ("Reading": a
+    torn or corrupt line, text that is not UTF-8, JSON that is not an
+    object, a row without the columns that place it or with a value of the
+    wrong type) is skipped with a warning (SkippedRow) naming the file, the
+    line and the problem; the other lines are read. A file of another
+    tool's records (no row with any of RESULT_MARKS) is passed over quietly.
     """
     rows = []
     for path in _files(paths):
-        for number, line in enumerate(path.read_text().splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:
-                warnings.warn(f"{path}:{number}: skipping a truncated or corrupt row")
-                continue
-            if isinstance(row, dict) and "options" not in row and row.get("suite") != COMM_SUITE:
-                row["options"] = _options_from_flags(row)
-            if isinstance(row, dict) and row.get("suite") != COMM_SUITE:
-                _name_legacy_mask(row)
-            rows.append(row)
+        rows += _rows_of_file(path)
     return rows
+
+
+def _as_read(row: dict) -> dict:
+    """A valid row as readers see it: counts as ints, and a row written
+    before the options column or under a mask's earlier name as today's."""
+    for column in COUNT_COLUMNS:
+        if isinstance(row.get(column), float):
+            row[column] = int(row[column])
+    if row.get("suite") != COMM_SUITE:
+        if "options" not in row:
+            row["options"] = _options_from_flags(row)
+        _name_legacy_mask(row)
+    return row
 
 
 def _name_legacy_mask(row: dict) -> None:
@@ -277,12 +610,14 @@ def _options_from_flags(row: Mapping) -> dict[str, str]:
     if isinstance(flags, str):
         try:
             flags = json.loads(flags)
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):
             return {}
-    if not isinstance(flags, Mapping):
+    entries = flags.get("backend_options") if isinstance(flags, Mapping) else None
+    if not isinstance(entries, list):
         return {}
-    return {key: str(value) for name, key, value in flags.get("backend_options") or ()
-            if name == row.get("backend")}
+    # Each entry is [backend, key, value]; one of another shape says nothing.
+    return {str(entry[1]): str(entry[2]) for entry in entries
+            if isinstance(entry, list) and len(entry) == 3 and entry[0] == row.get("backend")}
 
 
 # Statuses that depend on this machine's state rather than on the kernel:
@@ -290,23 +625,30 @@ def _options_from_flags(row: Mapping) -> dict[str, str]:
 RETRIED_ON_RESUME = ("ERROR", "UNAVAILABLE")
 
 
-def done_keys(paths: Iterable[str | pathlib.Path], *, settled_only: bool = False) -> set[tuple]:
+def done_keys(paths: Iterable[str | pathlib.Path], *, settled_only: bool = False,
+              run_id: str | None = None) -> set[tuple]:
     """Keys of the rows in the files; with settled_only, not of ERROR or
-    UNAVAILABLE rows, which --resume retries."""
+    UNAVAILABLE rows, which --resume retries; with run_id, only of the rows
+    that run wrote (an older run's rows in the same files are not its own)."""
     existing = [p for p in map(pathlib.Path, paths) if p.exists()]
     return {
         row_key(row)
         for row in read_rows(existing)
         if not (settled_only and row.get("status") in RETRIED_ON_RESUME)
+        and (run_id is None or row.get("run_id") == run_id)
     }
 
 
 def load(paths):
     """All rows of the given files or directories as one DataFrame.
 
+    The rows are read_rows': a malformed line is left out with a warning.
+    A row without a device takes the device, cp_size and strategy of the
+    measurement it repeats (with_known_context), so that tables.latest
+    shows the newer of the two.
     Columns are COLUMNS in order (missing ones filled with None); the JSON
-    columns (mask_params, versions, options, inner_options) are compact JSON
-    strings so that rows can be grouped and compared.
+    columns (JSON_COLUMNS) are compact JSON strings, None where a row has
+    none, so that rows can be grouped and compared.
     """
     import pandas as pd
 
@@ -314,14 +656,23 @@ def load(paths):
         paths = [paths]
     # The comm suite's rows have their own schema (COMM_COLUMNS).
     rows = [row for row in read_rows(paths) if row.get("suite") != COMM_SUITE]
+    rows = with_known_context(rows)  # a failed rerun replaces what it repeats
     frame = pd.DataFrame(rows or None, columns=list(COLUMNS))
     for column in JSON_COLUMNS:
-        frame[column] = frame[column].map(
-            lambda value: value if isinstance(value, str) or value is None
-            else json.dumps(value, sort_keys=True)
-        )
+        frame[column] = frame[column].map(_json_text)
     frame["options"] = frame["options"].map(options_key)
     for column in ("median_ms", "p20_ms", "p80_ms", "tflops", "max_err", "golden_err",
                    "compile_s", "spread", "check_err", "check_len", "check_s"):
         frame[column] = pd.to_numeric(frame[column], errors="coerce")
     return frame
+
+
+def _json_text(value) -> str | None:
+    """A JSON column's value in a frame: compact sorted JSON text; text as
+    it was; None for none (a column a row lacks arrives as NaN, a frame
+    written back holds it as "NaN")."""
+    if isinstance(value, str):
+        return None if value in _NO_JSON else value
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return None
+    return json.dumps(value, sort_keys=True)

@@ -24,13 +24,14 @@ import datetime
 import importlib
 import math
 import multiprocessing
+import os
 import pathlib
 import time
 import traceback
 import warnings
 from collections.abc import Callable, Iterable, Sequence
 
-from lcab import fullcheck, registry, results, validation
+from lcab import fullcheck, processes, registry, results, validation
 from lcab.flops import tflops_per_second
 from lcab.runtime import Runtime, Timing
 from lcab.status import Status
@@ -76,6 +77,11 @@ class Case:
         device = fields.pop("device_info", None)
         flops = fields.pop("flops_of", {}).get(direction) or w.flops(direction)
         inner_options = fields.pop("inner_options", None)
+        options = self.options(settings)
+        # A row written without the backend loaded (a dead process's) still
+        # says which CP size was asked for, so it lands beside its peers.
+        asked = options.get("cp_size", "")
+        cp_size = fields.pop("cp_size", None) or (int(asked) if asked.isdigit() else 1)
         return results.make_row(
             framework=self.framework,
             backend=self.backend,
@@ -96,11 +102,11 @@ class Case:
             status=status.value,
             reason=fields.pop("reason", ""),
             flops=flops,
-            options=self.options(settings),
+            options=options,
             inner_options=dict(inner_options) if inner_options is not None else None,
             device=device.name if device else None,
             n_devices=device.count if device else None,
-            cp_size=fields.pop("cp_size", 1),
+            cp_size=cp_size,
             git_commit=settings.git_commit,
             timestamp=now(),
             workload_key=w.key(),
@@ -175,8 +181,9 @@ class Runner:
         """Rows for every part of the case, whatever goes wrong.
 
         Anything unexpected (a backend raising in supports(), a runtime that
-        cannot name its device, ...) becomes ERROR rows for the parts not
-        yet written, so no backend can end a sweep.
+        cannot name its device, a sys.exit() in a backend, ...) becomes
+        ERROR rows for the parts not yet written, so no backend can end a
+        sweep.
         """
         written: list[dict] = []
         context: dict = {}
@@ -188,7 +195,9 @@ class Runner:
                 return written
             context.update(device_info=runtime.device(), versions=runtime.versions())
             case.run(self, runtime, written, context)
-        except Exception as exc:  # noqa: BLE001 - the last line of defence
+        # A backend calling sys.exit() must not end the sweep either; only an
+        # interruption (KeyboardInterrupt, lcab.processes' Stopped) does.
+        except (Exception, SystemExit) as exc:  # noqa: BLE001 - the last line of defence
             done = {results.row_key(row) for row in written}
             keys = case.keys(case.options(self.settings))
             left = [part for part, key in zip(case.parts, keys) if key not in done]
@@ -204,11 +213,7 @@ class Runner:
         try:
             backend = registry.load_backend(case.backend, options)
         except registry.Unavailable as exc:
-            # The row still says which CP size was asked for (the column of
-            # the same name), so it lands beside its measured peers.
-            cp_size = int(options["cp_size"]) if options.get("cp_size", "").isdigit() else 1
-            rows += self.write_all(case, Status.UNAVAILABLE, reason=str(exc),
-                                       cp_size=cp_size, **context)
+            rows += self.write_all(case, Status.UNAVAILABLE, reason=str(exc), **context)
             return
         context.update(cp_size=backend.cp_size, strategy=backend.strategy,
                        flops_of={d: backend.flops(case.workload, d) for d in case.directions})
@@ -255,6 +260,11 @@ class Runner:
         if verdict.note:
             context["notes"] = f"{context['notes']}; {verdict.note}"
         context["probe"] = verdict.probe
+        if verdict.bwd_failure is not None and "bwd" in directions:
+            # The probe's forward ran: the forward stands on its own.
+            rows += self.failed(case, ["bwd"], verdict.bwd_failure, runtime, context,
+                                "correctness probe failed to run in backward")
+            directions = [d for d in directions if d != "bwd"]
         timed = []
         for direction in directions:
             if verdict.ok(direction):
@@ -336,11 +346,28 @@ class Runner:
                 return rows
         measure = dict(warmup=self.settings.warmup, iters=self.settings.iters,
                        flush_l2=self.settings.flush_l2)
-        both = failure = None
         try:
             inputs = runtime.random_inputs(
                 [q_shape, kv_shape, kv_shape, q_shape], w.dtype, self.settings.seed
             )
+            non_finite, failure = self._non_finite(runtime, fn, inputs, directions)
+        except Exception as exc:  # noqa: BLE001
+            runtime.cleanup()
+            return rows + self.failed(case, directions, exc, runtime, context, "forward")
+        for direction, reason in non_finite.items():
+            columns = checked[direction].columns(direction) if direction in checked else {}
+            rows.append(self.write(case, direction, Status.MISMATCH, reason=reason,
+                                   max_err=verdict.error(direction), **columns, **context))
+        if failure is not None:  # the backward failed; the forward stands
+            rows += self.failed(case, ["bwd"], failure, runtime, context, "backward")
+        directions = [d for d in directions
+                      if d not in non_finite and not (failure is not None and d == "bwd")]
+        if not directions:
+            del inputs, fn
+            runtime.cleanup()
+            return rows
+        both = failure = None
+        try:
             if "bwd" in directions:  # both from one warm state, samples in turn
                 try:
                     forward, both = runtime.measure_pair(fn, inputs, **measure)
@@ -375,6 +402,27 @@ class Runner:
         del inputs, fn
         runtime.cleanup()
         return rows
+
+    @staticmethod
+    def _non_finite(runtime: Runtime, fn, inputs, directions) -> tuple[dict, Exception | None]:
+        """One untimed call at the timed inputs: {direction: reason} for the
+        directions whose outputs hold a NaN or an infinity (a non-finite
+        output at the timed size is never OK, checked or not), and the
+        exception of a backward that failed (None: it ran or was not asked).
+        A forward that fails raises."""
+        if not runtime.all_finite([runtime.forward(fn, *inputs[:3])]):
+            reason = "non-finite output (NaN or inf) at the timed inputs"
+            return {d: reason for d in directions}, None
+        if "bwd" not in directions:
+            return {}, None
+        try:
+            found = runtime.forward_backward(fn, *inputs)
+        except Exception as exc:  # noqa: BLE001 - the forward may still stand
+            runtime.cleanup()
+            return {}, exc
+        if not runtime.all_finite(list(found)):
+            return {"bwd": "non-finite output or gradient (NaN or inf) at the timed inputs"}, None
+        return {}, None
 
     def _full_check(self, case, backend, runtime: Runtime, fn, directions, context):
         """lcab.fullcheck at the timed workload, before any timing: ({direction:
@@ -459,9 +507,14 @@ class Runner:
             return self.write(case, direction, Status.MISMATCH, reason=golden["mismatch"],
                              **fields)
         if timing.median_ms <= 0:
+            # bwd = (fwd+bwd) - fwd came out <= 0: no time of it exists, so
+            # the row carries none (the reason keeps how far off it was).
+            for timed in ("median_ms", "p20_ms", "p80_ms", "spread", "samples_ms"):
+                fields.pop(timed)
             return self.write(
                 case, direction, Status.ERROR,
-                reason="not measurable: fwd+bwd median <= fwd median", **fields,
+                reason=(f"not measurable: fwd+bwd median minus fwd median is "
+                        f"{timing.median_ms:.3g} ms (noise exceeds the backward)"), **fields,
             )
         tflops = tflops_per_second(
             context["flops_of"][direction], timing.median_ms / 1e3, context["cp_size"]
@@ -477,12 +530,16 @@ class Runner:
             args=(case, self.settings, str(self.writer.path), registry.plugins()),
         )
         child.start()
-        child.join(self.settings.isolate_timeout_s)
-        timed_out = child.is_alive()
-        if timed_out:
-            child.kill()
-            child.join()
-        written = results.done_keys([self.writer.path])
+        try:
+            child.join(self.settings.isolate_timeout_s)
+            timed_out = child.is_alive()
+        finally:  # an interrupted run takes its child with it
+            if child.is_alive():
+                child.kill()
+                child.join()
+        # This run's rows only: an earlier run's row of the case is no proof
+        # that this child wrote one.
+        written = results.done_keys([self.writer.path], run_id=self.settings.run_id)
         keys = case.keys(case.options(self.settings))
         lost = [part for part, key in zip(case.parts, keys) if key not in written]
         if lost:
@@ -494,14 +551,17 @@ class Runner:
 
 
 def fill_missing(cases: Sequence, writer: results.Writer, settings: Settings,
-                 reason: str) -> int:
-    """ERROR rows for every part of `cases` the file lacks; returns how many."""
+                 reason: str, wanted: set[tuple] | None = None) -> int:
+    """ERROR rows for every part of `cases` (only those whose key is in
+    `wanted`, when given) that this run (settings.run_id) did not write to
+    the file; returns how many."""
     runner = Runner(writer, settings)
-    done = results.done_keys([writer.path])
+    done = results.done_keys([writer.path], run_id=settings.run_id)
     count = 0
     for case in cases:
         keys = case.keys(case.options(settings))
-        lost = [part for part, key in zip(case.parts, keys) if key not in done]
+        lost = [part for part, key in zip(case.parts, keys)
+                if key not in done and (wanted is None or key in wanted)]
         count += len(runner.write_all(case, Status.ERROR, lost, reason=reason)) if lost else 0
     return count
 
@@ -513,11 +573,14 @@ def import_plugins(modules: Iterable[str]) -> None:
 
 
 def _child_main(case, settings: Settings, path: str, plugins: dict) -> None:
-    import_plugins(settings.plugin_modules)
-    for name, entry in plugins.items():
-        registry.register_backend(name, entry.target, entry.suite)
+    processes.die_with_parent()  # no orphan writes rows after its run was killed
     try:
+        import_plugins(settings.plugin_modules)
+        for name, entry in plugins.items():
+            registry.register_backend(name, entry.target, entry.suite)
         Runner(results.Writer(path), settings).run_case(case)
+    except KeyboardInterrupt:  # the run was stopped; its parent says so
+        os._exit(130)
     except BaseException:
         traceback.print_exc()
         raise

@@ -74,6 +74,21 @@ class DeviceInfo:
     count: int
 
 
+# A forward_backward's results, in order (lcab.fullcheck.TENSORS: that module
+# imports this one).
+_TENSORS = ("out", "dq", "dk", "dv")
+_KV_HEADS = (False, False, True, True)  # which of them have K/V heads
+
+
+def _as_sequence(arrays) -> Sequence:
+    return arrays if isinstance(arrays, (list, tuple)) else (arrays,)
+
+
+def _worst(*errors: float) -> float:
+    """The largest error; NaN (a broken comparison) wins, as it must fail."""
+    return float(np.max(errors))
+
+
 class Runtime(abc.ABC):
     framework: str
 
@@ -126,42 +141,85 @@ class Runtime(abc.ABC):
         dim). Runtimes without a store raise NotImplementedError."""
         raise NotImplementedError(f"{self.framework} runs cannot keep golden data yet")
 
+    def all_finite(self, arrays) -> bool:
+        """Whether every value of `arrays` (device arrays, or one) is finite.
+        This default copies them to the host; runtimes reduce on the device."""
+        return all(bool(np.isfinite(self.to_numpy(x)).all()) for x in _as_sequence(arrays))
+
     def full_check(self, fn: Callable, layout: str, check, backward: bool) -> dict[str, float]:
         """lcab.fullcheck: run fn (in `layout`) forward, and backward when
         asked, on the check's inputs at the full workload, and return the
-        normalised max error of "out" (and "dq", "dk", "dv") on the check's
-        selection against the framework's own reference (`full_reference`,
-        kept for the next backend on the same workload)."""
+        normalised max error of "out" (and "dq", "dk", "dv") against the
+        framework's own reference (`full_reference`): the worse of the
+        check's selection and, for out and dq, its sampled rows; inf for a
+        tensor with a non-finite value anywhere. The reference of both tiers
+        is kept for the next backend on the same workload."""
         reference = self.full_reference()
+        inputs = self._check_inputs(check)
+        got = self._check_outputs(fn, layout, inputs, backward)
+        finite = [self.all_finite([x]) for x in got]
+        selected = [reference.pick(x, check.selection, kv) for x, kv in zip(got, _KV_HEADS)]
+        sampled = ([reference.pick_rows(x, check.sampled_rows) for x in got[:2]]  # out, dq
+                   if check.sampled_chunks else [])
+        del got  # the full outputs go before the reference runs
+        want_selected, want_sampled = self._kept_full_reference(reference, check, inputs,
+                                                                backward)
+        errors = {name: reference.normalised_error(g, t)
+                  for name, g, t in zip(_TENSORS, selected, want_selected)}
+        for name, g, t in zip(_TENSORS, sampled, want_sampled):
+            errors[name] = _worst(errors[name], reference.normalised_error(g, t))
+        for name, ok in zip(_TENSORS, finite):
+            if not ok:
+                errors[name] = float("inf")
+        return errors
+
+    def _check_inputs(self, check) -> list:
+        """(q, k, v, dout) of the check, (batch, seq, heads, dim), on the device."""
         w = check.workload
         q_shape = (w.batch, w.seqlen_q, w.heads_q, w.head_dim)
         kv_shape = (w.batch, w.seqlen_k, w.heads_kv, w.head_dim)
         q, k, v, dout = self.random_inputs([q_shape, kv_shape, kv_shape, q_shape], w.dtype,
                                            check.seed)
-        q, k = q * check.spread, k * check.spread  # a power of two: exact
-        given = [self.swap_seq_heads(x) if layout == "bhsd" else x for x in (q, k, v, dout)]
+        return [q * check.spread, k * check.spread, v, dout]  # a power of two: exact
+
+    def _check_outputs(self, fn, layout: str, inputs, backward: bool) -> list:
+        """fn's (out,) or (out, dq, dk, dv) at the check's inputs, (b, s, h, d)."""
+        given = [self.swap_seq_heads(x) if layout == "bhsd" else x for x in inputs]
         got = (self.forward_backward(fn, *given) if backward
                else (self.forward(fn, *given[:3]),))
-        got = [self.swap_seq_heads(x) if layout == "bhsd" else x for x in got]
-        got = [reference.pick(x, check.selection, kv)
-               for x, kv in zip(got, (False, False, True, True))]  # out, dq, dk, dv
+        return [self.swap_seq_heads(x) if layout == "bhsd" else x for x in got]
+
+    def _kept_full_reference(self, reference, check, inputs, backward: bool):
+        """The reference's results on the selection and on the sampled rows,
+        computed once per (check.key, backward) and kept for the next backend."""
         key = (check.key, backward)
         kept = getattr(self, "_kept_reference", None)
-        if kept is None or kept[0] != key:
-            self._kept_reference = None  # free the last one first
-            picked = [reference.pick(x, check.selection, kv)
-                      for x, kv in zip((q, k, v, dout), (False, True, True, False))]
-            want = reference.attention(*picked, check.chunk_slices, check.chunk_rows, backward)
-            self._kept_reference = kept = (key, want)
-        return {name: reference.normalised_error(g, t)
-                for name, g, t in zip(("out", "dq", "dk", "dv"), got, kept[1])}
+        if kept is not None and kept[0] == key:
+            return kept[1]
+        self._kept_reference = None  # free the last one first
+        q, k, v, dout = inputs
+        picked = [reference.pick(x, check.selection, kv)
+                  for x, kv in zip(inputs, (False, True, True, False))]
+        on_selection = reference.attention(*picked, check.chunk_slices, check.chunk_rows,
+                                           backward)
+        del picked
+        on_sampled_rows = ()
+        if check.sampled_chunks:  # none where the selection is whole
+            rows = check.sampled_rows
+            on_sampled_rows = reference.attention(
+                reference.pick_rows(q, rows), k, v, reference.pick_rows(dout, rows),
+                check.sampled_slices, check.sample_rows, backward, chunks=check.sampled_chunks)
+        self._kept_reference = (key, (on_selection, on_sampled_rows))
+        return on_selection, on_sampled_rows
 
     def full_reference(self):
-        """The module of this framework's full-size reference: pick(x,
-        selection, kv), attention(q, k, v, dout, chunk_slices, rows,
-        backward) and normalised_error(got, want) -> float (jax_backends/
-        reference.py is one). Runtimes without one (has_full_check False)
-        raise NotImplementedError."""
+        """The module of this framework's full-size reference (jax_backends/
+        reference.py is one): pick(x, selection, kv) and pick_rows(x, rows)
+        take part of a (b, s, h, d) array; attention(q, k, v, dout,
+        chunk_slices, rows, backward, chunks=None) is the float32 attention
+        chunk by chunk (of the given chunks only, then (out,) or (out, dq));
+        normalised_error(got, want) -> float. Runtimes without one
+        (has_full_check False) raise NotImplementedError."""
         raise NotImplementedError(f"the {self.framework} runtime has no full-size reference")
 
     @abc.abstractmethod

@@ -54,6 +54,9 @@ class Verdict:
     tolerance: float
     probe: str  # a short description of the probe workload
     note: str = ""  # set when the probe could not take the timed code path
+    # The probe's backward raised (its forward ran): the bwd row fails with
+    # it, the fwd row does not.
+    bwd_failure: Exception | None = None
 
     def ok(self, direction: str) -> bool:
         err = self.error(direction)
@@ -305,20 +308,25 @@ def check_probe(
         backend.layout,
     )
     fwd_err = normalised_error(got_out, want_out)
-    bwd_err = None
+    bwd_err = bwd_failure = None
     if backward:
-        wants = reference.attention_grads(
-            rounded["q"], rounded["k"], rounded["v"], probe.mask, rounded["dout"]
-        )
-        gots = runtime.forward_backward(
-            fn, device["q"], device["k"], device["v"], device["dout"]
-        )
-        errors = [
-            normalised_error(_to_layout(runtime.to_numpy(got), backend.layout), want)
-            for got, want in zip(gots, (want_out, *wants))
-        ]
-        bwd_err = max(errors)
+        try:
+            gots = runtime.forward_backward(
+                fn, device["q"], device["k"], device["v"], device["dout"]
+            )
+        except Exception as exc:  # noqa: BLE001 - the backward's own failure
+            runtime.cleanup()
+            bwd_failure = exc
+        else:
+            wants = reference.attention_grads(
+                rounded["q"], rounded["k"], rounded["v"], probe.mask, rounded["dout"]
+            )
+            errors = [
+                normalised_error(_to_layout(runtime.to_numpy(got), backend.layout), want)
+                for got, want in zip(gots, (want_out, *wants))
+            ]
+            bwd_err = max(errors)
     description = (
         f"{probe.mask.name} at {sq}x{sk}, b{b}, h{hq}:{hkv}, d{d}, {probe.dtype}"
     )
-    return Verdict(fwd_err, bwd_err, TOLERANCE[probe.dtype], description, note)
+    return Verdict(fwd_err, bwd_err, TOLERANCE[probe.dtype], description, note, bwd_failure)

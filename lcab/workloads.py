@@ -10,6 +10,9 @@ from lcab.masks import AttnMask
 
 _SIZE = re.compile(r"^\s*(\d+)\s*([kKmM]?)\s*$")
 _UNITS = {"": 1, "k": 1024, "m": 1024 * 1024}
+# Beyond this a mask's slices or a block-sparse family's blocks outgrow a
+# host's memory before any kernel runs (16m tokens over many GPUs is the far end of CP).
+MAX_SEQLEN = 16 * 1024 * 1024
 
 
 def parse_seqlen(text: str) -> int:
@@ -17,7 +20,11 @@ def parse_seqlen(text: str) -> int:
     match = _SIZE.match(str(text))
     if not match or int(match[1]) <= 0:
         raise ValueError(f"seqlen {text!r} is not a positive size like 4096, 4k, 128k or 1m")
-    return int(match[1]) * _UNITS[match[2].lower()]
+    tokens = int(match[1]) * _UNITS[match[2].lower()]
+    if tokens > MAX_SEQLEN:
+        raise ValueError(f"seqlen {text!r} is over {format_seqlen(MAX_SEQLEN)} tokens, the "
+                         "longest sequence LCAB builds masks for")
+    return tokens
 
 
 def format_seqlen(tokens: int) -> str:

@@ -5,6 +5,7 @@ importing this module, the way a --backend_modules plugin would be.
 """
 
 import os
+import sys
 import time
 
 import numpy as np
@@ -214,3 +215,121 @@ class BackwardFailsWhenTimedBackend(ReferenceBackend):
 
 registry.register_backend(BackwardFailsWhenTimedBackend.name,
                           f"{__name__}:BackwardFailsWhenTimedBackend")
+
+
+# ----- faults the probe cannot see: only at the timed size, batch or heads ------
+
+
+def _perturbed(workload, change):
+    """The reference, with `change(out)` applied to each forward output."""
+    attend = _reference_fn(workload.mask, workload.dtype)
+    right = attend
+
+    def wrong(q, k, v):
+        out = np.array(right(q, k, v))
+        change(out, q, k)
+        return out
+
+    wrong.grads = attend.grads
+    return wrong
+
+
+class NanBeyondTheProbeBackend(ReferenceBackend):
+    """Right up to 1024 tokens (its probes), NaN beyond: a pipeline that
+    breaks once it wraps."""
+
+    name = "numpy.nan_beyond_probe"
+
+    def build(self, workload):
+        def change(out, q, k):
+            if q.shape[1] > 1024:
+                out[:] = np.nan
+
+        return _perturbed(workload, change)
+
+
+class WrongInThirdBatchRowBackend(ReferenceBackend):
+    """Right for batches of two (the probe's), wrong in batch row 2 of more."""
+
+    name = "numpy.wrong_batch_row"
+
+    def build(self, workload):
+        def change(out, q, k):
+            if q.shape[0] > 2:
+                out[2] += 1.0
+
+        return _perturbed(workload, change)
+
+
+class WrongInMiddleHeadsBackend(ReferenceBackend):
+    """Right with two K/V heads (the probe's), wrong in the query heads of
+    every K/V head but the first two and the last when there are more."""
+
+    name = "numpy.wrong_middle_heads"
+
+    def build(self, workload):
+        def change(out, q, k):
+            heads_kv = k.shape[2]
+            group = q.shape[2] // heads_kv
+            if heads_kv > 2:
+                out[:, :, 2 * group:(heads_kv - 1) * group] += 1.0
+
+        return _perturbed(workload, change)
+
+
+class BackwardRaisesBackend(ReferenceBackend):
+    """A forward that works and a backward that always raises."""
+
+    name = "numpy.backward_raises"
+
+    def build(self, workload):
+        attend = _reference_fn(workload.mask, workload.dtype)
+
+        def grads(q, k, v, dout):
+            raise RuntimeError("backward kernel failed to launch")
+
+        attend.grads = grads
+        return attend
+
+
+class BackwardOutOfMemoryBackend(ReferenceBackend):
+    """A forward that works and a backward that always runs out of memory."""
+
+    name = "numpy.backward_oom"
+
+    def build(self, workload):
+        attend = _reference_fn(workload.mask, workload.dtype)
+
+        def grads(q, k, v, dout):
+            raise MemoryError("out of memory: tried to allocate 80.00 GiB in backward")
+
+        attend.grads = grads
+        return attend
+
+
+class ExitsBackend(ReferenceBackend):
+    """Calls sys.exit(0) when built for 96 tokens."""
+
+    name = "numpy.sys_exit"
+
+    def build(self, workload):
+        if workload.seqlen_q == 96:
+            sys.exit(0)
+        return super().build(workload)
+
+
+class HardExitsBackend(ReferenceBackend):
+    """Ends its process with os._exit(0) when built for 96 tokens (for any
+    length when LCAB_TEST_OS_EXIT is set)."""
+
+    name = "numpy.os_exit"
+
+    def build(self, workload):
+        if workload.seqlen_q == 96 or os.environ.get("LCAB_TEST_OS_EXIT"):
+            os._exit(0)
+        return super().build(workload)
+
+
+for _cls in (NanBeyondTheProbeBackend, WrongInThirdBatchRowBackend, WrongInMiddleHeadsBackend,
+             BackwardRaisesBackend, BackwardOutOfMemoryBackend, ExitsBackend, HardExitsBackend):
+    registry.register_backend(_cls.name, f"{__name__}:{_cls.__name__}")

@@ -124,7 +124,7 @@ def test_a_preset_flagfile_reads_like_absl(tmp_path):
         ("--heads=64:7", "heads '64:7'"),
         ("--dtype=int8", "dtype='int8' is not one of"),
         ("--directions=fwd,sideways", "direction 'sideways' is not one of fwd, bwd"),
-        ("--framework=mxnet", "jax|torch|all"),
+        ("--framework=mxnet", "--framework 'mxnet' is not one of jax, torch or all"),
         ("--doc_distribution=wiki", "chatqa2_long_sft"),
         ("--backend_options=jax.pallas_flex:tile=64", "its options: backward_block_k"),
         ("--backend_options=jax.pallas_flex", "is not BACKEND:KEY=VALUE"),

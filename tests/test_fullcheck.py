@@ -7,18 +7,27 @@ K/V group, a wrong second batch row, wrong rows past 2k tokens, a NaN only
 at the timed length, a dK wrong only in the last K/V head. Each is run
 through the runtime's full check at 4k tokens on a CPU and must fail it;
 jax.xla itself must pass. The torch reference is held to the same.
+
+A second set of faults hides from the selection (first and last batch row
+and GQA group): a wrong middle batch row, wrong middle K/V heads, a NaN in
+a middle head, a dQ wrong in a middle head, a NaN in a middle head's dK.
+The sampled rows (every batch row and head) or the rule that no value may
+be non-finite must catch each, in jax and in a NumPy plugin.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import math
 
 import numpy as np
 import pytest
 
 from lcab import fullcheck, registry, results
+from lcab import reference as numpy_reference
 from lcab.masks import MASK_NAMES, AttnMask, AttnSlice, make_mask
+from lcab.numpy_runtime import NumpyRuntime, _DenseReference
 from lcab.runner import Case, Settings, run_cases
 from lcab.workloads import Workload
 
@@ -200,7 +209,7 @@ def test_runner_writes_mismatch_with_the_figures_and_times_the_rest(tmp_path):
     assert bwd["status"] == "MISMATCH" and "full-size check" in bwd["reason"]
     assert "dk" in bwd["reason"] and bwd["median_ms"] is None
     assert bwd["check_errors"]["dk"] > 0.1 and bwd["check_len"] == 2048
-    assert bwd["check_heads"] == "batch 0-1 of 2; kv 0-1 of 2; q 0-3 of 4"
+    assert bwd["check_heads"] == "batch 0-1 of 2; kv 0-1 of 2; q 0-3 of 4"  # all: no sample
     for direction in ("fwd", "bwd"):
         ok = rows["jax.xla", direction]
         assert ok["status"] == "OK" and ok["check_err"] < 1e-4 and ok["check_s"] > 0
@@ -259,3 +268,221 @@ def test_the_torch_reference_agrees_and_catches_a_fault():
 
     errors = runtime.full_check(wrong, backend.layout, plan, False)
     assert errors["out"] > 0.05
+
+
+# --- Faults outside the selection -----------------------------------------
+# At batch 4 and 16:8 heads the selection is batch rows 0 and 3, K/V heads 0
+# and 7 (query heads 0, 1, 14, 15). Each fault: (tensor, index, how), `how`
+# a factor or NaN; NaNs sit at rows the sampled chunks do not hold.
+HIDDEN_FAULTS = {
+    "batch_row_1_of_4": ("out", np.s_[1], 1.1),
+    "kv_heads_2_to_5": ("k", np.s_[:, :, 2:6], 1.25),
+    "nan_in_a_middle_head": ("out", np.s_[2, 100, 6, 0], math.nan),
+    "dq_of_a_middle_head": ("dq", np.s_[:, :, 6], 1.2),
+    "nan_in_dk_of_a_middle_head": ("dk", np.s_[1, 150, 3, 0], math.nan),
+}
+BACKWARD_FAULTS = {"dq_of_a_middle_head", "nan_in_dk_of_a_middle_head"}
+
+
+def hidden_fault_workload(seqlen):
+    return workload(seqlen=seqlen, batch=4, heads=(16, 8), head_dim=16)
+
+
+@pytest.fixture
+def small_chunks(monkeypatch):
+    """Chunks small enough that the sampled rows are a part of the sequence."""
+    monkeypatch.setattr(fullcheck, "CHUNK_ELEMENTS", 2**16)
+
+
+def test_the_hidden_faults_lie_outside_the_selection():
+    chosen = fullcheck.selection(hidden_fault_workload(256))
+    assert chosen.batch_rows == (0, 3) and chosen.kv_heads == (0, 7)
+    assert chosen.q_heads == (0, 1, 14, 15)
+
+
+def jax_damage(x, index, how):
+    return x.at[index].set(how) if math.isnan(how) else x.at[index].multiply(how)
+
+
+def jax_gradient_fault(index, how):
+    """The identity, whose gradient is damaged at `index`."""
+    @jax.custom_vjp
+    def identity(x):
+        return x
+
+    identity.defvjp(lambda x: (x, None), lambda _, g: (jax_damage(g, index, how),))
+    return identity
+
+
+class HiddenFault(XlaBackend):
+    """jax.xla with one of HIDDEN_FAULTS."""
+
+    name = "jax.test_hidden_fault"
+
+    def __init__(self, fault=None):
+        self.fault = fault
+
+    def build(self, workload):
+        right = super().build(workload)
+        if self.fault is None:
+            return right
+        tensor, index, how = HIDDEN_FAULTS[self.fault]
+        through = {name: jax_gradient_fault(index, how) if tensor == name else (lambda x: x)
+                   for name in ("dq", "dk")}
+
+        def attend(q, k, v):
+            k = jax_damage(k, index, how) if tensor == "k" else k
+            out = right(through["dq"](q), through["dk"](k), v)
+            return jax_damage(out, index, how) if tensor == "out" else out
+
+        return attend
+
+
+def numpy_damage(x, index, how):
+    x = np.array(x, dtype=np.float64)
+    x[index] = how if math.isnan(how) else x[index] * how
+    return x
+
+
+def numpy_backend(mask, fault=None):
+    """A NumPy plugin's function (lcab.numpy_runtime): the float64 reference,
+    with one of HIDDEN_FAULTS."""
+    tensor, index, how = HIDDEN_FAULTS[fault] if fault else (None, None, None)
+
+    def attend(q, k, v):
+        k = numpy_damage(k, index, how) if tensor == "k" else k
+        out = numpy_reference.attention(q, k, v, mask)[0]
+        return numpy_damage(out, index, how) if tensor == "out" else out
+
+    def grads(q, k, v, dout):
+        found = dict(zip(("dq", "dk", "dv"), numpy_reference.attention_grads(q, k, v, mask,
+                                                                              dout)))
+        if tensor in found:
+            found[tensor] = numpy_damage(found[tensor], index, how)
+        return [found[name] for name in ("dq", "dk", "dv")]
+
+    attend.grads = grads
+    return attend
+
+
+def hidden_fault_check(framework, fault, backward):
+    if framework == "jax":
+        w = hidden_fault_workload(1024)
+        backend = HiddenFault(fault)
+        fn, layout, runtime = backend.build(w), backend.layout, registry.load_runtime("jax")
+    else:
+        w = hidden_fault_workload(256)
+        fn, layout, runtime = numpy_backend(w.mask, fault), "bshd", NumpyRuntime()
+    plan = fullcheck.plan(w)
+    assert len(plan.sampled_rows) < w.seqlen_q  # a sample, not every row
+    if fault and math.isnan(HIDDEN_FAULTS[fault][2]):  # left to the non-finite rule
+        assert HIDDEN_FAULTS[fault][1][1] not in plan.sampled_rows
+    return fullcheck.result(plan, runtime.full_check(fn, layout, plan, backward), 0.0)
+
+
+@pytest.mark.parametrize("framework", ["jax", "numpy"])
+def test_the_right_backend_passes_with_sampled_rows(framework, small_chunks):
+    result = hidden_fault_check(framework, None, backward=True)
+    assert set(result.errors) == {"out", "dq", "dk", "dv"}
+    assert max(result.errors.values()) < 1e-4, result.errors
+
+
+@pytest.mark.parametrize("fault", sorted(HIDDEN_FAULTS))
+@pytest.mark.parametrize("framework", ["jax", "numpy"])
+def test_each_fault_outside_the_selection_is_caught(framework, fault, small_chunks):
+    backward = fault in BACKWARD_FAULTS
+    result = hidden_fault_check(framework, fault, backward)
+    tensor, _, how = HIDDEN_FAULTS[fault]
+    direction = "bwd" if backward else "fwd"
+    assert result.error(direction) > 5 * result.tolerance, result.errors
+    if math.isnan(how):  # found by the non-finite rule, in its own tensor only
+        assert result.errors[tensor] == math.inf
+        assert all(np.isfinite(e) for name, e in result.errors.items() if name != tensor)
+    if tensor == "dq":
+        assert result.ok("fwd") and result.errors["dq"] > 0.05
+
+
+def test_plan_samples_the_first_middle_and_last_chunk_of_every_head():
+    w = workload(seqlen=32768, batch=2, heads=(64, 8), head_dim=128)
+    plan = fullcheck.plan(w)
+    assert plan.sample_rows == 32  # 32 rows x 32k keys x 64 heads x 2 rows = 2^27 scores
+    assert plan.sample_rows * w.seqlen_k * w.heads_q * w.batch <= fullcheck.CHUNK_ELEMENTS
+    assert plan.sample_rows < plan.chunk_rows
+    assert plan.sampled_chunks == (0, 512, 1023)
+    np.testing.assert_array_equal(plan.sampled_rows, np.r_[0:32, 16384:16416, 32736:32768])
+    every = fullcheck.slices_by_chunk(w.mask.slice_table, w.seqlen_q, plan.sample_rows)
+    np.testing.assert_array_equal(plan.sampled_slices, every[list(plan.sampled_chunks)])
+    assert plan.describe() == (
+        "batch 0-1 of 2; kv 0,7 of 8; q 0-7,56-63 of 64; "
+        "every batch row and head at query rows 0-31, 16384-16415, 32736-32767")
+    assert fullcheck.result(plan, {"out": 0.0}, 0.0).heads == plan.describe()
+
+
+def test_sampled_rows_stop_at_the_sequence_and_stay_a_handful():
+    w = workload(seqlen=131072 - 100, batch=4, heads=(64, 8), head_dim=128)
+    plan = fullcheck.plan(w)
+    assert plan.sample_rows == fullcheck.MIN_CHUNK_ROWS
+    last = plan.sampled_chunks[-1] * plan.sample_rows
+    np.testing.assert_array_equal(plan.sampled_rows[-(w.seqlen_q - last):],
+                                  np.arange(last, w.seqlen_q))
+    assert plan.sampled_rows[-1] == w.seqlen_q - 1
+    assert plan.key != fullcheck.plan(dataclasses.replace(w, batch=1)).key
+    short = fullcheck.plan(workload(seqlen=300, heads=(8, 4)))
+    assert short.sampled_chunks == (0,) and short.describe().endswith("query rows 0-299")
+    whole = fullcheck.plan(workload(seqlen=300, heads=(4, 2)))  # the selection has it all
+    assert whole.sampled_chunks == () and len(whole.sampled_rows) == 0
+    assert whole.describe() == "batch 0-1 of 2; kv 0-1 of 2; q 0-3 of 4"
+
+
+def _reference_on_chunks(framework):
+    """(to_framework, reference module, to_numpy) of one framework."""
+    if framework == "jax":
+        return jnp.asarray, jax_reference, np.asarray
+    if framework == "torch":
+        torch = pytest.importorskip("torch")
+        from torch_backends import reference as torch_reference
+
+        return torch.from_numpy, torch_reference, lambda x: x.detach().numpy()
+    return (lambda x: x), _DenseReference, np.asarray
+
+
+@pytest.mark.parametrize("framework", ["jax", "torch", "numpy"])
+def test_the_reference_on_chunks_gives_their_rows_of_the_whole(framework):
+    """out and dQ of a few chunks of rows, alone, are those rows of the whole."""
+    seqlen, rows, chunks = 300, 32, (0, 4, 9)  # chunk 9 is rows 288-299: short
+    mask = make_mask("sliding_window_causal", seqlen, window=50)
+    rng = np.random.default_rng(0)
+    q, dout = (rng.standard_normal((2, seqlen, 4, 8)).astype(np.float32) for _ in range(2))
+    k, v = (rng.standard_normal((2, seqlen, 2, 8)).astype(np.float32) for _ in range(2))
+    to, module, back = _reference_on_chunks(framework)
+    every = fullcheck.slices_by_chunk(mask.slice_table, seqlen, rows)
+    whole = module.attention(*(to(x) for x in (q, k, v, dout)), every, rows, True)
+    picked = np.concatenate([c * rows + np.arange(rows) for c in chunks])
+    picked = picked[picked < seqlen]
+    part = module.attention(to(q[:, picked]), to(k), to(v), to(dout[:, picked]),
+                            every[list(chunks)], rows, True, chunks=chunks)
+    assert len(part) == 2  # out and dq: dK and dV need every row
+    for got, want in zip(part, whole[:2]):
+        np.testing.assert_allclose(back(got), back(want)[:, picked], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(back(module.pick_rows(to(q), picked)), q[:, picked])
+    (out,) = module.attention(to(q[:, picked]), to(k), to(v), to(dout[:, picked]),
+                              every[list(chunks)], rows, False, chunks=chunks)
+    np.testing.assert_allclose(back(out), back(whole[0])[:, picked], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("framework", ["numpy", "jax", "torch"])
+def test_all_finite_sees_one_bad_value_anywhere(framework):
+    if framework == "torch":
+        pytest.importorskip("torch")
+    runtime = registry.load_runtime(framework) if framework != "numpy" else NumpyRuntime()
+    clean = np.ones((2, 64, 4, 8))
+    for dtype in ("float32", "bfloat16"):
+        assert runtime.all_finite([runtime.from_numpy(clean, dtype)] * 2)
+        assert runtime.all_finite(runtime.from_numpy(clean, dtype))
+        for bad in (math.nan, math.inf, -math.inf):
+            dirty = clean.copy()
+            dirty[1, 37, 2, 5] = bad
+            assert not runtime.all_finite([runtime.from_numpy(clean, dtype),
+                                           runtime.from_numpy(dirty, dtype)]), (dtype, bad)
+            assert not runtime.all_finite(runtime.from_numpy(dirty, dtype)), (dtype, bad)
+    assert runtime.all_finite([])

@@ -3,8 +3,10 @@
 It shares no code with any kernel: per chunk of query rows, scores, a
 softmax and a weighted sum, the mask applied from the mask's slices as
 lcab.masks.slices defines them, and gradients by autograd of that chunk
-(dK and dV add up over the chunks). Deliberately plain; a chunk bounds its
-memory, nothing makes it fast. Arrays are (batch, seq, heads, head_dim)
+(dK and dV add up over the chunks). A few chunks can be run alone
+(`chunks`): their out, and dQ by autograd w.r.t. each chunk's own rows (the
+check's sampled rows, lcab.fullcheck). Deliberately plain; a chunk bounds
+its memory, nothing makes it fast. Arrays are (batch, seq, heads, head_dim)
 with GQA: query head h reads K/V head h // (heads_q // heads_kv).
 """
 
@@ -65,25 +67,34 @@ def chunk_attention(q, k, v, seen):
     return out.reshape(batch, rows, heads_q, head_dim)
 
 
-def attention(q, k, v, dout, chunk_slices, rows: int, backward: bool):
-    """(out,) or (out, dq, dk, dv) in float32, chunk by chunk of `rows` query rows."""
+def attention(q, k, v, dout, chunk_slices, rows: int, backward: bool, chunks=None):
+    """(out,) or (out, dq, dk, dv) in float32, chunk by chunk of `rows` query rows.
+
+    With `chunks` (ascending chunk indices), q and dout hold only the rows
+    of those chunks, one after the other (only the last may be short), and
+    chunk_slices their slices, one entry per chunk; the result is (out,) or
+    (out, dq) of those rows: dK and dV need every row, so none is made.
+    """
     q, k, v, dout = (x.detach().to(torch.float32) for x in (q, k, v, dout))
-    seqlen_q, seqlen_k = q.shape[1], k.shape[1]
+    given_rows, seqlen_k = q.shape[1], k.shape[1]
+    key_grads = backward and chunks is None
+    if chunks is None:
+        chunks = range(len(chunk_slices))
     outs, dqs = [], []
-    if backward:
+    if key_grads:
         k.requires_grad_(True)
         v.requires_grad_(True)
     previous = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = False  # float32 products, not TF32
     try:
-        for index, slices in enumerate(chunk_slices):
-            start = index * rows
-            stop = min(start + rows, seqlen_q)
-            seen = visible(slices, start, stop - start, seqlen_k, q.device)
+        for position, (index, slices) in enumerate(zip(chunks, chunk_slices)):
+            start = position * rows  # in the given rows
+            stop = min(start + rows, given_rows)
+            seen = visible(slices, int(index) * rows, stop - start, seqlen_k, q.device)
             q_chunk = q[:, start:stop].clone().requires_grad_(backward)
             with torch.set_grad_enabled(backward):
                 out = chunk_attention(q_chunk, k, v, seen)
-            if backward:
+            if backward:  # k and v are leaves only when their gradients are asked for
                 out.backward(dout[:, start:stop])
                 dqs.append(q_chunk.grad)
             outs.append(out.detach())
@@ -91,6 +102,8 @@ def attention(q, k, v, dout, chunk_slices, rows: int, backward: bool):
         torch.backends.cuda.matmul.allow_tf32 = previous
     if not backward:
         return (torch.cat(outs, dim=1),)
+    if not key_grads:
+        return torch.cat(outs, dim=1), torch.cat(dqs, dim=1)
     return torch.cat(outs, dim=1), torch.cat(dqs, dim=1), k.grad, v.grad
 
 
@@ -100,6 +113,12 @@ def pick(x, selection, kv: bool):
     heads = selection.kv_heads if kv else selection.q_heads
     x = x[list(selection.batch_rows)]
     return x[:, :, list(heads)]
+
+
+def pick_rows(x, rows):
+    """Query rows `rows` (ascending indices) of one (b, s, h, d) tensor, every
+    batch row and head."""
+    return x[:, torch.as_tensor(rows, dtype=torch.long, device=x.device)]
 
 
 def normalised_error(got, want) -> float:

@@ -36,6 +36,15 @@ from torch_backends.distributed import ShardedFunction
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
+def _finite(x: torch.Tensor) -> bool:
+    """Whether every value of x is finite, without a boolean copy of x: its
+    min and max are finite exactly when all of it is (both carry a NaN)."""
+    if x.numel() == 0 or not x.is_floating_point():
+        return True  # integers are always finite
+    low, high = torch.aminmax(x.detach())
+    return bool(torch.isfinite(low) & torch.isfinite(high))
+
+
 class TorchRuntime(Runtime):
     framework = "torch"
 
@@ -136,6 +145,10 @@ class TorchRuntime(Runtime):
         from torch_backends import reference
 
         return reference
+
+    def all_finite(self, arrays):
+        arrays = arrays if isinstance(arrays, (list, tuple)) else (arrays,)
+        return all(_finite(x) for x in arrays)
 
     def _to_store(self, x, layout):
         # float32 holds bf16/fp16 values exactly; the store keeps (b, s, h, d)

@@ -17,19 +17,21 @@ from __future__ import annotations
 import datetime
 import functools
 import json
+import os
 import pathlib
 import secrets
+import signal
 import sys
 
 from absl import app
 from absl import flags as absl_flags
 
-from lcab import processes, registry
+from lcab import processes, registry, results
 from lcab.comm import parse_bytes
 from lcab.comm_suite import collective_cases
 from lcab.experiments import flags as cli
 from lcab.experiments import launch, presets
-from lcab.experiments.sweep import Sweep, parse_heads, parse_seqlen
+from lcab.experiments.sweep import Sweep, parse_heads, parse_seqlen, unique
 from lcab.flops import TIMED_DIRECTIONS
 from lcab.results import COMM_SUITE
 from lcab.runner import Settings
@@ -122,9 +124,9 @@ def _attention_job(framework: str, backends: list[str], run_id: str) -> launch.J
 
 
 def _comm_job(framework: str, run_id: str) -> launch.Job:
-    ops = list(cli.COMM_OPS.value)
-    sizes = [parse_bytes(s) for s in cli.COMM_SIZES.value]
-    ranks = [cli.parse_ranks(r) for r in cli.COMM_RANKS.value]
+    ops = list(unique(cli.COMM_OPS.value))
+    sizes = list(unique(parse_bytes(s) for s in cli.COMM_SIZES.value))
+    ranks = list(unique(cli.parse_ranks(r) for r in cli.COMM_RANKS.value))
     record = {"ops": ops, "sizes": sizes, "ranks": ranks}
     return launch.Job(framework, COMM_SUITE, _rows_path(framework),
                       tuple(collective_cases(framework, ops, sizes, ranks)),
@@ -153,28 +155,42 @@ def _jobs(run_id: str) -> list[launch.Job]:
 
 
 def _run(jobs: list[launch.Job], run_id: str) -> bool:
-    """Run every job where it belongs; False if a process died."""
-    here = dict(isolate=cli.ISOLATE.value, resume=cli.RESUME.value, progress=cli.PROGRESS.value)
-    argv = sys.argv[1:]
-    if cli.FRAMEWORK.value == "all":
-        # JAX and PyTorch in processes of their own; host-only plugin
-        # frameworks (e.g. numpy) need none.
-        children = [job for job in jobs if job.framework in cli.FRAMEWORKS]
-        ok = launch.run_children(children, argv, run_id)
-        for job in jobs:
-            if job not in children:
-                launch.run_here(job, **here)
-        return ok
-    job, = jobs
-    if launch.needs_torchrun(job):
-        return launch.run_under_torchrun(job, argv, run_id)
-    launch.run_here(job, **here)
+    """Run every job where it belongs; False if any case's rows went missing."""
+    if not launch.is_worker():  # the command the user started supervises
+        return launch.supervise(jobs, sys.argv[1:], run_id, cli.RESUME.value)
+    for job in jobs:
+        launch.run_here(job, isolate=cli.ISOLATE.value, resume=cli.RESUME.value,
+                        progress=cli.PROGRESS.value)
     return True
+
+
+def _writable_folders() -> None:
+    """--out, --golden_dir and --profile_dir: folders this run can write, or
+    a usage error naming the flag, the value and why, before anything runs."""
+    for flag in (cli.OUT, cli.GOLDEN_DIR, cli.PROFILE_DIR):
+        if flag.value is None and flag is not cli.OUT:
+            continue
+        problem = launch.unwritable(flag.value)
+        if problem:
+            raise app.UsageError(f"--{flag.name}={flag.value!r}: {problem}")
+
+
+def _stopped_message(jobs: list[launch.Job], run_id: str, signum: int) -> str:
+    paths = [job.path for job in jobs if job.path.exists()]
+    written = sum(row.get("run_id") == run_id for row in results.read_rows(paths))
+    where = ", ".join(map(str, paths)) or str(cli.OUT.value)
+    argv = " ".join(a for a in sys.argv[1:] if a.lstrip("-") not in ("resume", "noresume"))
+    return (f"lcab.experiments: stopped by {signal.Signals(signum).name}; {written} rows of "
+            f"this run are in {where}.\nTo go on where it stopped: python -m lcab.experiments "
+            f"{argv} --resume")
 
 
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    launch.stop_on_sigterm()
+    if processes.supervised():
+        processes.die_with_parent()  # also under torchrun, whose workers we are
     _apply_presets()
     launch.prepare_jax(
         cli.SUITE.value,
@@ -182,21 +198,46 @@ def main(argv):
         processes.jax_setting(cli.JAX_COORDINATOR.value, cli.JAX_NUM_PROCESSES.value,
                               cli.JAX_PROCESS_ID.value, cli.JAX_DISTRIBUTED_AUTO.value))
     run_id = cli.RUN_ID.value or _run_id()
+    _writable_folders()
+    lock = None
+    if not launch.is_worker():
+        try:
+            lock = launch.lock_out(pathlib.Path(cli.OUT.value), run_id)
+        except launch.Busy as exc:
+            sys.exit(f"lcab.experiments: {exc}")
     try:
         jobs = _jobs(run_id)
-    except ValueError as exc:  # a combination of valid flags that makes no workload
-        raise app.UsageError(str(exc)) from exc
-    all_ok = _run(jobs, run_id)
+    except (ValueError, MemoryError) as exc:  # valid flags that make no workload here
+        raise app.UsageError(f"{type(exc).__name__}: {exc}" if isinstance(exc, MemoryError)
+                             else str(exc)) from exc
+    try:
+        all_ok = _run(jobs, run_id)
+    except launch.Stopped as stop:
+        _stopped(jobs, run_id, stop.signum)
+    except KeyboardInterrupt:
+        _stopped(jobs, run_id, signal.SIGINT)
     if cli.SUMMARY.value and not launch.launched_rank():
         from lcab.report.summary import summary_text  # pandas, only where a table is printed
 
         written = [job.path for job in jobs if job.path.exists()]
         print()
-        print(summary_text(written, run_id=None if cli.RESUME.value else run_id))
+        with results.skipped_rows_told_once():
+            print(summary_text(written, run_id=None if cli.RESUME.value else run_id))
         if written:
             print(f"\nrows: {', '.join(map(str, written))}")
+    del lock  # held to the end of the run
     if not all_ok:
         sys.exit(1)
+
+
+def _stopped(jobs: list[launch.Job], run_id: str, signum: int) -> None:
+    """End a stopped run: the supervisor says what was written and how to go
+    on; a worker ends quietly (its supervisor speaks)."""
+    if not processes.supervised() and not launch.launched_rank():
+        print(_stopped_message(jobs, run_id, signum), file=sys.stderr)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(128 + signum)  # no exit handlers: a framework's may trace on an interrupt
 
 
 if __name__ == "__main__":

@@ -21,10 +21,12 @@ from lcab.results import COMM_SUITE
 from lcab.runner import import_plugins
 
 FRAMEWORKS = ("jax", "torch")
+MAX_SEED = 2**63 - 1  # what numpy, JAX and torch all take
 
-FRAMEWORK = flags.DEFINE_enum(
-    "framework", "all", [*FRAMEWORKS, "all"],
-    "Which framework's backends to run; 'all' runs each in its own process.")
+FRAMEWORK = flags.DEFINE_string(
+    "framework", "all",
+    f"Which framework's backends to run: {', '.join(FRAMEWORKS)}, a plugin's (e.g. numpy), or "
+    "'all'; each framework runs in a process of its own.")
 SUITE = flags.DEFINE_enum(
     "suite", "kernel", [*registry.SUITES, COMM_SUITE],
     "Kernel or CP suite of attention backends, or comm: the CP strategies' collectives.")
@@ -51,7 +53,8 @@ KEEP = flags.DEFINE_list(
 SPARSE_BLOCK = flags.DEFINE_list(
     "sparse_block", None, "Block-sparse masks: block sizes (var_block_sparse: the average), "
     "e.g. 64,128; a list runs each.")
-SEED = flags.DEFINE_integer("seed", 0, "Seed of the random inputs.")
+SEED = flags.DEFINE_integer("seed", 0, "Seed of the random inputs, in [0, 2**63).",
+                            lower_bound=0, upper_bound=MAX_SEED)
 FLUSH_L2 = flags.DEFINE_bool("flush_l2", True, "Rewrite 256 MiB between repeats on GPU.")
 BACKEND_MODULES = flags.DEFINE_list(
     "backend_modules", [], "Extra modules to import that register backends (plugins).")
@@ -161,6 +164,8 @@ def check_backend_options(triples) -> None:
 
 
 workload_flags.validate_each(SEQLENS, parse_seqlen)
+for _listed in (SEQLENS, KEEP, SPARSE_BLOCK, BACKENDS, COMM_OPS, COMM_SIZES, COMM_RANKS):
+    workload_flags.refuse_empty(_listed)
 workload_flags.validate_each(KEEP, parse_keep)
 workload_flags.validate_each(SPARSE_BLOCK, parse_block)
 workload_flags.validate_each(COMM_OPS, comm.check_op)
@@ -182,6 +187,29 @@ def _check_backends(values):
             registry.check_backend_name(name)
         except ValueError as exc:
             raise flags.ValidationError(str(exc)) from exc
+    return True
+
+
+@flags.multi_flags_validator([BACKENDS.name, SUITE.name, FRAMEWORK.name, BACKEND_MODULES.name])
+def _check_suite_and_framework(values):
+    """Named backends belong to --suite (a kernel backend in a CP sweep
+    would be timed as if it were one); --framework names one that exists."""
+    import_plugins(values["backend_modules"] or [])
+    suite = values["suite"]
+    known_names = registry.all_backends()  # an unknown name is _check_backends' to report
+    wrong = [name for name in values["backends"] or []
+             if name in known_names and registry.suite_of(name) != suite]
+    if wrong and suite != COMM_SUITE:
+        belong = ", ".join(f"{name} ({registry.suite_of(name)})" for name in wrong)
+        raise flags.ValidationError(
+            f"--backends {belong} not of --suite={suite}; its backends are "
+            f"{', '.join(registry.backend_names(suite=suite)) or 'none'}")
+    if wrong:
+        raise flags.ValidationError("--suite=comm times collectives; it takes no --backends")
+    known = sorted({*FRAMEWORKS, *(registry.framework_of(n) for n in registry.backend_names())})
+    if values["framework"] not in ("all", *known):
+        raise flags.ValidationError(
+            f"--framework {values['framework']!r} is not one of {', '.join(known)} or all")
     return True
 
 

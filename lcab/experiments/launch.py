@@ -1,19 +1,35 @@
-"""Where a run's cases execute: in this process, in one child process per
-framework (JAX and PyTorch fight over GPU memory), or in torchrun's
-processes, one per rank; and what JAX must find in its environment before
-it starts (host devices, jax.distributed).
+"""Where a run's cases execute, and what watches over them.
 
-A process that dies leaves ERROR rows for the cases it did not write, so
-the table shows the loss instead of a missing column, and the run fails.
+The command the user starts runs no case itself: it supervises. It holds
+the output folder's lock (a second run into the same folder is refused),
+starts one process per framework (JAX and PyTorch fight over GPU memory;
+torchrun's processes, one per rank, for PyTorch's CP and comm suites),
+waits for each, and when one ends it compares the rows that process wrote
+for this run with the plan the process left (PLAN): every planned row
+that is missing becomes an ERROR row and the run exits non-zero, however
+the process ended (a crash, os._exit, sys.exit(0)). A supervised process
+dies with its parent (processes.die_with_parent), so a killed run leaves
+no orphan writing rows. Ctrl-C (or SIGTERM) stops the run cleanly: the
+children stop, nothing is filled in, and the command says what was written
+and how to resume (exit 128 + the signal's number, 130 for Ctrl-C).
+
+Processes of a multi-process run started by a launcher (srun, mpirun,
+torchrun) run their cases where they are, as does a supervised process.
+This module also sets what JAX must find in its environment before it
+starts (host devices, jax.distributed).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import fcntl
+import json
 import os
 import pathlib
+import signal
 import subprocess
 import sys
+import tempfile
 from collections.abc import Sequence
 
 from lcab import processes, registry, results
@@ -30,6 +46,56 @@ MULTI_DEVICE_SUITES = ("cp", "module", COMM_SUITE)
 # Flags a child process gets from its parent rather than from the command line.
 _PARENT_ONLY_VALUED = ("framework", "run_id")
 _PARENT_ONLY_BOOLEAN = ("summary",)
+LOCK_NAME = ".lcab.lock"  # in the output folder, held by the supervising command
+_STOP_GRACE_S = 30.0  # an interrupted child gets this long to stop before it is killed
+
+
+class Stopped(KeyboardInterrupt):
+    """The run was asked to stop (Ctrl-C: SIGINT, or SIGTERM)."""
+
+    def __init__(self, signum: int = signal.SIGINT):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def stop_on_sigterm() -> None:
+    """SIGTERM stops the run the way Ctrl-C does (no traceback, clean exit)."""
+    def stop(signum, frame):
+        raise Stopped(signum)
+
+    signal.signal(signal.SIGTERM, stop)
+
+
+def is_worker() -> bool:
+    """Whether this process runs cases itself: one the CLI supervises, or a
+    rank of a multi-process run."""
+    return processes.supervised() or launched_rank() is not None
+
+
+class Busy(Exception):
+    """Another run holds the output folder."""
+
+
+def lock_out(folder: pathlib.Path, run_id: str):
+    """Hold `folder`'s lock for this run (an open file; the lock goes when
+    the process ends, however it ends). Raises Busy, naming the holder,
+    when another run has it: two runs writing one folder would measure the
+    same cases twice."""
+    path = folder / LOCK_NAME
+    handle = open(path, "a+")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.seek(0)
+        holder = handle.read().strip() or "another run"
+        handle.close()
+        raise Busy(f"{folder} is in use by {holder}; wait for it to end or choose another "
+                   f"--out") from None
+    handle.seek(0)
+    handle.truncate()
+    handle.write(f"lcab.experiments run {run_id} (pid {os.getpid()})\n")
+    handle.flush()
+    return handle
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,9 +132,21 @@ def launched_rank() -> int | None:
     return processes.jax_process_index() if rank is None else rank
 
 
-def needs_torchrun(job: Job) -> bool:
-    return (job.framework in PROCESS_PER_RANK and job.suite in PER_RANK_SUITES
-            and processes.torchrun_rank() is None)
+def unwritable(folder: str | None) -> str | None:
+    """Why this run cannot write into `folder` (creating it if need be), or
+    None when it can: checked before the first case, not after it."""
+    if not folder:
+        return "empty; name a folder (e.g. --out=out)"
+    path = pathlib.Path(folder)
+    if path.exists() and not path.is_dir():
+        return "exists and is not a folder"
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".lcab-probe-"):
+            pass
+    except OSError as exc:
+        return f"cannot write there: {exc.strerror or exc}"
+    return None
 
 
 def run_here(job: Job, *, isolate: bool, resume: bool, progress: bool) -> None:
@@ -76,6 +154,8 @@ def run_here(job: Job, *, isolate: bool, resume: bool, progress: bool) -> None:
     cases = _available(job.cases) if job.skip_unavailable else list(job.cases)
     skip = results.done_keys([job.path], settled_only=True) if resume else set()
     rank = launched_rank()
+    if not rank:
+        _write_plan(cases, job.settings, skip)
     writer = results.Writer(job.path) if not rank else results.DiscardingWriter()
     bar = None
     if progress and cases and not rank:
@@ -88,30 +168,85 @@ def run_here(job: Job, *, isolate: bool, resume: bool, progress: bool) -> None:
         bar.close()
 
 
-def run_under_torchrun(job: Job, argv: Sequence[str], run_id: str) -> bool:
-    """Run this command again under torchrun, one process per rank on this
-    host (multi-node runs call torchrun themselves: experiments/slurm_torch_cp.sh)."""
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               f"--nproc_per_node={job.ranks}", "-m", "lcab.experiments",
-               *_child_argv(argv, job.framework, run_id)]
-    return _ran(job, command, f"torchrun ({job.ranks} ranks)")
+def _write_plan(cases: Sequence, settings: Settings, skip: set[tuple]) -> None:
+    """Tell the supervising parent (PLAN) which rows this process will write."""
+    path = os.environ.get(processes.PLAN)
+    if not path:
+        return
+    keys = [key for case in cases for key in case.keys(case.options(settings))
+            if key not in skip]
+    pathlib.Path(path).write_text(json.dumps(keys))
 
 
-def run_children(jobs: Sequence[Job], argv: Sequence[str], run_id: str) -> bool:
-    """One process per framework, sharing the command line and the run id."""
-    done = [_ran(job, [sys.executable, "-m", "lcab.experiments",
-                       *_child_argv(argv, job.framework, run_id)],
-                 f"the {job.framework} process") for job in jobs]
+def _read_plan(path: pathlib.Path) -> set[tuple] | None:
+    """The keys a child planned (None: it died before saying)."""
+    try:
+        return {tuple(key) for key in json.loads(path.read_text())}
+    except (OSError, ValueError):
+        return None
+
+
+def supervise(jobs: Sequence[Job], argv: Sequence[str], run_id: str, resume: bool) -> bool:
+    """Each job in a process of its own (torchrun's for a per-rank suite),
+    one after the other; False if any ended without all its rows."""
+    done = []
+    for job in jobs:
+        child_argv = _child_argv(argv, job.framework, run_id)
+        if job.framework in PROCESS_PER_RANK and job.suite in PER_RANK_SUITES:
+            # Multi-node runs call torchrun themselves: experiments/slurm_torch_cp.sh.
+            command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                       f"--nproc_per_node={job.ranks}", "-m", "lcab.experiments", *child_argv]
+            what = f"torchrun ({job.ranks} ranks)"
+        else:
+            command = [sys.executable, "-m", "lcab.experiments", *child_argv]
+            what = f"the {job.framework} process"
+        done.append(_ran(job, command, what, resume))
     return all(done)
 
 
-def _ran(job: Job, command: list[str], what: str) -> bool:
-    status = subprocess.run(command).returncode
-    if status != 0:
-        print(f"lcab.experiments: {what} exited with {status}", file=sys.stderr)
-        fill_missing(job.cases, results.Writer(job.path), job.settings,
-                     reason=f"{what} exited with {status} before this case")
-    return status == 0
+def _ran(job: Job, command: list[str], what: str, resume: bool) -> bool:
+    """Run one job's process to its end; fill in the rows it owed."""
+    skip = results.done_keys([job.path], settled_only=True) if resume else set()
+    with tempfile.TemporaryDirectory(prefix="lcab-plan-") as folder:
+        plan = pathlib.Path(folder) / "plan.json"
+        env = {**os.environ, processes.WORKER: "1", processes.PLAN: str(plan)}
+        child = subprocess.Popen(command, env=env, preexec_fn=processes.die_with_parent)
+        try:
+            status = child.wait()
+        except Stopped as stop:
+            _stop(child, stop.signum)
+            raise
+        except KeyboardInterrupt:
+            _stop(child, signal.SIGINT)
+            raise Stopped(signal.SIGINT) from None
+        if status in (128 + signal.SIGINT, 128 + signal.SIGTERM, -signal.SIGINT,
+                      -signal.SIGTERM):
+            raise Stopped(signal.SIGINT if status in (130, -2) else signal.SIGTERM)
+        wanted = _read_plan(plan)
+    if wanted is None:  # it died before its plan: everything it was given
+        wanted = {key for case in job.cases for key in case.keys(case.options(job.settings))
+                  if key not in skip}
+    how = f"exited with {status}" if status >= 0 else f"was killed by signal {-status}"
+    lost = fill_missing(job.cases, results.Writer(job.path), job.settings,
+                        reason=f"{what} {how} before this case", wanted=wanted)
+    if lost:
+        print(f"lcab.experiments: {what} {how} without {lost} of its rows; they are ERROR "
+              f"rows in {job.path}", file=sys.stderr)
+    elif status != 0:
+        print(f"lcab.experiments: {what} {how}", file=sys.stderr)
+    return status == 0 and not lost
+
+
+def _stop(child: subprocess.Popen, signum: int) -> None:
+    """Pass the stop on to a child (it may have had it already from the
+    terminal) and wait for it, killing it if it lingers."""
+    if child.poll() is None:
+        child.send_signal(signum)
+    try:
+        child.wait(_STOP_GRACE_S)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        child.wait()
 
 
 def _child_argv(argv: Sequence[str], framework: str, run_id: str) -> list[str]:

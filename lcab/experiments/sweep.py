@@ -22,6 +22,11 @@ def parse_heads(text: str) -> tuple[int, int]:
     return heads_q, heads_kv
 
 
+def unique(values) -> tuple:
+    """`values` in order, each once."""
+    return tuple(dict.fromkeys(values))
+
+
 @dataclasses.dataclass(frozen=True)
 class Sweep:
     backends: tuple[str, ...]
@@ -47,6 +52,9 @@ class Sweep:
             registry.check_backend_name(name)
         object.__setattr__(self, "masks", tuple(canonical_name(m) for m in self.masks))
         object.__setattr__(self, "dtype", canonical_dtype(self.dtype))
+        # A value listed twice (causal,causal; 1k,1024) is one case, run once.
+        for listed in ("backends", "masks", "seqlens", "directions", "keeps", "sparse_blocks"):
+            object.__setattr__(self, listed, unique(getattr(self, listed)))
 
     def mask_params(self, name: str) -> dict:
         """The sweep-wide parameters that this family takes."""

@@ -40,7 +40,8 @@ DOC_SAMPLER = flags.DEFINE_enum(
 DOC_CAP = flags.DEFINE_float(
     "doc_cap", None, "magi_pack only: the longest document as a fraction of the length, "
     "in (0, 1] (default 0.25).")
-MASK_SEED = flags.DEFINE_integer("mask_seed", 0, "Seed of random mask parameters.")
+MASK_SEED = flags.DEFINE_integer("mask_seed", 0, "Seed of random mask parameters, in [0, 2**63).",
+                                 lower_bound=0, upper_bound=2**63 - 1)
 DISPATCH = flags.DEFINE_list(
     "dispatch", None,
     f"How CP strategies assign tokens to ranks: {', '.join(DISPATCH_NAMES)} (the benchmark "
@@ -74,7 +75,18 @@ def validate_each(holder: flags.FlagHolder, parse: Callable[[str], object]) -> N
     flags.register_validator(holder.name, lambda value: value is None or check(value))
 
 
+def refuse_empty(holder: flags.FlagHolder) -> None:
+    """A list flag given with nothing in it (--seqlens=) is an error: it
+    would run nothing and say nothing."""
+    flags.register_validator(
+        holder.name, lambda value: value is None or len(value) > 0,
+        f"--{holder.name} is given but empty; give at least one value or leave it out")
+
+
 validate_each(MASKS, canonical_name)
+refuse_empty(MASKS)
+refuse_empty(DIRECTIONS)
+refuse_empty(DISPATCH)
 validate_each(HEADS, parse_heads)
 validate_each(DTYPE, canonical_dtype)
 validate_each(DIRECTIONS, parse_direction)

@@ -3,8 +3,12 @@
     python -m lcab.report --results PATH --summary   # the short table, printed
 
 --results takes result JSONL files or directories (searched for *.jsonl);
-repeat the flag or separate paths with commas. Reruns and merged files are
-reduced to the newest row of each measurement. --summary prints the short
+repeat the flag or separate paths with commas (a value that names an
+existing path is taken whole, commas and all). Reruns and merged files are
+reduced to the newest row of each measurement; a damaged line is skipped
+with a warning naming its file and line (lcab.results, "Reading"). --out is
+checked before anything is read: a folder that cannot be created or written
+into is a usage error naming the reason. --summary prints the short
 summary table (the one `python -m lcab.experiments` prints at the end of a
 run: TFLOP/s fwd / bwd per backend, per-GPU for CP; bus bandwidth for comm
 rows). DIR receives:
@@ -54,6 +58,8 @@ memory figures leave them out (one point per setting).
 
 from __future__ import annotations
 
+import contextlib
+import os
 import pathlib
 import re
 
@@ -67,7 +73,8 @@ from lcab.status import LEGEND
 
 _RESULTS = flags.DEFINE_multi_string(
     "results", None,
-    "Result JSONL files or directories; repeat the flag or separate paths with commas.",
+    "Result JSONL files or directories; repeat the flag or separate paths with commas "
+    "(a value that is an existing path is taken whole).",
 )
 _OUT = flags.DEFINE_string(
     "out", None, "Directory to write the tables, figures and README.md into."
@@ -87,7 +94,16 @@ def _something_to_do(values) -> bool:
 
 
 def split_paths(values: list[str] | None) -> list[str]:
-    return [part.strip() for value in values or () for part in value.split(",") if part.strip()]
+    """The paths of --results values: a value that exists as a path is one
+    path (a file or folder may have a comma in its name); any other is
+    split on commas."""
+    return [part for value in values or () for part in _paths_of(value)]
+
+
+def _paths_of(value: str) -> list[str]:
+    if pathlib.Path(value).exists():
+        return [value]
+    return [part.strip() for part in value.split(",") if part.strip()]
 
 
 @flags.validator("results")
@@ -103,11 +119,50 @@ def _results_exist(values) -> bool:
     return True
 
 
+def _a_file(path: pathlib.Path) -> bool:
+    """Whether something other than a directory is at `path`."""
+    try:
+        return path.exists() and not path.is_dir()
+    except OSError:  # not even looked at: writing_problem says why
+        return False
+
+
 @flags.validator("out")
 def _out_is_a_directory(value) -> bool:
-    if value is not None and pathlib.Path(value).exists() and not pathlib.Path(value).is_dir():
+    if value is not None and _a_file(pathlib.Path(value)):
         raise flags.ValidationError(f"{value} exists and is not a directory")
     return True
+
+
+@flags.validator("out")
+def _out_is_writable(value) -> bool:
+    """Found before the report is drawn, not halfway through writing it."""
+    if value is None or _a_file(pathlib.Path(value)):
+        return True  # nothing to check, or _out_is_a_directory says what is wrong
+    problem = writing_problem(pathlib.Path(value))
+    if problem:
+        raise flags.ValidationError(f"cannot write the report there: {problem}")
+    return True
+
+
+def writing_problem(folder: pathlib.Path) -> str | None:
+    """Why files cannot be written into `folder` (None: they can), found by
+    creating it and a probe file in it; what the probe created is removed
+    again, so a command line refused for another reason leaves nothing."""
+    missing: list[pathlib.Path] = []
+    probe = folder / f".lcab_report_probe_{os.getpid()}"
+    try:
+        missing = [path for path in (folder, *folder.parents) if not path.exists()]
+        folder.mkdir(parents=True, exist_ok=True)
+        probe.touch()
+        probe.unlink()
+    except OSError as exc:
+        return str(exc)  # one line: "[Errno N] reason: 'path'"
+    finally:
+        for path in missing:  # innermost first; each one empty again
+            with contextlib.suppress(OSError):
+                path.rmdir()
+    return None
 
 
 # ---------------------------------------------------------------- writing
@@ -283,11 +338,12 @@ def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     paths = split_paths(_RESULTS.value)
-    if _SUMMARY.value:
-        print(summary_text(paths))
-    if _OUT.value is not None:
-        for path in write_report(paths, pathlib.Path(_OUT.value)):
-            print(path)
+    with results.skipped_rows_told_once():
+        if _SUMMARY.value:
+            print(summary_text(paths))
+        if _OUT.value is not None:
+            for path in write_report(paths, pathlib.Path(_OUT.value)):
+                print(path)
 
 
 if __name__ == "__main__":

@@ -130,7 +130,8 @@ def setting_label(setting: dict) -> str:
     return (
         f"batch {_int_text(setting['batch'])}, "
         f"heads {_int_text(setting['heads_q'])}:{_int_text(setting['heads_kv'])}, "
-        f"head_dim {_int_text(setting['head_dim'])}, {setting['dtype']} on {setting['device']}"
+        f"head_dim {_int_text(setting['head_dim'])}, {setting['dtype']} on "
+        f"{'an unknown device' if pd.isna(setting['device']) else setting['device']}"
     )
 
 
