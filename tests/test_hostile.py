@@ -21,7 +21,7 @@ import pytest
 from lcab import results
 from lcab.masks import make_mask
 from lcab.report import tables
-from lcab.runner import Case, Runner, Settings
+from lcab.runner import Case, Runner, Settings, run_cases
 from lcab.runtime import Timing
 from lcab.validation import Verdict
 from lcab.workloads import Workload
@@ -306,3 +306,31 @@ def test_an_unmeasurable_backward_carries_no_time(tmp_path):
     assert "-41.2 ms" in row["reason"]
     stored, = results.read_rows([tmp_path / "rows.jsonl"])
     assert json.dumps(stored).count("-41") == 1  # only in the reason
+
+
+@pytest.mark.parametrize("framework", ["jax", "torch"])
+def test_in_each_framework_a_fault_the_probe_cannot_see_is_a_mismatch(tmp_path, framework):
+    import tests.framework_faults as faults
+
+    reference = {"jax": "jax.xla", "torch": "torch.sdpa_math"}[framework]
+    shapes = {  # the fault's name -> (batch, seqlen, heads_q, heads_kv)
+        "nan_beyond_probe": (1, 1536, 2, 1),
+        "wrong_batch_row": (4, 64, 2, 1),
+        "wrong_middle_heads": (1, 64, 16, 8),
+    }
+    cases = []
+    for fault, (batch, seqlen, heads_q, heads_kv) in shapes.items():
+        workload = Workload(batch, seqlen, seqlen, heads_q, heads_kv, 8, "float32",
+                            make_mask("causal", seqlen))
+        cases += [Case(f"{framework}.fault_{fault}", workload),
+                  Case(reference, workload)]
+    assert {f.name for f in faults.FAULTS} >= {case.backend for case in cases[::2]}
+    path = tmp_path / "rows.jsonl"
+    run_cases(cases, results.Writer(path), Settings(warmup=0, iters=2))
+    found = {}
+    for row in results.read_rows([path]):
+        found.setdefault(row["backend"], set()).add(row["status"])
+    for case in cases[::2]:
+        assert found[case.backend] == {"MISMATCH"}, case.backend
+    assert found[reference] <= {"OK", "ERROR"}  # ERROR: an unmeasurable tiny bwd
+    assert "OK" in found[reference]
