@@ -281,30 +281,23 @@ class BackwardRaisesBackend(ReferenceBackend):
     """A forward that works and a backward that always raises."""
 
     name = "numpy.backward_raises"
+    failure = RuntimeError("backward kernel failed to launch")
 
     def build(self, workload):
         attend = _reference_fn(workload.mask, workload.dtype)
 
         def grads(q, k, v, dout):
-            raise RuntimeError("backward kernel failed to launch")
+            raise self.failure
 
         attend.grads = grads
         return attend
 
 
-class BackwardOutOfMemoryBackend(ReferenceBackend):
+class BackwardOutOfMemoryBackend(BackwardRaisesBackend):
     """A forward that works and a backward that always runs out of memory."""
 
     name = "numpy.backward_oom"
-
-    def build(self, workload):
-        attend = _reference_fn(workload.mask, workload.dtype)
-
-        def grads(q, k, v, dout):
-            raise MemoryError("out of memory: tried to allocate 80.00 GiB in backward")
-
-        attend.grads = grads
-        return attend
+    failure = MemoryError("out of memory: tried to allocate 80.00 GiB in backward")
 
 
 class ExitsBackend(ReferenceBackend):

@@ -7,6 +7,8 @@ its output only beyond what the small probe has: more than 1024 tokens
 (NaN), a third batch row, or K/V heads past the first two.
 """
 
+import importlib
+
 from lcab import registry
 
 LONGEST_RIGHT = 1024  # the probe of a longer workload is shorter than this
@@ -17,23 +19,27 @@ def _nan_beyond_probe(out, seqlen: int):
     return out * float("nan") if seqlen > LONGEST_RIGHT else out
 
 
+def _faulty(base_path: str, name: str, fault):
+    """A subclass of the backend at `base_path` ("module:Class") named
+    `name`, its output changed by `fault(out, q, k)`."""
+    module, attribute = base_path.split(":")
+    base = getattr(importlib.import_module(module), attribute)
+
+    class Faulty(base):
+        def build(self, workload):
+            right = super().build(workload)
+            return lambda q, k, v: fault(right(q, k, v), q, k)
+
+    Faulty.name = name
+    return Faulty
+
+
 class _JaxFault:
     """jax.xla, its output changed by `fault(out, q, k)` ((b, s, h, d) arrays)."""
 
     @classmethod
     def backend(cls):
-        from jax_backends.kernels.xla import XlaBackend
-
-        fault = cls.fault
-
-        class Faulty(XlaBackend):
-            name = cls.name
-
-            def build(self, workload):
-                right = super().build(workload)
-                return lambda q, k, v: fault(right(q, k, v), q, k)
-
-        return Faulty
+        return _faulty("jax_backends.kernels.xla:XlaBackend", cls.name, cls.fault)
 
 
 class JaxNanBeyondProbe(_JaxFault):
@@ -66,18 +72,7 @@ class _TorchFault:
 
     @classmethod
     def backend(cls):
-        from torch_backends.kernels.sdpa import SdpaMathBackend
-
-        fault = cls.fault
-
-        class Faulty(SdpaMathBackend):
-            name = cls.name
-
-            def build(self, workload):
-                right = super().build(workload)
-                return lambda q, k, v: fault(right(q, k, v), q, k)
-
-        return Faulty
+        return _faulty("torch_backends.kernels.sdpa:SdpaMathBackend", cls.name, cls.fault)
 
 
 class TorchNanBeyondProbe(_TorchFault):
