@@ -63,9 +63,19 @@ def wait_for_rows(path: pathlib.Path, count: int, timeout: float = 120.0) -> Non
 
 
 def processes_naming(text: str) -> list[int]:
-    """Live processes whose command line contains `text`."""
-    found = subprocess.run(["pgrep", "-f", text], capture_output=True, text=True)
-    return [int(pid) for pid in found.stdout.split()]
+    """Live (not zombie) processes whose command line contains `text` (Linux /proc)."""
+    found = []
+    for entry in pathlib.Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            command_line = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError, ValueError):
+            continue  # not a process, or gone meanwhile
+        if text in command_line and state != "Z":
+            found.append(int(entry.name))
+    return found
 
 
 # ----- 1. wrong numbers published as OK ----------------------------------------------
