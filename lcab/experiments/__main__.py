@@ -207,9 +207,10 @@ def main(argv):
             sys.exit(f"lcab.experiments: {exc}")
     try:
         jobs = _jobs(run_id)
-    except (ValueError, MemoryError) as exc:  # valid flags that make no workload here
-        raise app.UsageError(f"{type(exc).__name__}: {exc}" if isinstance(exc, MemoryError)
-                             else str(exc)) from exc
+    except ValueError as exc:  # valid flags that make no workload
+        raise app.UsageError(str(exc)) from exc
+    except MemoryError as exc:  # masks too large for this host (block-sparse at 16m)
+        raise app.UsageError(f"the sweep's masks do not fit in this host's memory: {exc}") from exc
     try:
         all_ok = _run(jobs, run_id)
     except launch.Stopped as stop:

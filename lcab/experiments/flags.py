@@ -194,7 +194,10 @@ def _check_backends(values):
 def _check_suite_and_framework(values):
     """Named backends belong to --suite (a kernel backend in a CP sweep
     would be timed as if it were one); --framework names one that exists."""
-    import_plugins(values["backend_modules"] or [])
+    try:
+        import_plugins(values["backend_modules"] or [])
+    except ImportError:
+        return True  # _check_backends reports it
     suite = values["suite"]
     known_names = registry.all_backends()  # an unknown name is _check_backends' to report
     wrong = [name for name in values["backends"] or []
