@@ -86,10 +86,11 @@ class CheckPlan:
     slices (all zeros). The mask's rows past seqlen_q (the last chunk's
     padding) meet no slice, so they see nothing.
 
-    The sampled tier cuts the query rows into chunks of `sample_rows`
-    (at most chunk_rows: one chunk's scores hold every head and batch row) and recomputes the chunks `sampled_chunks` (first, middle,
-    last), whose slices are `sampled_slices`, laid out as chunk_slices;
-    none where the selection is whole (it has every row of every head).
+    The sampled tier cuts the query rows into chunks of `sample_rows` (at
+    most chunk_rows: one chunk's scores hold every head and batch row) and
+    recomputes the chunks `sampled_chunks` (first, middle, last), whose
+    slices are `sampled_slices`, laid out as chunk_slices; none where the
+    selection is whole (it has every row of every head).
     """
 
     workload: Workload

@@ -102,7 +102,8 @@ COLUMNS: dict[str, str] = {
     "check_err": "normalised max error of the full-size check at this very workload "
                  "(lcab.fullcheck; fwd: out, bwd: max over out, dq, dk, dv; None: not checked)",
     "check_errors": "the full-size check's error per tensor (JSON: out, dq, dk, dv)",
-    "check_heads": "what the full-size check recomputed: batch rows, K/V heads, query heads",
+    "check_heads": "what the full-size check recomputed: batch rows, K/V heads and query heads "
+                   "at every row, then every batch row and head at the sampled query rows",
     "check_len": "tokens the full-size check ran at (the row's own seqlen)",
     "check_s": "seconds the full-size check took (backend run and reference), untimed",
     "golden_err": "normalised max difference from --golden_dir's data of this workload "
