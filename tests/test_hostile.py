@@ -28,7 +28,10 @@ from lcab.workloads import Workload
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PLUGIN = "--backend_modules=tests.fake_backends"
-SMALL = ("--heads=2:1", "--head_dim=8", "--warmup=0", "--iters=2", "--masks=causal")
+# Forward only where the backward adds nothing: a tiny CPU backward time can
+# drown in noise ("not measurable", an ERROR that --resume measures again).
+SMALL = ("--heads=2:1", "--head_dim=8", "--warmup=0", "--iters=2", "--masks=causal",
+         "--directions=fwd")
 
 
 def command(*args) -> list[str]:
@@ -120,7 +123,8 @@ def test_a_non_finite_output_at_the_timed_size_is_never_ok_even_unchecked(tmp_pa
 @pytest.mark.parametrize("backend, status", [("numpy.backward_raises", "ERROR"),
                                              ("numpy.backward_oom", "OOM")])
 def test_a_backward_that_fails_leaves_the_forward_measured(tmp_path, backend, status):
-    run = cli(f"--backends={backend}", *SMALL, "--seqlens=64", f"--out={tmp_path}")
+    run = cli(f"--backends={backend}", *SMALL, "--directions=fwd,bwd", "--seqlens=64",
+              f"--out={tmp_path}")
     assert run.returncode == 0, run.stderr
     rows = {r["direction"]: r for r in results.read_rows([tmp_path / "kernel_numpy.jsonl"])}
     assert rows["fwd"]["status"] == "OK" and rows["fwd"]["median_ms"] > 0
@@ -134,7 +138,7 @@ def test_sys_exit_in_a_case_costs_that_case_only(tmp_path):
     run = cli("--backends=numpy.sys_exit", *SMALL, "--seqlens=64,96,128", f"--out={tmp_path}")
     assert run.returncode == 0, run.stderr
     found = statuses(tmp_path / "kernel_numpy.jsonl")
-    assert len(found) == 6
+    assert len(found) == 3
     assert {s for (_, n, _), s in found.items() if n == 96} == {"ERROR"}
     assert {s for (_, n, _), s in found.items() if n != 96} == {"OK"}
     reasons = [r["reason"] for r in results.read_rows([tmp_path / "kernel_numpy.jsonl"])]
@@ -145,10 +149,10 @@ def test_a_framework_process_that_ends_early_leaves_error_rows_and_fails(tmp_pat
     run = cli("--backends=numpy.os_exit", *SMALL, "--seqlens=64,96,128", f"--out={tmp_path}")
     assert run.returncode == 1
     found = statuses(tmp_path / "kernel_numpy.jsonl")
-    assert len(found) == 6  # every case has its rows: measured, or ERROR
+    assert len(found) == 3  # every case has its row: measured, or ERROR
     assert {s for (_, n, _), s in found.items() if n == 64} == {"OK"}
     assert {s for (_, n, _), s in found.items() if n != 64} == {"ERROR"}
-    assert "without 4 of its rows" in run.stderr
+    assert "without 2 of its rows" in run.stderr
     assert "ERR" in run.stdout  # the summary shows the loss
 
 
@@ -179,7 +183,7 @@ def test_a_rerun_that_dies_shows_its_loss_not_the_older_rows(tmp_path):
                  env={"LCAB_TEST_OS_EXIT": "1"})
     assert second.returncode == 1
     rows = results.read_rows([tmp_path / "kernel_numpy.jsonl"])
-    old, new = rows[:2], rows[2:]
+    old, new = rows[:1], rows[1:]
     assert {r["status"] for r in old} == {"OK"} and {r["status"] for r in new} == {"ERROR"}
     assert len({r["run_id"] for r in old}) == 1 and len({r["run_id"] for r in new}) == 1
     assert old[0]["run_id"] != new[0]["run_id"]
@@ -207,7 +211,7 @@ def test_children_die_with_the_command_and_resume_repeats_nothing(tmp_path):
     assert resumed.returncode == 0, resumed.stderr
     rows = results.read_rows([path])
     keys = [results.row_key(r) for r in rows]
-    assert len(keys) == len(set(keys)) == 10
+    assert len(keys) == len(set(keys)) == 5
 
 
 def test_a_second_run_into_the_same_folder_is_refused(tmp_path):
