@@ -56,6 +56,11 @@ def statuses(path) -> dict[tuple, str]:
             for r in results.read_rows([path])}
 
 
+def settled(row) -> bool:
+    """OK, or a tiny CPU backward whose time noise swallowed ("not measurable")."""
+    return row["status"] == "OK" or row["reason"].startswith("not measurable")
+
+
 def wait_for_rows(path: pathlib.Path, count: int, timeout: float = 120.0) -> None:
     deadline = time.time() + timeout
     while time.time() < deadline:
@@ -98,12 +103,10 @@ def test_a_fault_only_at_the_timed_size_batch_or_heads_is_a_mismatch(
               *(["--isolate"] if isolate else []))
     assert run.returncode == 0, run.stderr
     rows = results.read_rows([tmp_path / "kernel_numpy.jsonl"])
-    by_backend = {}
-    for row in rows:
-        by_backend.setdefault(row["backend"], set()).add(row["status"])
-    assert by_backend == {backend: {"MISMATCH"}, "numpy.reference": {"OK"}}, [
-        r["reason"] for r in rows]
     wrong = [r for r in rows if r["backend"] == backend]
+    assert len(rows) == 4 and {r["status"] for r in wrong} == {"MISMATCH"}, [
+        r["reason"] for r in rows]
+    assert all(settled(r) for r in rows if r["backend"] == "numpy.reference")
     assert all(r["median_ms"] is None and r["tflops"] is None for r in wrong)
     assert all("full-size check" in r["reason"] for r in wrong)
 
@@ -346,5 +349,4 @@ def test_in_each_framework_a_fault_the_probe_cannot_see_is_a_mismatch(tmp_path, 
         found.setdefault(row["backend"], set()).add(row["status"])
     for case in cases[::2]:
         assert found[case.backend] == {"MISMATCH"}, case.backend
-    assert found[reference] <= {"OK", "ERROR"}  # ERROR: an unmeasurable tiny bwd
-    assert "OK" in found[reference]
+    assert all(settled(r) for r in results.read_rows([path]) if r["backend"] == reference)
