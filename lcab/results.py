@@ -239,10 +239,7 @@ def _in_context(row: Mapping, known: Mapping[tuple, Mapping]) -> Mapping:
 def _attention_key(row: Mapping) -> tuple | None:
     """row_key of an attention row; None for a comm row (its device is
     always known)."""
-    if row.get("suite") == COMM_SUITE:
-        return None
-    return (row.get("suite"), row.get("backend"), row.get("workload_key"), row.get("direction"),
-            options_key(row.get("options")))
+    return None if row.get("suite") == COMM_SUITE else row_key(row)
 
 
 def newest_rows(rows: Iterable[Mapping]) -> list[Mapping]:

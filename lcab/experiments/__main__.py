@@ -198,7 +198,8 @@ def main(argv):
         processes.jax_setting(cli.JAX_COORDINATOR.value, cli.JAX_NUM_PROCESSES.value,
                               cli.JAX_PROCESS_ID.value, cli.JAX_DISTRIBUTED_AUTO.value))
     run_id = cli.RUN_ID.value or _run_id()
-    _writable_folders()
+    if not processes.supervised():  # a supervised worker's parent checked them
+        _writable_folders()
     lock = None
     if not launch.is_worker():
         try:
@@ -213,10 +214,8 @@ def main(argv):
         raise app.UsageError(f"the sweep's masks do not fit in this host's memory: {exc}") from exc
     try:
         all_ok = _run(jobs, run_id)
-    except launch.Stopped as stop:
-        _stopped(jobs, run_id, stop.signum)
-    except KeyboardInterrupt:
-        _stopped(jobs, run_id, signal.SIGINT)
+    except KeyboardInterrupt as stop:  # Ctrl-C, or SIGTERM (launch.Stopped)
+        _stopped(jobs, run_id, launch.stop_signal(stop))
     if cli.SUMMARY.value and not launch.launched_rank():
         from lcab.report.summary import summary_text  # pandas, only where a table is printed
 

@@ -58,6 +58,17 @@ class Stopped(KeyboardInterrupt):
         self.signum = signum
 
 
+# A child's exit status when a stop ended it: 128 + the signal from our
+# workers, minus the signal from a process the signal killed outright.
+_STOPPED_BY = {code: signum for signum in (signal.SIGINT, signal.SIGTERM)
+               for code in (128 + signum, -signum)}
+
+
+def stop_signal(stop: KeyboardInterrupt) -> int:
+    """The signal behind a stop: Stopped's, or SIGINT for Python's own Ctrl-C."""
+    return getattr(stop, "signum", signal.SIGINT)
+
+
 def stop_on_sigterm() -> None:
     """SIGTERM stops the run the way Ctrl-C does (no traceback, clean exit)."""
     def stop(signum, frame):
@@ -213,15 +224,11 @@ def _ran(job: Job, command: list[str], what: str, resume: bool) -> bool:
         child = subprocess.Popen(command, env=env, preexec_fn=processes.die_with_parent)
         try:
             status = child.wait()
-        except Stopped as stop:
-            _stop(child, stop.signum)
-            raise
-        except KeyboardInterrupt:
-            _stop(child, signal.SIGINT)
-            raise Stopped(signal.SIGINT) from None
-        if status in (128 + signal.SIGINT, 128 + signal.SIGTERM, -signal.SIGINT,
-                      -signal.SIGTERM):
-            raise Stopped(signal.SIGINT if status in (130, -2) else signal.SIGTERM)
+        except KeyboardInterrupt as stop:
+            _stop(child, stop_signal(stop))
+            raise Stopped(stop_signal(stop)) from None
+        if status in _STOPPED_BY:  # the child was stopped on its own: so is the run
+            raise Stopped(_STOPPED_BY[status])
         wanted = _read_plan(plan)
     if wanted is None:  # it died before its plan: everything it was given
         wanted = {key for case in job.cases for key in case.keys(case.options(job.settings))
