@@ -409,22 +409,22 @@ class Runner:
         directions whose outputs hold a NaN or an infinity (a non-finite
         output at the timed size is never OK, checked or not), and the
         exception of a backward that failed (None: it ran or was not asked).
-        A forward that fails raises. With a backward, its call gives the
-        output too: the forward runs alone only if the backward fails."""
-        found, failure = None, None
-        if "bwd" in directions:
-            try:
-                found = runtime.forward_backward(fn, *inputs)
-            except Exception as exc:  # noqa: BLE001 - the forward may still stand
-                runtime.cleanup()
-                failure = exc
-        out = found[0] if found is not None else runtime.forward(fn, *inputs[:3])
-        if not runtime.all_finite([out]):
+        A forward that fails raises. The forward runs alone even when the
+        backward follows: the fwd row times the forward alone, which may take
+        another path (no autodiff, inputs without grad) than fwd+bwd."""
+        if not runtime.all_finite([runtime.forward(fn, *inputs[:3])]):
             reason = "non-finite output (NaN or inf) at the timed inputs"
             return {d: reason for d in directions}, None
-        if found is not None and not runtime.all_finite(list(found[1:])):
-            return {"bwd": "non-finite gradient (NaN or inf) at the timed inputs"}, None
-        return {}, failure
+        if "bwd" not in directions:
+            return {}, None
+        try:
+            found = runtime.forward_backward(fn, *inputs)
+        except Exception as exc:  # noqa: BLE001 - the forward may still stand
+            runtime.cleanup()
+            return {}, exc
+        if not runtime.all_finite(list(found)):
+            return {"bwd": "non-finite output or gradient (NaN or inf) at the timed inputs"}, None
+        return {}, None
 
     def _full_check(self, case, backend, runtime: Runtime, fn, directions, context):
         """lcab.fullcheck at the timed workload, before any timing: ({direction:
