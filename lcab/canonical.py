@@ -1,0 +1,69 @@
+"""Where the canonical sweeps' committed rows live, and which are newest.
+
+A canonical sweep is one of the named sweeps LCAB publishes (the seed
+blog's kernel benchmark, the seed paper's masks, its sparsity sweep, the CP
+set). Each run of one on a GPU machine lands in
+``results/<date>-<device>-<sweep>/`` (lcab.experiments.canonical writes it,
+with its RUN.md); reports, the README's headline table and the model read
+the newest folder of each sweep, found from this package's location so any
+working directory will do.
+"""
+
+from __future__ import annotations
+
+import pathlib
+import re
+
+# The repository root: results/ and experiments/ live there.
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "results"
+
+# sweep name -> what it is, in a few words (the names are folder suffixes).
+SWEEPS = {
+    "blog": "the seed blog's kernel benchmark: six masks, 1k-64k",
+    "paper": "the seed paper's static masks, 1k-48k",
+    "sparsity": "the seed paper's block-sparse sweeps",
+    "cp": "context parallelism: every strategy of both frameworks at cp 2 and 4",
+}
+
+_FOLDER = re.compile(r"^(?P<date>\d{4}-\d{2}-\d{2})-(?P<device>[a-z0-9]+(?:x\d+)?)-(?P<sweep>[a-z]+)$")
+
+
+def folder_name(date: str, device: str, sweep: str) -> str:
+    """``<date>-<device>-<sweep>``, e.g. 2026-11-27-h100-blog."""
+    if sweep not in SWEEPS:
+        raise ValueError(f"unknown sweep {sweep!r}; canonical sweeps: {', '.join(SWEEPS)}")
+    name = f"{date}-{device}-{sweep}"
+    if not _FOLDER.match(name):
+        raise ValueError(f"{name!r} is not <YYYY-MM-DD>-<device>-<sweep> (device: lower-case "
+                         "letters and digits, e.g. h100 or h100x4)")
+    return name
+
+
+def parse_folder(name: str) -> tuple[str, str, str] | None:
+    """(date, device, sweep) of a canonical results folder's name, else None."""
+    match = _FOLDER.match(name)
+    if not match or match["sweep"] not in SWEEPS:
+        return None
+    return match["date"], match["device"], match["sweep"]
+
+
+def folders(sweep: str, results: pathlib.Path = RESULTS) -> list[pathlib.Path]:
+    """Every committed run of one canonical sweep, newest first (by date,
+    then name)."""
+    if sweep not in SWEEPS:
+        raise ValueError(f"unknown sweep {sweep!r}; canonical sweeps: {', '.join(SWEEPS)}")
+    found = [path for path in results.glob("*-*-*") if path.is_dir()
+             and (parsed := parse_folder(path.name)) and parsed[2] == sweep]
+    return sorted(found, key=lambda path: (parse_folder(path.name)[0], path.name), reverse=True)
+
+
+def newest(sweep: str, results: pathlib.Path = RESULTS) -> pathlib.Path | None:
+    """The newest run of a canonical sweep, or None if none is committed."""
+    runs = folders(sweep, results)
+    return runs[0] if runs else None
+
+
+def newest_all(results: pathlib.Path = RESULTS) -> dict[str, pathlib.Path]:
+    """sweep -> its newest committed run, for the sweeps that have one."""
+    return {sweep: path for sweep in SWEEPS if (path := newest(sweep, results))}

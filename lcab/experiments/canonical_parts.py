@@ -1,0 +1,180 @@
+"""The canonical sweeps, each cut into parts that fit ten minutes of one GPU
+machine: what `python -m lcab.experiments.canonical SWEEP` runs.
+
+A part is one or more runs of the experiments CLI writing into one folder.
+A run is plain (the CLI in one process; it supervises its framework
+processes itself), ``jax_processes`` (one JAX process per GPU meeting through
+jax.distributed, the path a multi-node cluster takes) or ``torchrun_nodes``
+(torchrun with two rendezvous "nodes" of GPUs on one host). The parts'
+settings are the named flagfiles' (experiments/*.flags); a part only picks
+the framework, lengths, masks or CP size. Parts are sized by measurement
+(about ten minutes each with the full-size check on an H100); a part that
+overruns is resumed where it stopped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from lcab.canonical import ROOT, SWEEPS
+
+PLAIN, JAX_PROCESSES, TORCHRUN_NODES = "plain", "jax_processes", "torchrun_nodes"
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+    """One run of the experiments CLI: its flags and how it is started."""
+
+    flags: tuple[str, ...]
+    launcher: str = PLAIN
+    processes: int = 1  # jax_processes: processes; torchrun_nodes: nodes
+
+
+@dataclasses.dataclass(frozen=True)
+class Part:
+    name: str
+    what: str
+    runs: tuple[Run, ...]
+    gpus: int = 1
+    # Another part whose rows this one must reproduce within noise (the
+    # multi-process runs against the single-process ones).
+    same_as: str | None = None
+
+
+def _flagfile(name: str) -> str:
+    return f"--flagfile={ROOT / 'experiments' / name}"
+
+
+def _k(tokens: int) -> str:
+    return f"{tokens}k"
+
+
+_BLOG_MASKS = ("full", "causal", "full_document", "causal_document", "sliding_window_causal",
+               "varlen_block_causal")
+_PAPER_MASKS = ("full", "causal", "sliding_window", "sliding_window_causal",
+                "longca_global_window", "full_document", "causal_document",
+                "block_causal_document", "share_question", "causal_blockwise",
+                "prefix_lm_document", "prefix_lm_causal")
+_FRAMEWORKS = ("jax", "torch")
+_CP_MASKS = ("full", "causal", "full_document", "causal_document")
+_CP_SIZES = (2, 4)
+_CP_TOKENS_PER_GPU = (8, 32)
+
+
+def _groups(items: tuple[str, ...], size: int) -> list[tuple[str, ...]]:
+    return [items[i:i + size] for i in range(0, len(items), size)]
+
+
+def _kernel_parts(flagfile: str, masks: tuple[str, ...],
+                  length_groups: list[tuple[str, tuple[int, ...]]]) -> list[Part]:
+    """framework x lengths x masks: short lengths take every mask in one
+    part, long ones a few masks per part (the check and timing grow with S^2)."""
+    parts = []
+    for framework in _FRAMEWORKS:
+        for label, (lengths, masks_per_part) in length_groups:
+            for group in _groups(masks, masks_per_part):
+                name = f"{framework}-{label}" + (f"-{'+'.join(group)}" if group != masks else "")
+                flags = (_flagfile(flagfile), f"--framework={framework}",
+                         f"--seqlens={','.join(lengths)}", f"--masks={','.join(group)}")
+                parts.append(Part(name, f"{framework} kernels, {', '.join(group)} at "
+                                  f"{', '.join(lengths)}", (Run(flags),)))
+    return parts
+
+
+def _blog() -> list[Part]:
+    return _kernel_parts("seed_blog.flags", _BLOG_MASKS, [
+        ("1k-8k", (("1k", "2k", "4k", "8k"), 6)),
+        ("16k-24k", (("16k", "24k"), 3)),
+        ("32k", (("32k",), 2)),
+        ("64k", (("64k",), 1)),
+    ])
+
+
+def _paper() -> list[Part]:
+    return _kernel_parts("paper.flags", _PAPER_MASKS, [
+        ("1k-8k", (("1k", "2k", "4k", "8k"), 12)),
+        ("16k-24k", (("16k", "24k"), 4)),
+        ("32k-40k", (("32k", "40k"), 2)),
+        ("48k", (("48k",), 2)),
+    ])
+
+
+def _sparsity() -> list[Part]:
+    parts = []
+    for flagfile, mask in (("paper_block_sparse.flags", "block_sparse"),
+                           ("paper_var_block_sparse.flags", "var_block_sparse")):
+        for framework in _FRAMEWORKS:
+            for length in ("16k", "48k"):
+                parts.append(Part(f"{framework}-{mask}-{length}",
+                                  f"{framework} kernels, {mask} sweep at {length}",
+                                  (Run((_flagfile(flagfile), f"--framework={framework}",
+                                        f"--seqlens={length}")),)))
+    return parts
+
+
+def _single_gpu_kernels(framework: str, lengths: str) -> tuple[Run, ...]:
+    """The kernels the CP strategies run inside, alone on one GPU at the CP
+    runs' global lengths: the reference line of the CP tables."""
+    if framework == "jax":
+        return (Run((_flagfile("cp_jax.flags"), "--suite=kernel", "--backends=jax.pallas_flex",
+                     f"--seqlens={lengths}")),)
+    return (Run((_flagfile("cp_torch.flags"), "--suite=kernel", "--backends=torch.flex",
+                 f"--seqlens={lengths}")),
+            Run((_flagfile("cp_torch.flags"), "--suite=kernel", "--backends=torch.sdpa_cudnn",
+                 "--masks=full,causal", f"--seqlens={lengths}")))
+
+
+def _cp() -> list[Part]:
+    parts = []
+    for framework in _FRAMEWORKS:
+        for tokens in _CP_TOKENS_PER_GPU:
+            lengths = ",".join(_k(tokens * cp) for cp in _CP_SIZES)
+            parts.append(Part(f"{framework}-single-{lengths.replace(',', '+')}",
+                              f"{framework}: the kernel inside its CP strategies on one GPU at "
+                              f"{lengths}", _single_gpu_kernels(framework, lengths)))
+        for cp in _CP_SIZES:
+            for tokens in _CP_TOKENS_PER_GPU:
+                # Long runs take two masks per part: every strategy's check
+                # and timing at cp x 32k tokens do not fit ten minutes.
+                mask_groups = [_CP_MASKS] if tokens * cp <= 32 else _groups(_CP_MASKS, 2)
+                for group in mask_groups:
+                    suffix = "" if group == _CP_MASKS else "-" + "+".join(group)
+                    flags = (_flagfile(f"cp_{framework}.flags"), f"--cp_size={cp}",
+                             f"--seqlens={_k(tokens * cp)}", f"--masks={','.join(group)}")
+                    parts.append(Part(f"{framework}-cp{cp}-{_k(tokens)}{suffix}",
+                                      f"every {framework} strategy at cp {cp}, {_k(tokens)} "
+                                      f"tokens per GPU, {', '.join(group)}",
+                                      (Run(flags),), gpus=cp))
+    parts += _multi_process_parts()
+    return parts
+
+
+def _multi_process_parts() -> list[Part]:
+    """The cp-4 runs at 8k tokens per GPU once more as a cluster starts
+    them: JAX with one process per GPU (jax.distributed), torch under
+    torchrun with two rendezvous nodes of two GPUs."""
+    jax_flags = (_flagfile("cp_jax.flags"), "--cp_size=4", "--seqlens=32k",
+                 f"--masks={','.join(_CP_MASKS)}")
+    torch_flags = (_flagfile("cp_torch.flags"), "--cp_size=4", "--seqlens=32k",
+                   f"--masks={','.join(_CP_MASKS)}")
+    return [
+        Part("jax-cp4-8k-processes", "the jax cp-4 part at 8k tokens per GPU, one JAX process "
+             "per GPU (jax.distributed)", (Run(jax_flags, JAX_PROCESSES, 4),), gpus=4,
+             same_as="jax-cp4-8k"),
+        Part("torch-cp4-8k-nodes", "the torch cp-4 part at 8k tokens per GPU under torchrun "
+             "with two rendezvous nodes of two GPUs", (Run(torch_flags, TORCHRUN_NODES, 2),),
+             gpus=4, same_as="torch-cp4-8k"),
+    ]
+
+
+_BUILDERS = {"blog": _blog, "paper": _paper, "sparsity": _sparsity, "cp": _cp}
+assert set(_BUILDERS) == set(SWEEPS)
+
+
+def parts(sweep: str) -> list[Part]:
+    """The parts of a canonical sweep, in the order they run."""
+    if sweep not in _BUILDERS:
+        raise ValueError(f"unknown sweep {sweep!r}; canonical sweeps: {', '.join(SWEEPS)}")
+    found = _BUILDERS[sweep]()
+    assert len({part.name for part in found}) == len(found), "part names must be unique"
+    return found

@@ -1,0 +1,98 @@
+"""The RUN.md of a canonical run, written from its parts.json: what ran,
+where, with which code, and whether the cluster-style runs reproduce the
+single-process ones."""
+
+from __future__ import annotations
+
+import collections
+import pathlib
+import sys
+
+from lcab import canonical, results
+
+# Within noise: the median of a cluster-style run against the same case's
+# single-process median (repeats of one case on one machine differ by a
+# few per cent; see docs/harness.md on spread).
+SAME_WITHIN = 0.10
+
+
+def _plain(text: str, folder: pathlib.Path) -> str:
+    """Commands as a reader reruns them: paths relative to the repository,
+    `python` for this interpreter, OUT for the run's folder."""
+    return (text.replace(str(folder), "OUT").replace(str(canonical.ROOT) + "/", "")
+            .replace(sys.executable, "python"))
+
+
+def _row_counts(folder: pathlib.Path) -> str:
+    if not folder.exists():
+        return "no rows"
+    counts = collections.Counter(row["status"] for row in results.read_rows([folder]))
+    if not counts:
+        return "no rows"
+    return ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
+
+
+def comparison(single: pathlib.Path, cluster: pathlib.Path) -> tuple[list[str], float | None]:
+    """Markdown lines comparing two folders' OK rows case by case (the
+    cluster-style run's median over the single-process one's), and the
+    largest deviation from 1."""
+    def medians(path):
+        rows = results.read_rows([path]) if path.exists() else []
+        return {(r["backend"], r["mask"], r["seqlen"], r["direction"], results.options_key(
+            r.get("options"))): r["median_ms"] for r in rows if r["status"] == "OK"}
+
+    ours, theirs = medians(cluster), medians(single)
+    shared = sorted(set(ours) & set(theirs))
+    if not shared:
+        return ["no case has an OK row in both runs yet"], None
+    lines = ["| backend | mask | S | direction | single-process ms | this run ms | ratio |",
+             "|---|---|---:|---|---:|---:|---:|"]
+    worst = 0.0
+    for key in shared:
+        ratio = ours[key] / theirs[key]
+        worst = max(worst, abs(ratio - 1))
+        lines.append(f"| {key[0]} | {key[1]} | {key[2]} | {key[3]} | {theirs[key]:.3f} | "
+                     f"{ours[key]:.3f} | {ratio:.3f} |")
+    verdict = "within" if worst <= SAME_WITHIN else "NOT within"
+    lines.append(f"\n{len(shared)} cases; largest deviation {worst:.1%}, {verdict} "
+                 f"{SAME_WITHIN:.0%}.")
+    return lines, worst
+
+
+def write_run_md(folder: pathlib.Path, state: dict, parts) -> pathlib.Path:
+    sweep = state["sweep"]
+    lines = [f"# {sweep}: {canonical.SWEEPS[sweep]}", "",
+             "Written by `python -m lcab.experiments.canonical` after each run; the raw record "
+             f"is `{folder.name}/parts.json`. Rerun (resuming what is missing):", "",
+             f"    python -m lcab.experiments.canonical {sweep} --out=OUT", "", "## Calls", ""]
+    for number, call in enumerate(state["calls"], 1):
+        gpus = call.get("gpus") or []
+        cards = "; ".join(f"{g.get('name')} serial {g.get('serial')} (driver "
+                          f"{g.get('driver_version')})" for g in gpus) or "no GPU (CPU)"
+        versions = ", ".join(f"{k} {v}" for k, v in (call.get("versions") or {}).items())
+        budget = f", budget {call['budget_s']} s" if call.get("budget_s") else ""
+        extra = f", extra flags `{' '.join(call['extra'])}`" if call.get("extra") else ""
+        lines += [f"{number}. {call['start']}, commit `{call['commit']}`{budget}{extra}",
+                  f"   - {len(gpus)} GPU(s): {cards}", f"   - {versions}"]
+    lines += ["", "## Parts", "", "| part | what | status | rows |", "|---|---|---|---|"]
+    by_name = {part.name: part for part in parts}
+    for name, record in state["parts"].items():
+        what = by_name[name].what if name in by_name else ""
+        lines.append(f"| `{name}` | {what} | {record.get('status') or 'not run'} | "
+                     f"{_row_counts(folder / name)} |")
+    lines += ["", "## Commands", ""]
+    for name, record in state["parts"].items():
+        for run in record["runs"]:
+            limit = " (stopped at the time budget; resumed by the next call)" \
+                if run.get("stopped_at_limit") else ""
+            lines += [f"- `{name}`, {run['start']} to {run.get('end', '?')}, exit "
+                      f"{run.get('exit', '?')}{limit}:", "", "  ```bash",
+                      *("  " + line for line in _plain(run["command"], folder).splitlines()),
+                      "  ```", ""]
+    for part in parts:
+        if part.same_as and part.name in state["parts"]:
+            table, _ = comparison(folder / part.same_as, folder / part.name)
+            lines += [f"## `{part.name}` against `{part.same_as}`", "", *table, ""]
+    path = folder / "RUN.md"
+    path.write_text("\n".join(lines) + "\n")
+    return path

@@ -1,0 +1,222 @@
+"""The canonical sweeps: which parts they hold, where their rows go, and how
+`python -m lcab.experiments.canonical` runs them in parts, stops at its time
+budget, resumes, keeps a failed part failed, and writes RUN.md. The runner is
+exercised on lcab's NumPy plugin backends (tests/fake_backends.py)."""
+
+import json
+import os
+import pathlib
+
+import pytest
+
+from lcab import canonical, results
+from lcab.experiments import canonical as runner
+from lcab.experiments import canonical_parts as defined
+from lcab.experiments import machine, presets
+from lcab.experiments.run_record import comparison
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+def flag_values(run: defined.Run) -> dict[str, str]:
+    """The settings a run ends with: its flagfile, then its own flags."""
+    values = {}
+    for flag in run.flags:
+        name, _, text = flag[2:].partition("=")
+        if name == "flagfile":
+            values.update(presets.read(pathlib.Path(text)))
+        else:
+            values[name] = text
+    return values
+
+
+@pytest.mark.parametrize("sweep, flagfile", [("blog", "seed_blog.flags"),
+                                             ("paper", "paper.flags")])
+def test_kernel_sweeps_cover_their_flagfile_exactly_once_per_framework(sweep, flagfile):
+    whole = presets.read(ROOT / "experiments" / flagfile)
+    wanted = {(framework, mask, length) for framework in ("jax", "torch")
+              for mask in whole["masks"].split(",") for length in whole["seqlens"].split(",")}
+    covered = []
+    for part in defined.parts(sweep):
+        (run,) = part.runs
+        values = flag_values(run)
+        covered += [(values["framework"], mask, length) for mask in values["masks"].split(",")
+                    for length in values["seqlens"].split(",")]
+        assert values["suite"] == "kernel" and part.gpus == 1
+    assert sorted(covered) == sorted(wanted)  # each case once
+
+
+def test_the_cp_sweep_has_every_strategy_at_cp_2_and_4_with_one_gpu_beside_it():
+    parts = defined.parts("cp")
+    cases = set()
+    singles = set()
+    for part in parts:
+        for run in part.runs:
+            values = flag_values(run)
+            lengths = values["seqlens"].split(",")
+            if values["suite"] == "kernel":
+                singles |= {(values["framework"], length) for length in lengths}
+                continue
+            cp = int(values["cp_size"])
+            assert part.gpus == cp
+            whole = presets.read(ROOT / "experiments" / f"cp_{values['framework']}.flags")
+            assert values["backends"] == whole["backends"]  # every strategy
+            cases |= {(values["framework"], run.launcher, cp, length, mask)
+                      for length in lengths for mask in values["masks"].split(",")}
+    masks = ("full", "causal", "full_document", "causal_document")
+    for framework in ("jax", "torch"):
+        for cp in (2, 4):
+            for tokens in (8, 32):
+                for mask in masks:
+                    assert (framework, defined.PLAIN, cp, f"{tokens * cp}k", mask) in cases
+        # the single-GPU kernels at every global length the strategies run
+        assert {length for f, length in singles if f == framework} == {"16k", "32k", "64k",
+                                                                         "128k"}
+    # the cluster-style runs repeat the cp-4, 8k-per-GPU parts
+    assert {(f, launcher) for f, launcher, cp, length, _ in cases
+            if launcher != defined.PLAIN} == {("jax", defined.JAX_PROCESSES),
+                                              ("torch", defined.TORCHRUN_NODES)}
+    names = {part.name for part in parts}
+    assert all(part.same_as in names for part in parts if part.same_as)
+
+
+def test_launches_of_cluster_style_runs_split_the_gpus_between_processes(tmp_path):
+    jax_part, torch_part = (p for p in defined.parts("cp") if p.same_as)
+    (run,) = jax_part.runs
+    launch = runner.launch_of(run, tmp_path, "abc", [], gpus=4)
+    assert [env for _, env in launch.commands] == [{"CUDA_VISIBLE_DEVICES": str(i)}
+                                                  for i in range(4)]
+    assert [argv[-1] for argv, _ in launch.commands] == [f"--jax_process_id={i}"
+                                                         for i in range(4)]
+    (run,) = torch_part.runs
+    launch = runner.launch_of(run, tmp_path, "abc", [], gpus=4)
+    assert [env for _, env in launch.commands] == [{"CUDA_VISIBLE_DEVICES": "0,1"},
+                                                  {"CUDA_VISIBLE_DEVICES": "2,3"}]
+    for node, (argv, _) in enumerate(launch.commands):
+        assert "--nnodes=2" in argv and "--nproc_per_node=2" in argv
+        assert f"--node_rank={node}" in argv and "--rdzv_backend=c10d" in argv
+
+
+def test_results_folders_are_named_and_found_newest_first(tmp_path):
+    assert canonical.folder_name("2026-11-27", "h100x4", "cp") == "2026-11-27-h100x4-cp"
+    with pytest.raises(ValueError, match="canonical sweeps: blog"):
+        canonical.folder_name("2026-11-27", "h100", "nope")
+    for name in ("2026-11-26-h100-blog", "2026-11-27-h200-blog", "2026-11-27-h100x4-cp",
+                 "2026-11-28-h100-notasweep", "gpu"):
+        (tmp_path / name).mkdir()
+    assert [p.name for p in canonical.folders("blog", tmp_path)] == [
+        "2026-11-27-h200-blog", "2026-11-26-h100-blog"]
+    assert canonical.newest("paper", tmp_path) is None
+    assert {k: v.name for k, v in canonical.newest_all(tmp_path).items()} == {
+        "blog": "2026-11-27-h200-blog", "cp": "2026-11-27-h100x4-cp"}
+
+
+@pytest.mark.parametrize("gpus, label", [
+    ([], "cpu"),
+    ([{"name": "NVIDIA H100 80GB HBM3"}], "h100"),
+    ([{"name": "NVIDIA H200"}] * 4, "h200x4"),
+])
+def test_the_device_label_names_the_model_and_count(gpus, label):
+    assert machine.device_label(gpus) == label
+
+
+def write_rows(folder, medians):
+    writer = results.Writer(folder / "kernel_numpy.jsonl")
+    for (backend, direction), ms in medians.items():
+        writer.write(results.make_row(
+            framework="numpy", backend=backend, suite="cp", mask="causal", seqlen=512,
+            direction=direction, status="OK", median_ms=ms, device="cpu", workload_key="w",
+            batch=1, heads_q=2, heads_kv=1, head_dim=8, dtype="float32", cp_size=4,
+            tflops=1.0))
+
+
+def test_the_comparison_tells_whether_a_cluster_run_reproduces_the_single_process(tmp_path):
+    single, cluster = tmp_path / "a", tmp_path / "b"
+    write_rows(single, {("x", "fwd"): 10.0, ("x", "bwd"): 20.0, ("y", "fwd"): 1.0})
+    write_rows(cluster, {("x", "fwd"): 10.5, ("x", "bwd"): 19.0})
+    lines, worst = comparison(single, cluster)
+    assert worst == pytest.approx(0.05)
+    assert "2 cases; largest deviation 5.0%, within 10%." in lines[-1]
+    write_rows(cluster, {("x", "fwd"): 13.0})
+    assert comparison(single, cluster)[1] == pytest.approx(0.3)
+
+
+# The runner itself, on NumPy plugin backends.
+SMALL = ("--framework=numpy", "--backend_modules=tests.fake_backends", "--masks=causal",
+         "--heads=2:1", "--head_dim=8", "--warmup=0", "--iters=2", "--directions=fwd",
+         "--nofull_check")
+
+
+@pytest.fixture
+def plugin_path(monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
+        [str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.chdir(ROOT)
+
+
+def part(name, *flags, same_as=None):
+    return defined.Part(name, f"test part {name}", (defined.Run((*SMALL, *flags)),),
+                        same_as=same_as)
+
+
+def run_states(folder):
+    return json.loads((folder / runner.STATE_NAME).read_text())["parts"]
+
+
+@pytest.mark.slow
+def test_parts_run_once_and_record_what_ran(tmp_path, plugin_path, capsys):
+    parts = [part("a", "--backends=numpy.reference", "--seqlens=64,128"),
+             part("b", "--backends=numpy.tunable", "--seqlens=64", same_as="a")]
+    assert runner.run_sweep("blog", tmp_path, parts, "c0ffee", [], None) == 0
+    rows = results.read_rows([tmp_path / "a"])
+    assert sorted((r["seqlen"], r["status"], r["git_commit"]) for r in rows) == [
+        (64, "OK", "c0ffee"), (128, "OK", "c0ffee")]
+    run_md = (tmp_path / "RUN.md").read_text()
+    assert "| `a` | test part a | done | 2 OK |" in run_md
+    assert "--out=OUT/a --resume --git_commit=c0ffee" in run_md
+    assert str(ROOT) not in run_md  # commands as a reader reruns them
+    assert "## `b` against `a`" in run_md
+    assert "numpy.reference" in capsys.readouterr().out  # each part's short table
+    # A second call finds both parts done and runs nothing.
+    assert runner.run_sweep("blog", tmp_path, parts, "c0ffee", [], None) == 0
+    assert [len(record["runs"]) for record in run_states(tmp_path).values()] == [1, 1]
+    assert len(json.loads((tmp_path / runner.STATE_NAME).read_text())["calls"]) == 2
+
+
+@pytest.mark.slow
+def test_a_part_cut_by_the_budget_resumes_without_repeating_rows(tmp_path, plugin_path):
+    slow = part("slow", "--backends=numpy.slow", "--seqlens=64,96,128,160,192,224,256",
+                "--iters=4")
+    after = part("after", "--backends=numpy.reference", "--seqlens=64")
+    assert runner.run_sweep("blog", tmp_path, [slow, after], "c", [], 12, min_run_s=1) == 3
+    states = run_states(tmp_path)
+    assert states["slow"]["status"] == runner.STOPPED and states["slow"]["runs"][0][
+        "stopped_at_limit"]
+    assert "after" not in states  # nothing starts after a stop
+    first = results.read_rows([tmp_path / "slow"])
+    assert 0 < len(first) < 7
+    assert runner.run_sweep("blog", tmp_path, [slow, after], "c", [], None) == 0
+    keys = [(r["seqlen"], r["direction"]) for r in results.read_rows([tmp_path / "slow"])
+            if r["status"] == "OK"]
+    assert sorted(keys) == sorted({(s, "fwd") for s in (64, 96, 128, 160, 192, 224, 256)})
+    assert "resumed by the next call" in (tmp_path / "RUN.md").read_text()
+
+
+@pytest.mark.slow
+def test_a_failed_part_stays_failed_until_retried(tmp_path, plugin_path):
+    broken = part("broken", "--backends=numpy.reference", "--seqlens=64", "--masks=nonsense")
+    good = part("good", "--backends=numpy.reference", "--seqlens=64")
+    assert runner.run_sweep("blog", tmp_path, [broken, good], "c", [], None) == 1
+    states = run_states(tmp_path)
+    assert states["broken"]["status"] == runner.FAILED and states["good"]["status"] == "done"
+    assert runner.run_sweep("blog", tmp_path, [broken, good], "c", [], None) == 1
+    assert len(run_states(tmp_path)["broken"]["runs"]) == 1  # not rerun
+    runner.run_sweep("blog", tmp_path, [broken, good], "c", [], None, retry=True)
+    assert len(run_states(tmp_path)["broken"]["runs"]) == 2
+
+
+def test_a_folder_of_another_sweep_is_refused(tmp_path):
+    (tmp_path / runner.STATE_NAME).write_text(json.dumps({"sweep": "cp", "calls": [],
+                                                          "parts": {}}))
+    with pytest.raises(Exception, match="holds the 'cp' sweep"):
+        runner.State(tmp_path, "blog")
