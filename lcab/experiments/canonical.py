@@ -38,24 +38,29 @@ from lcab import canonical
 from lcab.experiments import canonical_parts as defined
 from lcab.experiments import machine
 
+# Its own flag set: the experiments CLI's flags (--out, --git_commit) live in
+# the same package and are imported beside these in one process.
+FLAGS = flags.FlagValues()
 OUT = flags.DEFINE_string(
     "out", None, "Where the rows go (default: results/<date>-<device>-<SWEEP>/ in the "
-    "repository; the same folder on a later call resumes it).")
-PARTS = flags.DEFINE_list("parts", None, "Only these parts, in this order (default: all).")
+    "repository; the same folder on a later call resumes it).", flag_values=FLAGS)
+PARTS = flags.DEFINE_list("parts", None, "Only these parts, in this order (default: all).",
+                          flag_values=FLAGS)
 BUDGET = flags.DEFINE_integer(
     "budget_s", None, "Seconds this call may take: no run starts with less than "
     "--min_run_s left, and a run still going at the end is stopped (its rows are kept and "
-    "the next call resumes it).", lower_bound=1)
+    "the next call resumes it).", lower_bound=1, flag_values=FLAGS)
 MIN_RUN = flags.DEFINE_integer("min_run_s", 60, "The least time worth starting a run with.",
-                               lower_bound=1)
+                               lower_bound=1, flag_values=FLAGS)
 COMMIT = flags.DEFINE_string(
     "git_commit", None, "The commit being measured (default: the checkout's; needed where "
-    "the tree has no git history).")
+    "the tree has no git history).", flag_values=FLAGS)
 EXTRA = flags.DEFINE_string(
     "extra", "", "Flags appended to every run, e.g. a small CPU rehearsal: "
-    "--extra='--seqlens=512 --heads=4:2 --head_dim=16'.")
-RETRY = flags.DEFINE_bool("retry", False, "Rerun parts that failed.")
-LIST = flags.DEFINE_bool("list", False, "Print the parts and their commands, then exit.")
+    "--extra='--seqlens=512 --heads=4:2 --head_dim=16'.", flag_values=FLAGS)
+RETRY = flags.DEFINE_bool("retry", False, "Rerun parts that failed.", flag_values=FLAGS)
+LIST = flags.DEFINE_bool("list", False, "Print the parts and their commands, then exit.",
+                         flag_values=FLAGS)
 
 STATE_NAME = "parts.json"
 _STOP_GRACE_S = 30
@@ -303,8 +308,19 @@ def main(argv: list[str]) -> int:
                      min_run_s=MIN_RUN.value)
 
 
+def parse_flags(argv: list[str]) -> list[str]:
+    """This module's flags; a bad one is a one-line usage error."""
+    try:
+        remaining = FLAGS(argv)
+    except flags.Error as error:
+        sys.exit(f"{pathlib.Path(argv[0]).name}: {error}\nflags: "
+                 + ", ".join(f"--{name}" for name in FLAGS))
+    flags.FLAGS([argv[0]])  # absl's own flags, which app.run needs parsed
+    return remaining
+
+
 def console_main() -> None:
-    app.run(main)
+    app.run(main, flags_parser=parse_flags)
 
 
 if __name__ == "__main__":

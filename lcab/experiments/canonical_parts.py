@@ -146,6 +146,10 @@ def _cp() -> list[Part]:
                                       f"tokens per GPU, {', '.join(group)}",
                                       (Run(flags),), gpus=cp))
     parts += _multi_process_parts()
+    parts.append(Part("comm", "the strategies' collectives alone over 2 and 4 GPUs (the "
+                      "model's link fits)",
+                      tuple(Run(("--suite=comm", f"--framework={framework}",
+                                 "--comm_ranks=2,4")) for framework in _FRAMEWORKS), gpus=4))
     return parts
 
 
