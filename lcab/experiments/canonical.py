@@ -234,6 +234,10 @@ def run_sweep(sweep: str, folder: pathlib.Path, parts: list[defined.Part], commi
     ran = []
     for part in parts:
         record = state.part(part.name)
+        if record.get("extra", []) != extra:
+            # Done with other extra flags (a subset, a rehearsal) is not done
+            # with these: run it again; --resume keeps the rows it has.
+            record.update(status=None, finished_runs=[], extra=extra)
         if record["status"] == DONE or (record["status"] == FAILED and not retry):
             continue
         if part.gpus > max(1, len(found)) and found:
