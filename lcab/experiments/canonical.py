@@ -142,14 +142,18 @@ def run_processes(launch: Launch, seconds: float | None) -> tuple[int, bool]:
         while any(child.poll() is None for child in children):
             if deadline is not None and time.monotonic() > deadline and not stopped:
                 stopped = True
-                _signal_all(children, signal.SIGTERM)
+                # The leaders only: each passes the stop on to its workers,
+                # which finish as stopped. Signalling the whole group would
+                # also kill a compiler (ptxas) mid-case, and that case would
+                # read as an ERROR of the backend.
+                _signal_all(children, signal.SIGTERM, group=False)
                 deadline = time.monotonic() + _STOP_GRACE_S
             elif stopped and time.monotonic() > deadline:
                 _signal_all(children, signal.SIGKILL)
                 break
             time.sleep(0.5)
     except KeyboardInterrupt:
-        _signal_all(children, signal.SIGINT)
+        _signal_all(children, signal.SIGINT, group=False)
         for child in children:
             child.wait()
         raise
@@ -157,11 +161,13 @@ def run_processes(launch: Launch, seconds: float | None) -> tuple[int, bool]:
     return next((code for code in codes if code != 0), 0), stopped
 
 
-def _signal_all(children: list[subprocess.Popen], signum: int) -> None:
+def _signal_all(children: list[subprocess.Popen], signum: int, group: bool = True) -> None:
+    """Signal each child still running; with `group`, every process it
+    started too (its session)."""
     for child in children:
         if child.poll() is None:
             try:
-                os.killpg(child.pid, signum)  # the CLI and the processes it started
+                (os.killpg if group else os.kill)(child.pid, signum)
             except ProcessLookupError:
                 pass
 
