@@ -225,13 +225,15 @@ def test_backend_options_repeat_and_comma_separate():
 def test_every_named_sweep_parses(flagfile):
     # Parsing runs every validator: names, sizes, backend options (whose
     # constructors check their values), so a stale flagfile fails here.
+    # The CLI expands flagfiles itself (includes relative to their file).
     from absl import flags
 
     import lcab.experiments.flags  # noqa: F401 - defines the flags
+    from lcab.experiments import flagfiles
 
     flags.FLAGS.unparse_flags()
     try:
-        flags.FLAGS(["lcab.experiments", f"--flagfile={flagfile}"])
+        flags.FLAGS(["lcab.experiments", *flagfiles.expand([f"--flagfile={flagfile}"])])
         assert flags.FLAGS["suite"].value in ("kernel", "cp", "module", "comm")
     finally:
         flags.FLAGS.unparse_flags()

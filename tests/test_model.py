@@ -189,14 +189,24 @@ def test_the_model_against_the_measured_h100_rows():
     assert (torch.loc[("torch", 2)]["max |error| %"] > 100).all()
 
 
+@pytest.fixture(scope="module")
+def committed_root(tmp_path_factory):
+    """A results root whose one canonical cp run is the first 4 x H100
+    session (its folder name is already <date>-<device>-cp)."""
+    root = tmp_path_factory.mktemp("results")
+    (root / "2026-11-26-h100x4-cp").symlink_to(ROOT / MEASURED)
+    return root
+
+
 def model_cli(*args, cwd=ROOT, timeout=300):
-    return subprocess.run([sys.executable, "-m", "lcab.model", *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "lcab.model", *args], check=False,
+                          capture_output=True,
                           text=True, timeout=timeout, cwd=cwd,
                           env={**os.environ, "PYTHONPATH": str(ROOT)})
 
 
-def test_the_cli_prints_the_model_table_and_writes_its_files(tmp_path):
-    done = model_cli("--cp=1,2,16", "--masks=causal_document", "--directions=fwd,bwd",
+def test_the_cli_prints_the_model_table_and_writes_its_files(tmp_path, committed_root):
+    done = model_cli(f"--results_root={committed_root}", "--cp=1,2,16", "--masks=causal_document", "--directions=fwd,bwd",
                      "--dispatch=balanced,zigzag", f"--out={tmp_path}",
                      f"--validate_against={MEASURED}")
     assert done.returncode == 0, done.stderr[-3000:]
@@ -225,21 +235,24 @@ def test_bad_model_flags_fail_naming_the_choices_without_a_traceback(flag, messa
     assert "Traceback" not in done.stderr
 
 
-def test_the_cli_runs_from_any_directory_on_the_committed_rows(tmp_path):
+def test_the_cli_runs_from_any_directory_on_the_committed_rows(tmp_path, committed_root):
     done = model_cli("--cp=2", "--masks=full", "--strategies=ring", "--dtype=bf16",
-                     f"--out={tmp_path / 'out'}", cwd=tmp_path)
+                     f"--out={tmp_path / 'out'}", f"--results_root={committed_root}",
+                     cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert "Model (not a measurement): kernel jax.pallas_flex on NVIDIA H100" in done.stdout
+    assert ("kernel curve: jax.pallas_flex with its default options on NVIDIA H100 80GB HBM3"
+            in done.stdout)
+    assert "(canonical cp run, 2026-11-26, h100x4); commit 74af64f" in done.stdout
     assert (tmp_path / "out" / "predictions.csv").exists()
 
 
-def test_the_nvlink_flags_override_the_fitted_links(tmp_path):
+def test_the_nvlink_flags_override_the_fitted_links(tmp_path, committed_root):
     import pandas as pd
 
     def allgather_ms(*flags):
         out = tmp_path / str(len(flags))
         done = model_cli("--cp=2", "--masks=full", "--strategies=allgather", f"--out={out}",
-                         *flags)
+                         f"--results_root={committed_root}", *flags)
         assert done.returncode == 0, done.stderr[-2000:]
         return pd.read_csv(out / "predictions.csv")["exposed_comm_ms"].iloc[0]
 

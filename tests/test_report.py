@@ -18,15 +18,17 @@ from lcab import results
 from lcab.report import (
     cp_table,
     cross_framework_table,
+    export,
+    figures,
     kernel_table,
     latest,
+    legend,
     paired_kernel_table,
     setting_groups,
     short_table,
+    tables,
     to_markdown,
 )
-from lcab.report import figures, tables
-from lcab.status import LEGEND
 from tests import experiment_scripts
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -128,7 +130,7 @@ def test_short_table(frame):
     assert "| full            | 4096   | 402 / 322 |" in text
     assert "X / X" in text and "67 / ERR" in text and "302 / MM" in text
     assert "271 / E" in text  # the CP table
-    assert LEGEND in text
+    assert legend.one_line() in text
     assert text.rstrip().endswith(f"Device: {DEVICE}")
 
 
@@ -203,7 +205,8 @@ def test_cli_writes_every_table_figure_and_the_index(tmp_path):
         "cp_beside_single_torch.md", "cp_beside_single_torch.csv",
         "figures/kernel_full.png", "figures/kernel_causal.png",
         "figures/kernel_causal_document.png", "figures/cp_causal.png",
-    }
+        "results.csv", "export.md",  # the tidy export (lcab.report.export) and its columns
+    } | ({"results.parquet"} if export.parquet_available() else set())
     files = [path for path in tmp_path.rglob("*") if path.is_file()]
     written = {path.relative_to(tmp_path).as_posix() for path in files}
     assert written == expected
@@ -212,7 +215,7 @@ def test_cli_writes_every_table_figure_and_the_index(tmp_path):
     }
     assert printed == expected
 
-    for name in expected - {"README.md"}:
+    for name in expected - {"README.md", "results.csv", "export.md", "results.parquet"}:
         if name.endswith(".png"):
             image = matplotlib.image.imread(tmp_path / name)
             assert image.shape[0] >= 400 and image.shape[1] >= 800, (name, image.shape)
@@ -224,7 +227,7 @@ def test_cli_writes_every_table_figure_and_the_index(tmp_path):
     assert "| causal_document | 4096   |         X |" in (tmp_path / "kernel_fwd.md").read_text()
 
     index = (tmp_path / "README.md").read_text()
-    assert DEVICE in index and "2026-01-05" in index and LEGEND in index
+    assert DEVICE in index and "2026-01-05" in index and legend.one_line() in index
     assert "![kernel_causal_document](figures/kernel_causal_document.png)" in index
     assert "| full            | 4096   | fwd       | jax.cudnn |" in index  # cross-framework
 

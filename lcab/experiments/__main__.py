@@ -10,6 +10,12 @@ is used, except those too slow to set up for every sweep
 UNAVAILABLE rows instead. --framework=all runs each framework in its own
 process (JAX and PyTorch fight over GPU memory) and prints one table of
 their rows. --suite=comm times the CP strategies' collectives alone.
+
+A --flagfile named inside a flagfile is found relative to that file
+(lcab.experiments.flagfiles), so any working directory will do.
+--dry_run prints what the sweep would run and skip, and why, without
+running it; --list_backends prints the registered backends and their claims.
+The `lcab-run` console script is this command.
 """
 
 from __future__ import annotations
@@ -23,14 +29,14 @@ import secrets
 import signal
 import sys
 
-from absl import app
+from absl import app, logging
 from absl import flags as absl_flags
 
 from lcab import processes, registry, results
 from lcab.comm import parse_bytes
 from lcab.comm_suite import collective_cases
+from lcab.experiments import backend_list, dry_run, flagfiles, launch, presets
 from lcab.experiments import flags as cli
-from lcab.experiments import launch, presets
 from lcab.experiments.sweep import Sweep, parse_heads, parse_seqlen, unique
 from lcab.flops import TIMED_DIRECTIONS
 from lcab.results import COMM_SUITE
@@ -197,21 +203,30 @@ def main(argv):
         max([cli.CP_SIZE.value or 2, *(cli.parse_ranks(r) for r in cli.COMM_RANKS.value)]),
         processes.jax_setting(cli.JAX_COORDINATOR.value, cli.JAX_NUM_PROCESSES.value,
                               cli.JAX_PROCESS_ID.value, cli.JAX_DISTRIBUTED_AUTO.value))
+    if cli.LIST_BACKENDS.value:
+        _list_backends()
+        return
     run_id = cli.RUN_ID.value or _run_id()
-    if not processes.supervised():  # a supervised worker's parent checked them
+    writes = not cli.DRY_RUN.value
+    if writes and not processes.supervised():  # a supervised worker's parent checked them
         _writable_folders()
     lock = None
-    if not launch.is_worker():
+    if writes and not launch.is_worker():
         try:
             lock = launch.lock_out(pathlib.Path(cli.OUT.value), run_id)
         except launch.Busy as exc:
-            sys.exit(f"lcab.experiments: {exc}")
+            logging.error("%s", exc)
+            sys.exit(1)
     try:
         jobs = _jobs(run_id)
     except ValueError as exc:  # valid flags that make no workload
         raise app.UsageError(str(exc)) from exc
     except MemoryError as exc:  # masks too large for this host (block-sparse at 16m)
         raise app.UsageError(f"the sweep's masks do not fit in this host's memory: {exc}") from exc
+    if cli.DRY_RUN.value:
+        if not launch.launched_rank():  # one process of a launched run speaks
+            print(dry_run.text(jobs, cli.RESUME.value))
+        return
     try:
         all_ok = _run(jobs, run_id)
     except KeyboardInterrupt as stop:  # Ctrl-C, or SIGTERM (launch.Stopped)
@@ -230,15 +245,29 @@ def main(argv):
         sys.exit(1)
 
 
+def _list_backends() -> None:
+    """--list_backends: of --framework, and of --suite where it is given."""
+    suite = cli.SUITE.value if absl_flags.FLAGS[cli.SUITE.name].present else None
+    options = tuple(cli.parse_backend_option(t) for t in cli.option_texts(
+        cli.BACKEND_OPTIONS.value))
+    print(backend_list.text(cli.FRAMEWORK.value, suite, options))
+
+
 def _stopped(jobs: list[launch.Job], run_id: str, signum: int) -> None:
     """End a stopped run: the supervisor says what was written and how to go
     on; a worker ends quietly (its supervisor speaks)."""
     if not processes.supervised() and not launch.launched_rank():
-        print(_stopped_message(jobs, run_id, signum), file=sys.stderr)
+        logging.warning("%s", _stopped_message(jobs, run_id, signum))
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(128 + signum)  # no exit handlers: a framework's may trace on an interrupt
 
 
+def console_main() -> None:
+    """`python -m lcab.experiments` and the `lcab-run` console script; nested
+    --flagfile paths are taken relative to the flagfile naming them."""
+    app.run(main, flags_parser=flagfiles.parse_flags)
+
+
 if __name__ == "__main__":
-    app.run(main)
+    console_main()

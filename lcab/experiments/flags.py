@@ -91,6 +91,16 @@ JAX_PROCESS_ID = flags.DEFINE_integer(
 JAX_DISTRIBUTED_AUTO = flags.DEFINE_bool(
     "jax_distributed_auto", False,
     "Multi-process JAX with jax.distributed's own detection (SLURM, Open MPI).")
+DRY_RUN = flags.DEFINE_bool(
+    "dry_run", False,
+    "Print the cases the sweep would run, and those it would skip and why (unavailable "
+    "backends, masks a backend cannot express, rows already done under --resume), then exit "
+    "without running anything or writing rows.")
+LIST_BACKENDS = flags.DEFINE_bool(
+    "list_backends", False,
+    "Print every registered backend (of --framework; of --suite when given): its framework "
+    "and suite, whether it can run here (why not, if not) and what it claims (masks, "
+    "directions, dtypes, head dims, options), then exit.")
 PROGRESS = flags.DEFINE_bool("progress", True, "Show a progress bar.")
 SUMMARY = flags.DEFINE_bool("summary", True, "Print the comparison table at the end.")
 RUN_ID = flags.DEFINE_string("run_id", None, "Identifier written into every row.")

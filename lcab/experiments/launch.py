@@ -32,6 +32,8 @@ import sys
 import tempfile
 from collections.abc import Sequence
 
+from absl import logging
+
 from lcab import processes, registry, results
 from lcab.experiments import presets
 from lcab.results import COMM_SUITE
@@ -121,6 +123,12 @@ class Job:
     ranks: int  # processes torchrun starts for a per-rank suite
     skip_unavailable: bool = False  # leave out backends that cannot run here
 
+    @property
+    def per_rank(self) -> bool:
+        """Whether torchrun runs this job, one process per rank (whose
+        backends decide under torchrun what they can run)."""
+        return self.framework in PROCESS_PER_RANK and self.suite in PER_RANK_SUITES
+
 
 def prepare_jax(suite: str, devices_wanted: int, distributed: str | None) -> None:
     """Set what JAX reads once, when it starts, in this process and its children.
@@ -203,7 +211,7 @@ def supervise(jobs: Sequence[Job], argv: Sequence[str], run_id: str, resume: boo
     done = []
     for job in jobs:
         child_argv = _child_argv(argv, job.framework, run_id)
-        if job.framework in PROCESS_PER_RANK and job.suite in PER_RANK_SUITES:
+        if job.per_rank:
             # Multi-node runs call torchrun themselves: experiments/slurm_torch_cp.sh.
             command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                        f"--nproc_per_node={job.ranks}", "-m", "lcab.experiments", *child_argv]
@@ -237,10 +245,10 @@ def _ran(job: Job, command: list[str], what: str, resume: bool) -> bool:
     lost = fill_missing(job.cases, results.Writer(job.path), job.settings,
                         reason=f"{what} {how} before this case", wanted=wanted)
     if lost:
-        print(f"lcab.experiments: {what} {how} without {lost} of its rows; they are ERROR "
-              f"rows in {job.path}", file=sys.stderr)
+        logging.error("%s %s without %d of its rows; they are ERROR rows in %s",
+                      what, how, lost, job.path)
     elif status != 0:
-        print(f"lcab.experiments: {what} {how}", file=sys.stderr)
+        logging.error("%s %s", what, how)
     return status == 0 and not lost
 
 
@@ -279,17 +287,23 @@ def without_flags(argv: Sequence[str], valued: tuple[str, ...], boolean: tuple[s
     return kept
 
 
+def left_out(name: str) -> str | None:
+    """Why a sweep without --backends leaves this backend out, or None when
+    it runs it: it cannot run here, or is too slow to set up for every sweep."""
+    try:
+        backend = registry.load_backend(name)
+    except registry.Unavailable as exc:
+        return str(exc)
+    return None if backend.in_default_sweep else "runs only when named in --backends"
+
+
 def _available(cases: Sequence) -> list:
     """Without --backends, run what can run here and say what was left out."""
-    usable = {}
+    usable = set()
     for name in dict.fromkeys(case.backend for case in cases):
-        try:
-            backend = registry.load_backend(name)
-        except registry.Unavailable as exc:
-            print(f"skipping {name}: {exc}", file=sys.stderr)
-            continue
-        if backend.in_default_sweep:
-            usable[name] = True
+        reason = left_out(name)
+        if reason:
+            logging.info("skipping %s: %s", name, reason)
         else:
-            print(f"skipping {name}: runs only when named in --backends", file=sys.stderr)
+            usable.add(name)
     return [case for case in cases if case.backend in usable]

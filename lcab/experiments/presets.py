@@ -12,8 +12,10 @@ from __future__ import annotations
 import pathlib
 import shutil
 
-# The repository root: experiments/ lives there, and the flagfiles name
-# their includes relative to it (--flagfile=experiments/common.flags).
+from lcab.experiments import flagfiles
+
+# The repository root: experiments/ lives there (the flagfiles name their
+# includes relative to themselves: --flagfile=common.flags).
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 CPU_FLAGFILE = ROOT / "experiments" / "cpu_smoke.flags"
 GPU_FLAGFILE = ROOT / "experiments" / "seed_kernels.flags"
@@ -29,30 +31,23 @@ def flagfile() -> pathlib.Path:
     return GPU_FLAGFILE if has_gpu() else CPU_FLAGFILE
 
 
-def read(path: pathlib.Path, _including: tuple[pathlib.Path, ...] = ()) -> dict[str, str]:
+def read(path: pathlib.Path) -> dict[str, str]:
     """flag name -> value text of a flagfile, its --flagfile includes read in
-    place (a later line wins, as in absl). `--name` reads as "true" and
-    `--noname` as name -> "false", absl's spelling of boolean flags."""
+    place, each relative to the flagfile naming it (a later line wins, as
+    in absl). A relative `path` is taken from the repository root.
+    `--name` reads as "true" and `--noname` as name -> "false", absl's
+    spelling of boolean flags."""
     path = pathlib.Path(path)
     if not path.is_absolute():
         path = ROOT / path
-    if path in _including:
-        raise ValueError(f"{path} includes itself")
     if not path.exists():
         raise FileNotFoundError(
             f"no preset flagfile at {path} (is lcab installed without its experiments/ "
             "directory?); give the sweep's settings as flags or with --flagfile")
     values: dict[str, str] = {}
-    for number, line in enumerate(path.read_text().splitlines(), 1):
-        line = line.strip()
-        if not line or line.startswith(("#", "//")):
-            continue
-        if not line.startswith("--"):
-            raise ValueError(f"{path}:{number}: {line!r} is not a --flag")
-        name, equals, text = line[2:].partition("=")
-        if name == "flagfile":
-            values.update(read(pathlib.Path(text), (*_including, path)))
-        elif equals:
+    for argument in flagfiles.arguments(path):
+        name, equals, text = argument.lstrip("-").partition("=")
+        if equals:
             values[name] = text
         elif name.startswith("no"):
             values[name[2:]] = "false"

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import collections
 import pathlib
-import sys
+import re
 
 from lcab import canonical, results
+from lcab.experiments import canonical_parts as defined
 
 # Within noise: the median of a cluster-style run against the same case's
 # single-process median (repeats of one case on one machine differ by a
@@ -17,19 +18,20 @@ SAME_WITHIN = 0.10
 
 
 def _plain(text: str, folder: pathlib.Path) -> str:
-    """Commands as a reader reruns them: paths relative to the repository,
-    `python` for this interpreter, OUT for the run's folder."""
-    return (text.replace(str(folder), "OUT").replace(str(canonical.ROOT) + "/", "")
-            .replace(sys.executable, "python"))
+    """Commands as a reader reruns them: paths into the checkout relative to
+    it, `python` for the interpreter, OUT for the run's folder (wherever the
+    machine that ran them had them)."""
+    text = re.sub(r"(?<=[=\s])/\S*/" + re.escape(folder.name) + r"(?=/|\s|$)", "OUT", text)
+    text = re.sub(r"(?<=[=\s])/\S*?/(?=experiments/)", "", text)
+    return re.sub(r"(^|\s)/\S*/python3?(?=\s)", r"\1python", text, flags=re.MULTILINE)
 
 
 def _row_counts(folder: pathlib.Path) -> str:
-    if not folder.exists():
-        return "no rows"
-    counts = collections.Counter(row["status"] for row in results.read_rows([folder]))
-    if not counts:
-        return "no rows"
-    return ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
+    """Statuses of the rows that stand: a case measured again (a resumed
+    ERROR) counts once, as its newest row."""
+    rows = results.newest_rows(results.read_rows([folder])) if folder.exists() else []
+    counts = collections.Counter(row["status"] for row in rows)
+    return ", ".join(f"{n} {status}" for status, n in sorted(counts.items())) or "no rows"
 
 
 def comparison(single: pathlib.Path, cluster: pathlib.Path) -> tuple[list[str], float | None]:
@@ -37,7 +39,7 @@ def comparison(single: pathlib.Path, cluster: pathlib.Path) -> tuple[list[str], 
     cluster-style run's median over the single-process one's), and the
     largest deviation from 1."""
     def medians(path):
-        rows = results.read_rows([path]) if path.exists() else []
+        rows = results.newest_rows(results.read_rows([path])) if path.exists() else []
         return {(r["backend"], r["mask"], r["seqlen"], r["direction"], results.options_key(
             r.get("options"))): r["median_ms"] for r in rows if r["status"] == "OK"}
 
@@ -59,27 +61,38 @@ def comparison(single: pathlib.Path, cluster: pathlib.Path) -> tuple[list[str], 
     return lines, worst
 
 
-def write_run_md(folder: pathlib.Path, state: dict, parts) -> pathlib.Path:
+def write_run_md(folder: pathlib.Path, state: dict, parts=()) -> pathlib.Path:
+    """RUN.md from parts.json; `parts` adds to the sweep's defined parts
+    (what each is, which part it must reproduce)."""
     sweep = state["sweep"]
+    parts = list({part.name: part for part in [*defined.parts(sweep), *parts]}.values())
     lines = [f"# {sweep}: {canonical.SWEEPS[sweep]}", "",
              "Written by `python -m lcab.experiments.canonical` after each run; the raw record "
              f"is `{folder.name}/parts.json`. Rerun (resuming what is missing):", "",
              f"    python -m lcab.experiments.canonical {sweep} --out=OUT", "", "## Calls", ""]
+    machine_before = None
     for number, call in enumerate(state["calls"], 1):
         gpus = call.get("gpus") or []
+        budget = f", budget {call['budget_s']} s" if call.get("budget_s") else ""
+        extra = f", extra flags `{' '.join(call['extra'])}`" if call.get("extra") else ""
+        lines.append(f"{number}. {call['start']}, commit `{call['commit']}`{budget}{extra}")
+        machine = (gpus, call.get("versions"))
+        if machine == machine_before:
+            lines.append("   - the same GPUs and versions as the call before")
+            continue
+        machine_before = machine
         cards = "; ".join(f"{g.get('name')} serial {g.get('serial')} (driver "
                           f"{g.get('driver_version')})" for g in gpus) or "no GPU (CPU)"
         versions = ", ".join(f"{k} {v}" for k, v in (call.get("versions") or {}).items())
-        budget = f", budget {call['budget_s']} s" if call.get("budget_s") else ""
-        extra = f", extra flags `{' '.join(call['extra'])}`" if call.get("extra") else ""
-        lines += [f"{number}. {call['start']}, commit `{call['commit']}`{budget}{extra}",
-                  f"   - {len(gpus)} GPU(s): {cards}", f"   - {versions}"]
+        lines += [f"   - {len(gpus)} GPU(s): {cards}", f"   - {versions}"]
     lines += ["", "## Parts", "", "| part | what | status | rows |", "|---|---|---|---|"]
     by_name = {part.name: part for part in parts}
     for name, record in state["parts"].items():
         what = by_name[name].what if name in by_name else ""
-        lines.append(f"| `{name}` | {what} | {record.get('status') or 'not run'} | "
-                     f"{_row_counts(folder / name)} |")
+        status = record.get("status") or "not run"
+        if record.get("extra"):
+            status += f" (with `{' '.join(record['extra'])}`)"
+        lines.append(f"| `{name}` | {what} | {status} | {_row_counts(folder / name)} |")
     lines += ["", "## Commands", ""]
     for name, record in state["parts"].items():
         for run in record["runs"]:

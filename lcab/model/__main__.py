@@ -7,18 +7,26 @@ Prints, per mask, dispatch and direction, the predicted per-GPU TFLOP/s of
 each strategy at each cp size and where the time goes (compute, imbalance,
 exposed communication; lcab.model.strategies), and with --out writes the
 table as CSV and markdown and one figure per mask and direction. Kernel
-speed comes from committed kernel rows (--kernel_results, --kernel), links
-from comm rows (--comm_results) inside a node and from --inter_* between
-nodes. --validate_against=RESULTS also prints the model against every
-measured CP row there and against MagiAttention's published figures. The
-output is a model, not a measurement: label it so wherever it is shown.
+speed comes from measured kernel rows of --kernel, links inside a node
+from comm rows, links between nodes from --inter_*. --validate also prints
+the model against every measured CP row and against MagiAttention's
+published figures. The output is a model, not a measurement: label it so
+wherever it is shown.
+
+Rows: by default the newest canonical runs under --results_root (this
+checkout's results/, found from the package, so any working directory
+will do; lcab.model.calibration says which run serves what): the kernel
+curve from the newest blog run (or the newest cp run's single-GPU rows),
+the links and the validation from the newest cp run. --kernel_results,
+--comm_results and --validate_against name other rows. With no canonical
+run and no such flag it stops with a one-line message. The output begins
+with the folders, commits, devices and dates it was calibrated on.
 
 The workload flags (--masks, --heads, --head_dim, --dtype, --directions,
 --doc_distribution, --doc_sampler, --doc_cap, --mask_seed, --dispatch) are the benchmark's
 (lcab.experiments.workload_flags); here they default to causal_document and
 full, 64:8 heads, d=128, bf16, chatqa2 documents, the forward, the balanced
-dispatch. The default --kernel_results and --comm_results are the committed
-rows of this checkout's results/, found wherever it runs from.
+dispatch.
 """
 
 from __future__ import annotations
@@ -26,17 +34,25 @@ from __future__ import annotations
 import dataclasses
 import pathlib
 import sys
+from collections.abc import Callable
 
 import pandas as pd
 from absl import app, flags
 
-from lcab import results
+from lcab import canonical
 from lcab.comm import AlphaBeta
 from lcab.experiments import workload_flags as workload
 from lcab.experiments.sweep import parse_heads, parse_seqlen
 from lcab.masks import canonical_name, make_mask, taken_params
-from lcab.model import (HBM_H100, INFINIBAND_NDR, STRATEGIES, KernelCurve, Shape,
-                        network_from_comm, predict)
+from lcab.model import (
+    HBM_H100,
+    INFINIBAND_NDR,
+    STRATEGIES,
+    Shape,
+    calibration,
+    network_from_comm,
+    predict,
+)
 from lcab.model.validation import against_published, error_summary, predicted_vs_measured
 from lcab.report.tables import to_markdown
 from lcab.workloads import canonical_dtype
@@ -51,26 +67,29 @@ _WORKLOAD_DEFAULTS = {
 for name, text in _WORKLOAD_DEFAULTS.items():
     flags.FLAGS.set_default(name, text)
 
-# The committed 4 x H100 sessions: the comm rows are in the first, kernel and
-# CP rows in all three. Found from this file, so any working directory will do.
-_GPU_RESULTS = pathlib.Path(__file__).resolve().parents[2] / "results" / "gpu"
-_MEASURED = [str(_GPU_RESULTS / name) for name in (
-    "2026-11-26-h100x4-cp", "2026-11-26-h100x4-cp2", "2026-11-26-h100x4-cp3")]
+_PROGRAM = "python -m lcab.model"
 
 _STRATEGIES = flags.DEFINE_list("strategies", list(STRATEGIES),
                                 f"CP strategies: {', '.join(STRATEGIES)}.")
 _CP = flags.DEFINE_list("cp", ["1", "2", "4", "8", "16", "32", "64", "96"], "GPU counts.")
 _SEQLEN_PER_GPU = flags.DEFINE_string("seqlen_per_gpu", "8k", "Tokens per GPU, e.g. 8k.")
+# The kernel the JAX strategies run inside: the model's strategies are theirs.
 _KERNEL = flags.DEFINE_string("kernel", "jax.pallas_flex",
                               "The backend whose measured speed the ranks' calls run at.")
+_RESULTS_ROOT = flags.DEFINE_string(
+    "results_root", str(canonical.RESULTS),
+    "Folder holding the canonical runs (<date>-<device>-<sweep>/) read by default: this "
+    "checkout's results/.")
 _KERNEL_RESULTS = flags.DEFINE_list(
-    "kernel_results", [*_MEASURED, str(_GPU_RESULTS / "2026-11-26-h100-seed-kernels")],
-    "Result files or directories holding --kernel's kernel rows (default: the committed rows).")
+    "kernel_results", [],
+    "Result files or directories holding --kernel's kernel rows (default: the newest "
+    "canonical blog run, else the newest cp run's single-GPU rows).")
 _DEVICE = flags.DEFINE_string("device", None, "Device of the kernel rows (default: the one "
                               "with most rows of --kernel).")
 _COMM_RESULTS = flags.DEFINE_list(
-    "comm_results", _MEASURED[:1],
-    "Comm-suite rows the intra-node links are fitted to (default: the committed rows).")
+    "comm_results", [],
+    "Comm-suite rows the intra-node links are fitted to (default: the newest canonical cp "
+    "run).")
 _GPUS_PER_NODE = flags.DEFINE_integer("gpus_per_node", 8, "GPUs joined by NVLink.",
                                       lower_bound=1)
 _INTER_ALPHA_US = flags.DEFINE_float("inter_alpha_us", INFINIBAND_NDR.alpha_s * 1e6,
@@ -90,8 +109,16 @@ _HBM_GBPS = flags.DEFINE_float(
     "on H100s.", lower_bound=1.0)
 _ULYSSES_SIZE = flags.DEFINE_integer("ulysses_size", None, "USP's Ulysses group (default: the "
                                      "largest dividing cp and the K/V heads within a node).")
-_VALIDATE = flags.DEFINE_list("validate_against", [],
-                              "Measured results to compare the model with.")
+_VALIDATE = flags.DEFINE_bool(
+    "validate", False, "Also compare the model with measured rows (--validate_against) and "
+    "with published figures.")
+_VALIDATE_AGAINST = flags.DEFINE_list(
+    "validate_against", [], "Measured results to compare the model with (default with "
+    "--validate: the newest canonical cp run); giving it implies --validate.")
+# rows flag -> the canonical sweeps whose newest run it reads when left empty.
+_SWEEPS_READ = {"kernel_results": calibration.KERNEL_SWEEPS,
+                "comm_results": (calibration.CP_SWEEP,),
+                "validate_against": (calibration.CP_SWEEP,)}
 _OUT = flags.DEFINE_string("out", None, "Directory for predictions.csv/.md and figures.")
 
 
@@ -203,13 +230,45 @@ def _with_nvlink(network):
     return dataclasses.replace(network, intra=intra)
 
 
-def _read(paths: flags.FlagHolder) -> list[dict]:
-    """The rows of a results flag's files; a missing one is a usage error."""
+def _calibrated(paths: flags.FlagHolder, build: Callable):
+    """build(paths, root): rows it cannot read stop the run with one line
+    naming the flag that points elsewhere (no traceback, no help text)."""
     try:
-        return results.read_rows(paths.value or [])
-    except FileNotFoundError as exc:
-        raise app.UsageError(f"--{paths.name}: {exc} (the committed rows are in the "
-                             "repository's results/; pass the files to use)") from exc
+        return build(paths.value, pathlib.Path(_RESULTS_ROOT.value))
+    except calibration.NoCanonicalRun as exc:
+        unmet = _unmet(exc.root) or [f"--{paths.name}=PATHS"]
+        named = ", ".join(unmet[:-1]) + " and " + unmet[-1] if len(unmet) > 1 else unmet[0]
+        raise SystemExit(f"{_PROGRAM}: {exc}; pass {named} with the rows to use, or "
+                         "--results_root=DIR where canonical runs are") from None
+    except calibration.CalibrationError as exc:
+        raise SystemExit(f"{_PROGRAM}: --{paths.name}: {exc}") from None
+
+
+def _unmet(root: pathlib.Path) -> list[str]:
+    """The rows flags this run leaves to canonical runs that `root` lacks."""
+    wanted = [_KERNEL_RESULTS, _COMM_RESULTS] + (
+        [_VALIDATE_AGAINST] if _VALIDATE.value or _VALIDATE_AGAINST.value else [])
+    return [f"--{holder.name}=PATHS" for holder in wanted if not holder.value
+            and not any(canonical.newest(sweep, root) for sweep in _SWEEPS_READ[holder.name])]
+
+
+def _header(curve, network, kernel_source, link_source, *others) -> str:
+    """What the model was calibrated on, one line per part."""
+    lines = ["Model (not a measurement), calibrated on:"]
+    lines += [f"- {source.describe()}" for source in (kernel_source, link_source, *others)]
+    given = [f"--{holder.name}={holder.value:g}" for holder in (_NVLINK_ALPHA_US, _NVLINK_GBPS)
+             if holder.value is not None]
+    if given:
+        lines.append(f"- links inside a node: then {' and '.join(given)} for every collective")
+    lines.append(f"- links between nodes: {network.inter.alpha_s * 1e6:.0f} us, "
+                 f"{network.inter.beta_bytes_per_s / 1e9:.0f} GB/s per GPU (--inter_alpha_us, "
+                 f"--inter_gbps; default: InfiniBand NDR's published figures), "
+                 f"{network.gpus_per_node} GPUs per node")
+    link_devices = {row.get("device") for row in link_source.rows}
+    if link_devices and link_devices != {curve.device}:
+        lines.append(f"- note: the kernel curve ran on {curve.device}, the links on "
+                     f"{', '.join(sorted(map(str, link_devices)))}")
+    return "\n".join(lines)
 
 
 def main(argv):
@@ -218,23 +277,25 @@ def main(argv):
     heads_q, heads_kv = parse_heads(workload.HEADS.value)
     head_dim, dtype = workload.HEAD_DIM.value, canonical_dtype(workload.DTYPE.value)
     shape = Shape(heads_q, heads_kv, head_dim, dtype)
-    kernel_rows = results.newest_rows(_read(_KERNEL_RESULTS))
-    try:
-        curve = KernelCurve.from_rows(kernel_rows, _KERNEL.value, _DEVICE.value,
-                                      head_dim=head_dim, dtype=dtype)
-    except ValueError as exc:
-        raise app.UsageError(f"--kernel={_KERNEL.value}: {exc} in "
-                             f"{', '.join(_KERNEL_RESULTS.value)}") from exc
+    curve, kernel_source = _calibrated(_KERNEL_RESULTS, lambda paths, root: (
+        calibration.kernel_curve(_KERNEL.value, head_dim=head_dim, dtype=dtype,
+                                 directions=workload.DIRECTIONS.value, device=_DEVICE.value,
+                                 paths=paths, root=root)))
     inter = AlphaBeta(_INTER_ALPHA_US.value * 1e-6, _INTER_GBPS.value * 1e9)
-    network = _with_nvlink(network_from_comm(
-        _read(_COMM_RESULTS), gpus_per_node=_GPUS_PER_NODE.value, inter=inter))
+    network, link_source = _calibrated(_COMM_RESULTS, lambda paths, root: calibration.links(
+        gpus_per_node=_GPUS_PER_NODE.value, inter=inter, paths=paths, root=root))
+    network = _with_nvlink(network)
+    others = []
+    validate = _VALIDATE.value or bool(_VALIDATE_AGAINST.value)
+    if validate:
+        measured, measured_source = _calibrated(_VALIDATE_AGAINST, calibration.measured)
+        others.append(measured_source)
+    header = _header(curve, network, kernel_source, link_source, *others)
     frame = _predictions(curve, network, shape, parse_seqlen(_SEQLEN_PER_GPU.value))
-    print(f"Model (not a measurement): kernel {curve.backend} on {curve.device}; "
-          f"{_GPUS_PER_NODE.value} GPUs per node; cells: per-GPU TFLOP/s "
-          "(compute / imbalance / exposed comm, ms)\n")
+    print(header)
+    print("\nCells: per-GPU TFLOP/s (compute / imbalance / exposed comm, ms)\n")
     print(to_markdown(_wide(frame)))
-    if _VALIDATE.value:
-        measured = results.newest_rows(_read(_VALIDATE))
+    if validate:
         checked = predicted_vs_measured(measured, network_from_comm(
             measured, gpus_per_node=_GPUS_PER_NODE.value, inter=inter))
         print("\nModel against measured rows (a cp 1 row is left out of its own curve):\n")
@@ -246,12 +307,17 @@ def main(argv):
         out = pathlib.Path(_OUT.value)
         out.mkdir(parents=True, exist_ok=True)
         frame.to_csv(out / "predictions.csv", index=False)
-        (out / "predictions.md").write_text(to_markdown(_wide(frame)) + "\n")
-        if _VALIDATE.value:
+        (out / "predictions.md").write_text(f"{header}\n\n{to_markdown(_wide(frame))}\n")
+        if validate:
             checked.to_csv(out / "validation.csv", index=False)
         for path in _figures(frame, out):
             print(path, file=sys.stderr)
 
 
-if __name__ == "__main__":
+def console_main():
+    """The lcab-model console script."""
     app.run(main)
+
+
+if __name__ == "__main__":
+    console_main()

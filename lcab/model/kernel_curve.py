@@ -31,25 +31,12 @@ class KernelCurve:
     def from_rows(cls, rows, backend: str, device: str | None = None, *,
                   heads_q: int | None = None, head_dim: int | None = None,
                   dtype: str | None = None) -> "KernelCurve":
-        """The OK kernel rows of `backend` run with its default options (on
-        `device`; default: the device with most such rows), optionally of one
-        head count, head_dim, dtype. A row with backend options measured a
-        variant (e.g. pallas_flex's fused_backward), not the kernel a CP
-        strategy runs inside."""
-        def wanted(row):
-            return (row.get("suite") == "kernel" and row.get("backend") == backend
-                    and row.get("status") == "OK" and row.get("tflops")
-                    and default_options(row.get("options"))
-                    and (heads_q is None or row.get("heads_q") == heads_q)
-                    and (head_dim is None or row.get("head_dim") == head_dim)
-                    and (dtype is None or row.get("dtype") == dtype))
-
-        chosen = [row for row in rows if wanted(row)]
+        """The curve of curve_rows(rows, ...); ValueError if it has none."""
+        chosen = curve_rows(rows, backend, device, heads_q=heads_q, head_dim=head_dim,
+                            dtype=dtype)
         if not chosen:
-            raise ValueError(f"no OK kernel rows of {backend} to build its curve from")
-        if device is None:
-            device = Counter(row["device"] for row in chosen).most_common(1)[0][0]
-        chosen = [row for row in chosen if row["device"] == device]
+            where = f" on {device}" if device else ""
+            raise ValueError(f"no OK kernel rows of {backend}{where} to build its curve from")
         points = {}
         for direction in TIMED_DIRECTIONS:
             mine = [r for r in chosen if r["direction"] == direction]
@@ -60,9 +47,11 @@ class KernelCurve:
             tflops = np.array([float(r["tflops"]) for r in mine])
             order = np.argsort(flops, kind="stable")
             points[direction] = (flops[order], density[order], tflops[order])
-        if not points:
-            raise ValueError(f"{backend} on {device}: no timed direction")
-        return cls(backend, device, points)
+        return cls(backend, chosen[0]["device"], points)
+
+    def counts(self) -> dict[str, int]:
+        """direction -> how many measured points the curve has."""
+        return {direction: len(flops) for direction, (flops, _, _) in self.points.items()}
 
     def tflops(self, flops: float, density: float, direction: str) -> float:
         if direction not in self.points:
@@ -81,3 +70,27 @@ class KernelCurve:
         if flops <= 0:
             return 0.0
         return flops / (self.tflops(flops, density, direction) * 1e12)
+
+
+def curve_rows(rows, backend: str, device: str | None = None, *,
+               heads_q: int | None = None, head_dim: int | None = None,
+               dtype: str | None = None) -> list:
+    """The rows a curve of `backend` is made of: its OK, timed kernel rows
+    run with its default options (on `device`; default: the device with
+    most such rows), optionally of one head count, head_dim, dtype. A row
+    with backend options measured a variant (e.g. pallas_flex's
+    fused_backward), not the kernel a CP strategy runs inside."""
+    def wanted(row):
+        return (row.get("suite") == "kernel" and row.get("backend") == backend
+                and row.get("status") == "OK" and row.get("tflops")
+                and row.get("flops") and row.get("density") is not None
+                and row.get("direction") in TIMED_DIRECTIONS
+                and default_options(row.get("options"))
+                and (heads_q is None or row.get("heads_q") == heads_q)
+                and (head_dim is None or row.get("head_dim") == head_dim)
+                and (dtype is None or row.get("dtype") == dtype))
+
+    chosen = [row for row in rows if wanted(row)]
+    if chosen and device is None:
+        device = Counter(row.get("device") for row in chosen).most_common(1)[0][0]
+    return [row for row in chosen if row.get("device") == device]

@@ -11,9 +11,10 @@ lcab/comm.py), so one formula serves every op:
     all_gather  alpha + (n - 1) / n * bytes / beta      (bytes = the output)
     all_to_all  alpha + (n - 1) / n * bytes / beta      (within a node)
 
-Defaults. Inside a node: fitted to the comm suite's rows on four H100s
-joined by NVLink (results/gpu/2026-11-26-h100x4-cp/comm, 4 ranks; the fit of
-any other comm rows can replace them, `network_from_comm`). Between nodes:
+Defaults. Inside a node: the links are fitted to comm rows
+(`network_from_comm`; lcab.model.calibration picks the rows); an op without
+rows keeps NVLINK_H100, fitted to the comm suite's rows on four H100s joined
+by NVLink (results/gpu/2026-11-26-h100x4-cp/comm, 4 ranks). Between nodes:
 InfiniBand NDR, 400 Gb/s = 50 GB/s per GPU (one NIC per GPU, as in NVIDIA's
 DGX H100), of which nccl-tests typically reach about 80 %: 40 GB/s, and
 20 us per collective. These are published figures, not measurements here.
@@ -70,9 +71,17 @@ class Network:
 
 def network_from_comm(rows, *, gpus_per_node: int = 8,
                       inter: AlphaBeta = INFINIBAND_NDR) -> Network:
-    """Intra-node links fitted to comm rows: per op, the OK rows of the
-    largest rank count measured, fitted as time = alpha + bus bytes / beta."""
-    intra = dict(NVLINK_H100)
+    """Intra-node links fitted to comm rows (comm_fits); an op without rows
+    to fit keeps its NVLINK_H100 constant."""
+    fitted = {op: link for op, (link, _) in comm_fits(rows).items()}
+    return Network(gpus_per_node=gpus_per_node, intra={**NVLINK_H100, **fitted}, inter=inter)
+
+
+def comm_fits(rows) -> dict[str, tuple[AlphaBeta, list]]:
+    """op -> (its link, the rows fitted): per op, the OK comm rows of the
+    largest rank count measured, fitted as time = alpha + bus bytes / beta.
+    An op with no such rows, or too few sizes to fit, is left out."""
+    fits = {}
     for op in COMM_OPS:
         ok = [r for r in rows if r.get("suite") == "comm" and r.get("op") == op
               and r.get("status") == "OK" and r.get("median_ms")]
@@ -81,8 +90,8 @@ def network_from_comm(rows, *, gpus_per_node: int = 8,
         ranks = max(r["ranks"] for r in ok)
         ok = [r for r in ok if r["ranks"] == ranks]
         try:
-            intra[op] = fit_alpha_beta([r["bytes"] * bus_factor(op, ranks) for r in ok],
-                                       [r["median_ms"] * 1e-3 for r in ok])
+            fits[op] = (fit_alpha_beta([r["bytes"] * bus_factor(op, ranks) for r in ok],
+                                       [r["median_ms"] * 1e-3 for r in ok]), ok)
         except ValueError:
             continue
-    return Network(gpus_per_node=gpus_per_node, intra=intra, inter=inter)
+    return fits

@@ -1,6 +1,15 @@
 """python -m lcab.report --results PATH[,PATH...] --out DIR: tables and figures.
 
     python -m lcab.report --results PATH --summary   # the short table, printed
+    python -m lcab.report --pages                    # the result pages -> docs/results/
+    python -m lcab.report --headline                 # the README's headline table, printed
+
+--pages writes lcab.report.pages' result pages (one markdown page per
+sweep, figures, index.md, the tidy export results.csv and export.md) into
+--out, by default docs/results/; --headline prints
+lcab.report.headline.markdown(). Both read the newest committed run of each
+canonical sweep (lcab.canonical) unless --results names folders (one page,
+or one headline sweep, per folder).
 
 --results takes result JSONL files or directories (searched for *.jsonl);
 repeat the flag or separate paths with commas (a value that names an
@@ -39,6 +48,10 @@ rows). DIR receives:
   figures/sparsity_<mask>.png     TFLOP/s against keep (0 to 1), one line per
                                   backend, a panel per (seqlen, block_size)
                                   and direction
+  results.csv                     the tidy export: one row per measurement,
+                                  one number per column (lcab.report.export;
+                                  results.parquet beside it with pyarrow)
+  export.md                       its columns
   README.md                       an index: devices, dates, legend, every
                                   table embedded and every figure shown
 
@@ -61,15 +74,24 @@ from __future__ import annotations
 import contextlib
 import os
 import pathlib
-import re
 
 import pandas as pd
 from absl import app, flags
 
 from lcab import results
-from lcab.report import figures, memory, sparsity, tables
+from lcab.report import (
+    export,
+    figures,
+    headline,
+    legend,
+    memory,
+    pages,
+    sources,
+    sparsity,
+    tables,
+)
+from lcab.report.pages import slug
 from lcab.report.summary import summary_text
-from lcab.status import LEGEND
 
 _RESULTS = flags.DEFINE_multi_string(
     "results", None,
@@ -77,16 +99,33 @@ _RESULTS = flags.DEFINE_multi_string(
     "(a value that is an existing path is taken whole).",
 )
 _OUT = flags.DEFINE_string(
-    "out", None, "Directory to write the tables, figures and README.md into."
+    "out", None, "Directory to write the tables, figures and README.md into (with --pages: "
+    f"the pages, default {pages.DEFAULT_OUT})."
 )
 _SUMMARY = flags.DEFINE_bool(
     "summary", False, "Print the short summary table of the rows (with or without --out)."
 )
-flags.mark_flags_as_required(["results"])
+_PAGES = flags.DEFINE_bool(
+    "pages", False, "Write the result pages, one per sweep, with the tidy export and an "
+    "index, into --out (default docs/results/), from the newest canonical folders or the "
+    "--results folders.",
+)
+_HEADLINE = flags.DEFINE_bool(
+    "headline", False, "Print the README's headline table (lcab.report.headline) of the "
+    "newest canonical folders or the --results folders.",
+)
 
 
-@flags.multi_flags_validator(["out", "summary"])
+@flags.multi_flags_validator(["results", "out", "summary", "pages", "headline"])
 def _something_to_do(values) -> bool:
+    if values["pages"] or values["headline"]:
+        if values["summary"] and values["results"] is None:
+            raise flags.ValidationError("--summary needs --results")
+        return True  # the canonical folders by default
+    if values["results"] is None:
+        raise flags.ValidationError(
+            "--results must have a value (or give --pages or --headline, which read the "
+            "newest canonical folders)")
     if values["out"] is None and not values["summary"]:
         raise flags.ValidationError(
             "--out must have a value (or give --summary to print the short table)")
@@ -168,11 +207,6 @@ def writing_problem(folder: pathlib.Path) -> str | None:
 # ---------------------------------------------------------------- writing
 
 
-def slug(text: str) -> str:
-    """A file-name-safe form of a mask name or setting label."""
-    return re.sub(r"[^A-Za-z0-9]+", "_", str(text)).strip("_").lower()
-
-
 def _cp_vs_single_or_empty(group: pd.DataFrame) -> pd.DataFrame:
     if not (group["suite"] == "cp").any():
         return pd.DataFrame()
@@ -185,13 +219,13 @@ def _per_setting(frame, make_table) -> list[tuple[str, pd.DataFrame]]:
     return [(label, table) for label, table in made if len(table)]
 
 
-def _markdown(title: str, sections, level: int = 1, legend: bool = True) -> str:
+def _markdown(title: str, sections, level: int = 1, with_legend: bool = True) -> str:
     """A title, then one heading and table per setting."""
     parts = [f"{'#' * level} {title}", ""]
     for label, table in sections:
         parts += [f"{'#' * (level + 1)} {label}", "", tables.to_markdown(table), ""]
-    if legend:
-        parts += [f"Legend: {LEGEND}", ""]
+    if with_legend:
+        parts += [f"Legend: {legend.one_line()}", ""]
     return "\n".join(parts)
 
 
@@ -223,7 +257,7 @@ class ReportWriter:
             return
         self.text(f"{stem}.md", _markdown(title, sections))
         self.text(f"{stem}.csv", _csv(sections))
-        body = _markdown(title, sections, level=2, legend=False)
+        body = _markdown(title, sections, level=2, with_legend=False)
         links = f"Files: [{stem}.md]({stem}.md), [{stem}.csv]({stem}.csv)"
         self.index_sections.append(f"{body}\n{links}\n")
 
@@ -270,7 +304,7 @@ def _index(frame: pd.DataFrame, paths: list[str], writer: ReportWriter, figure_p
         f"- Results: {len(frame)} rows (newest of each measurement) from {', '.join(paths)}",
         f"- Devices: {', '.join(tables.devices(frame)) or 'unknown'}",
         f"- Dates (UTC): {tables.date_range(frame)}",
-        f"- Legend: {LEGEND}",
+        f"- Legend: {legend.one_line()}",
         "",
         *writer.index_sections,
     ]
@@ -284,7 +318,7 @@ def _index(frame: pd.DataFrame, paths: list[str], writer: ReportWriter, figure_p
 
 def write_report(paths: list[str], out: pathlib.Path) -> list[pathlib.Path]:
     """Every table, figure and the README.md index; returns the written paths."""
-    frame = tables.latest(results.load(paths))
+    frame = tables.latest(sources.load(paths))  # each row with its file, for the export
     comm = tables.comm_table(results.read_rows(paths))
     if frame.empty and comm.empty:
         raise app.UsageError(f"--results {', '.join(paths)}: no result rows found")
@@ -330,6 +364,8 @@ def write_report(paths: list[str], out: pathlib.Path) -> list[pathlib.Path]:
         writer.table("comm", "Collectives alone: bus bandwidth (GB/s) by bytes per rank; "
                      "alpha-beta fit", [("every collective", comm)])
     figure_paths = write_figures(writer, frame)
+    writer.written += export.write(export.tidy(frame), out, "results")
+    writer.text("export.md", export.columns_markdown("results.csv"))
     writer.text("README.md", _index(frame, paths, writer, figure_paths))
     return writer.written
 
@@ -338,13 +374,25 @@ def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     paths = split_paths(_RESULTS.value)
+    folders = paths or None  # --pages and --headline: the canonical folders by default
     with results.skipped_rows_told_once():
         if _SUMMARY.value:
             print(summary_text(paths))
-        if _OUT.value is not None:
+        if _HEADLINE.value:
+            print(headline.markdown(folders))
+        if _PAGES.value:
+            out = pathlib.Path(_OUT.value) if _OUT.value is not None else pages.DEFAULT_OUT
+            for path in pages.write_pages(folders, out):
+                print(path)
+        elif _OUT.value is not None:
             for path in write_report(paths, pathlib.Path(_OUT.value)):
                 print(path)
 
 
-if __name__ == "__main__":
+def console_main() -> None:
+    """The `lcab-report` console script."""
     app.run(main)
+
+
+if __name__ == "__main__":
+    console_main()

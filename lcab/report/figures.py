@@ -3,9 +3,12 @@ memory against seqlen and block-sparse TFLOP/s against keep.
 
 Kernel figures follow the MagiAttention benchmark figures: one picture per
 mask, grouped bars per sequence length, one bar per backend, the TFLOP/s
-printed above each bar, and a failed row shown as its status code (E for
-out of memory, X for unsupported, ...) on a stub bar at the same place, so
-a missing number is never mistaken for a slow one.
+(median ms on a CPU) printed above each bar, and a failed row shown as its
+status code (E for out of memory, X for unsupported, ...) on a stub bar at
+the same place, so a missing number is never mistaken for a slow one. A
+backend with no number anywhere in the figure is left out of it (its codes
+are in the tables). Colours, markers and hatches come from
+lcab.report.styles, so any two backends look different.
 
 Only this module imports matplotlib, and it uses `matplotlib.figure.Figure`
 with the Agg canvas directly, not pyplot: no global backend switch and no
@@ -17,13 +20,12 @@ from __future__ import annotations
 import pathlib
 
 import pandas as pd
-from matplotlib import colormaps
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
-from lcab.report import memory, sparsity, tables
-from lcab.status import LEGEND, Status
+from lcab.report import legend, measure, memory, sparsity, styles, tables
+from lcab.status import Status
 from lcab.workloads import format_seqlen
 
 DPI = 120
@@ -33,12 +35,6 @@ PANEL_TITLES = {"fwd": "forward", "bwd": "backward"}
 UPRIGHT_LABELS_ABOVE = 16
 STUB_FRACTION = 0.012  # a failed row's stub bar, as a fraction of the panel's height
 DIRECTION_STYLES = {"fwd": "-", "bwd": "--"}  # memory lines: fwd solid, bwd dashed
-
-
-def _colors(names: list[str]) -> dict[str, tuple]:
-    """One stable colour per backend (or CP line), in table order."""
-    palette = colormaps["tab10" if len(names) <= 10 else "tab20"]
-    return {name: palette(i % palette.N) for i, name in enumerate(names)}
 
 
 def _rows_of_mask(rows: pd.DataFrame, suite: str, mask: str) -> pd.DataFrame:
@@ -59,15 +55,16 @@ def _save(fig: Figure, path: str | pathlib.Path) -> pathlib.Path:
 def _footnote(fig: Figure, rows: pd.DataFrame) -> None:
     # A figure-level x label, so constrained layout keeps it clear of the axes.
     if (rows["status"] != Status.OK.value).any():
-        fig.supxlabel(LEGEND, fontsize=7, color="0.3")
+        fig.supxlabel(legend.one_line(), fontsize=7, color="0.3")
 
 
 # ---------------------------------------------------------------- kernel bars
 
 
-def _kernel_panel(ax, rows, backends, seqlens, colors, upright: bool) -> None:
+def _kernel_panel(ax, rows, backends, seqlens, looks, upright: bool) -> None:
     """Grouped bars: one group per seqlen, one bar per backend."""
-    ok_values = rows.loc[rows["status"] == Status.OK.value, "tflops"]
+    shown = measure.of_rows(rows)
+    ok_values = rows.loc[rows["status"] == Status.OK.value, shown.column]
     top = float(ok_values.max()) if not ok_values.empty else 1.0
     width = 0.8 / len(backends)
     cells = {(r.backend, r.seqlen): r for r in rows.itertuples(index=False)}
@@ -77,10 +74,12 @@ def _kernel_panel(ax, rows, backends, seqlens, colors, upright: bool) -> None:
             if row is None:
                 continue  # never measured: no bar, no letter
             x = s - 0.4 + width * (b + 0.5)
-            label = tables.format_cell(row.status, row.tflops)
+            value = getattr(row, shown.column)
+            label = tables.format_cell(row.status, value)
             failed = row.status != Status.OK.value
-            height = top * STUB_FRACTION if failed else float(row.tflops)
-            ax.bar(x, height, width * 0.92, color=colors[backend])
+            height = top * STUB_FRACTION if failed else float(value)
+            ax.bar(x, height, width * 0.92, color=looks[backend].color,
+                   hatch=looks[backend].hatch, edgecolor="white", linewidth=0)
             ax.text(x, height + top * 0.01, label, ha="center", va="bottom",
                     rotation=90 if upright and not failed else 0,  # codes are short
                     fontsize=9 if failed else 7,
@@ -90,7 +89,7 @@ def _kernel_panel(ax, rows, backends, seqlens, colors, upright: bool) -> None:
     ax.set_xlim(-0.5, len(seqlens) - 0.5)
     ax.set_ylim(0, top * (1.22 if upright else 1.12))
     ax.set_xlabel("sequence length")
-    ax.set_ylabel("TFLOP/s")
+    ax.set_ylabel(shown.name)
     ax.grid(axis="y", alpha=0.3)
     ax.set_axisbelow(True)
 
@@ -99,20 +98,23 @@ def kernel_figure(frame: pd.DataFrame, mask: str, path: str | pathlib.Path) -> p
     """A PNG of one mask's kernel TFLOP/s: fwd and bwd panels of grouped bars."""
     rows = _rows_of_mask(tables.suite_rows(frame, "kernel"), "kernel", mask)
     label = tables.single_setting(rows, "kernel_figure")
-    backends = tables.backend_order(rows)
+    # A backend that measured nothing here would only add stubs and a legend entry.
+    measured = set(rows.loc[rows["status"] == Status.OK.value, "backend"])
+    looks = styles.styles(tables.backend_order(rows))  # as in every figure of these rows
+    backends = [b for b in tables.backend_order(rows) if b in measured] or list(looks)
     seqlens = sorted(int(s) for s in pd.unique(rows["seqlen"]))
     directions = [d for d in tables.DIRECTIONS if (rows["direction"] == d).any()]
-    colors = _colors(backends)
     upright = len(backends) * len(seqlens) > UPRIGHT_LABELS_ABOVE
 
     width = min(26.0, max(9.0, 3.0 + len(seqlens) * (0.45 * len(backends) + 0.5)))
     fig = Figure(figsize=(width, 3.4 * len(directions) + 1.2), layout="constrained")
     axes = fig.subplots(len(directions), 1, squeeze=False)[:, 0]
     for ax, direction in zip(axes, directions):
-        _kernel_panel(ax, rows[rows["direction"] == direction], backends, seqlens, colors, upright)
+        _kernel_panel(ax, rows[rows["direction"] == direction], backends, seqlens, looks, upright)
         ax.set_title(PANEL_TITLES.get(direction, direction), fontsize=10)
-    # Legend from the colours, not the bars: a backend may have no bar in a panel.
-    handles = [Patch(color=colors[backend], label=backend) for backend in backends]
+    # Legend from the styles, not the bars: a backend may have no bar in a panel.
+    handles = [Patch(facecolor=looks[b].color, hatch=looks[b].hatch, edgecolor="white", label=b)
+               for b in backends]
     # Beside the panels, centred: at the top it would collide with the title.
     fig.legend(handles=handles, loc="outside right center", fontsize=8, frameon=False)
     fig.suptitle(f"{mask}: {label}", fontsize=11)
@@ -129,11 +131,13 @@ def _ok_top(rows: pd.DataFrame) -> float:
     return float(ok_values.max()) if not ok_values.empty else 1.0
 
 
-def _tflops_curve(ax, mine, x: str, k: int, top: float, color, style: str, name: str) -> None:
+def _tflops_curve(ax, mine, x: str, k: int, top: float, look: styles.Style, dash: str,
+                  name: str) -> None:
     """One curve of TFLOP/s against column x; a failed point is its code near the x axis."""
     mine = mine.sort_values(x)
     ok = mine[mine["status"] == Status.OK.value]
-    ax.plot(ok[x], ok["tflops"], style, marker="o", color=color, label=name)
+    color = look.color
+    ax.plot(ok[x], ok["tflops"], dash, marker=look.marker, color=color, label=name)
     for r in mine[mine["status"] != Status.OK.value].itertuples(index=False):
         # Each curve's codes at its own height (k), so failures at one x stay readable.
         ax.text(getattr(r, x), top * (0.03 + 0.06 * (k % 12)),
@@ -161,16 +165,16 @@ def _panel_legend(fig: Figure, axes) -> None:
 # ---------------------------------------------------------------- CP lines
 
 
-def _cp_panel(ax, rows, lines, colors, styles) -> None:
+def _cp_panel(ax, rows, lines, looks, dashes) -> None:
     """Per-GPU TFLOP/s against cp_size; a failed point is its code on the x axis."""
     top = _ok_top(rows)
-    curves = [(line, seqlen) for line in lines for seqlen in styles]
+    curves = [(line, seqlen) for line in lines for seqlen in dashes]
     for k, (line, seqlen) in enumerate(curves):
         mine = rows[(rows["line"] == line) & (rows["seqlen"] == seqlen)]
         if mine.empty:
             continue
-        name = line if len(styles) == 1 else f"{line} @ {format_seqlen(seqlen)}"
-        _tflops_curve(ax, mine, "cp_size", k, top, colors[line], styles[seqlen], name)
+        name = line if len(dashes) == 1 else f"{line} @ {format_seqlen(seqlen)}"
+        _tflops_curve(ax, mine, "cp_size", k, top, looks[line], dashes[seqlen], name)
     sizes = sorted(int(s) for s in pd.unique(rows["cp_size"]))
     _log2_axis(ax, sizes, [str(s) for s in sizes])
     ax.set_ylim(0, top * 1.15)
@@ -185,16 +189,16 @@ def cp_figure(frame: pd.DataFrame, mask: str, path: str | pathlib.Path) -> pathl
     label = tables.single_setting(rows, "cp_figure")
     rows = tables.with_line(rows)
     lines = tables.line_order(rows)
-    colors = _colors(lines)
-    # One line style per sequence length, when a mask was run at several.
+    looks = styles.styles(lines)
+    # One dash pattern per sequence length, when a mask was run at several.
     seqlens = sorted(int(s) for s in pd.unique(rows["seqlen"]))
-    styles = dict(zip(seqlens, ["-", "--", ":", "-."] * len(seqlens)))
+    dashes = dict(zip(seqlens, ["-", "--", ":", "-."] * len(seqlens)))
     directions = [d for d in tables.DIRECTIONS if (rows["direction"] == d).any()]
 
     fig = Figure(figsize=(5.5 * len(directions) + 2.5, 5.0), layout="constrained")
     axes = fig.subplots(1, len(directions), squeeze=False)[0]
     for ax, direction in zip(axes, directions):
-        _cp_panel(ax, rows[rows["direction"] == direction], lines, colors, styles)
+        _cp_panel(ax, rows[rows["direction"] == direction], lines, looks, dashes)
         ax.set_title(PANEL_TITLES.get(direction, direction), fontsize=10)
     _panel_legend(fig, axes)
     seqlen_text = ", ".join(format_seqlen(s) for s in seqlens)
@@ -212,14 +216,15 @@ def memory_figure(frame: pd.DataFrame, mask: str, path: str | pathlib.Path) -> p
     rows = _rows_of_mask(memory.memory_rows(frame), "memory", mask)
     label = tables.single_setting(rows, "memory_figure")
     lines = tables.line_order(rows)
-    colors = _colors(lines)
+    looks = styles.styles(lines)
     fig = Figure(figsize=(10.0, 5.0), layout="constrained")
     ax = fig.subplots()
     for line in lines:
         for direction, style in DIRECTION_STYLES.items():
             mine = rows[(rows["line"] == line) & (rows["direction"] == direction)]
             mine = mine.sort_values("seqlen")
-            ax.plot(mine["seqlen"], mine["gib"], style, marker="o", color=colors[line])
+            ax.plot(mine["seqlen"], mine["gib"], style, marker=looks[line].marker,
+                    color=looks[line].color)
     seqlens = sorted(int(s) for s in pd.unique(rows["seqlen"]))
     _log2_axis(ax, seqlens, [format_seqlen(s) for s in seqlens])
     ax.set_ylim(0, float(rows["gib"].max()) * 1.1)
@@ -227,7 +232,8 @@ def memory_figure(frame: pd.DataFrame, mask: str, path: str | pathlib.Path) -> p
     ax.set_ylabel(f"peak memory, {memory.UNIT}")
     ax.grid(alpha=0.3)
     # Colours name the backends, styles the directions: two keys, one legend.
-    handles = [Line2D([], [], color=colors[line], label=line) for line in lines]
+    handles = [Line2D([], [], color=looks[line].color, marker=looks[line].marker, label=line)
+               for line in lines]
     handles += [Line2D([], [], color="0.3", linestyle=style, label=PANEL_TITLES[direction])
                 for direction, style in DIRECTION_STYLES.items()]
     fig.legend(handles=handles, loc="outside right center", fontsize=8, frameon=False)
@@ -245,7 +251,7 @@ def sparsity_figure(frame: pd.DataFrame, mask: str, path: str | pathlib.Path) ->
     rows = _rows_of_mask(sparsity.sparsity_rows(frame), "block-sparse kernel", mask)
     label = tables.single_setting(rows, "sparsity_figure")
     lines = tables.line_order(rows)
-    colors = _colors(lines)
+    looks = styles.styles(lines)
     panels = sorted(set(zip(rows["seqlen"].astype(int), rows["block_size"])))
     directions = [d for d in tables.DIRECTIONS if (rows["direction"] == d).any()]
 
@@ -260,7 +266,7 @@ def sparsity_figure(frame: pd.DataFrame, mask: str, path: str | pathlib.Path) ->
             for k, line in enumerate(lines):
                 curve = mine[mine["line"] == line]
                 if not curve.empty:
-                    _tflops_curve(ax, curve, "keep", k, top, colors[line], "-", line)
+                    _tflops_curve(ax, curve, "keep", k, top, looks[line], "-", line)
             ax.set_xlim(0, 1.02)  # keep is in (0, 1]; the margin shows a point at 1
             ax.set_ylim(0, top * 1.15)
             ax.set_xlabel("keep (kept fraction of kv blocks)")

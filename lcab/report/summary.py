@@ -3,7 +3,8 @@ prints at the end of a run, and `python -m lcab.report --summary` prints for
 any rows (so scripts print tables through one entry point).
 
 Attention rows give the compact "fwd / bwd" TFLOP/s tables
-(tables.short_table), comm rows the bus-bandwidth table (tables.comm_table).
+(tables.short_table; median ms where the rows ran on a CPU, as each table's
+title says), comm rows the bus-bandwidth table (tables.comm_table).
 """
 
 from __future__ import annotations

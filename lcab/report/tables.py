@@ -2,8 +2,10 @@
 
 Every table is a DataFrame of strings, ready for markdown or CSV: an OK row
 shows its TFLOP/s rounded to an integer (two significant digits below 10),
-any other row the short code of its status (`lcab.status.CODES`), and a
-combination that was never measured an empty string. Each table function
+or on a CPU its median milliseconds (lcab.report.measure), any other row the
+short code of its status (`lcab.status.CODES`, explained by
+lcab.report.legend), and a combination that was never measured an empty
+string. Each table function
 first keeps only the newest row of each measurement (`latest`) and expects
 one setting group (`setting_groups`):
 numbers from different shapes, dtypes or devices never share a table.
@@ -24,13 +26,13 @@ import pandas as pd
 
 from lcab import results
 from lcab.flops import TIMED_DIRECTIONS
+from lcab.report import legend, measure
+from lcab.report.legend import FLAG_UNCHECKED, FLAG_UNSTEADY
 from lcab.results import MEASUREMENT_KEY
 from lcab.runtime import SPREAD_LIMIT
-from lcab.status import CODES, LEGEND, Status
+from lcab.status import CODES, Status
 
 DIRECTIONS = TIMED_DIRECTIONS
-FLAG_UNSTEADY = "~"  # the samples' p80 / p20 exceeds SPREAD_LIMIT
-FLAG_UNCHECKED = "?"  # no full-size check at this workload (lcab.fullcheck)
 # Column order of every table: these frameworks first, in this order, then any
 # other framework alphabetically; backends alphabetically inside a framework.
 FRAMEWORK_ORDER = ("jax", "torch")
@@ -253,9 +255,10 @@ def status_code(status: str) -> str:
         ) from None
 
 
-def format_cell(status: str, tflops: float, spread: float | None = None,
+def format_cell(status: str, value: float, spread: float | None = None,
                 checked: bool = True) -> str:
-    """"612" (or "0.041" below 10) for an OK row, its status code otherwise.
+    """"612" (or "0.041" below 10) for an OK row's value (TFLOP/s, or median
+    ms on a CPU: format_row picks), its status code otherwise.
 
     An OK figure carries FLAG_UNSTEADY when its samples spread more than
     SPREAD_LIMIT (p80 / p20) and FLAG_UNCHECKED when no full-size check
@@ -263,20 +266,20 @@ def format_cell(status: str, tflops: float, spread: float | None = None,
     """
     if status != Status.OK.value:
         return status_code(status)
-    if pd.isna(tflops):
+    if pd.isna(value):
         raise ValueError("an OK row has no tflops value; the result file is corrupt")
-    # GPU figures read as integers; CPU runs are far below 10 TFLOP/s and
-    # would all print 0, so small values keep two significant digits.
-    text = f"{tflops:.0f}" if tflops >= 10 else f"{tflops:.2g}"
+    text = measure.format_number(value)
     if spread is not None and pd.notna(spread) and spread > SPREAD_LIMIT:
         text += FLAG_UNSTEADY
     return text if checked else text + FLAG_UNCHECKED
 
 
 def format_row(row) -> str:
-    """format_cell of a result row (a Series or mapping with the schema's columns)."""
+    """format_cell of a result row (a Series or mapping with the schema's
+    columns): its TFLOP/s, or its median ms where it ran on a CPU."""
     check = row.get("check_err")
-    return format_cell(row["status"], row["tflops"], row.get("spread"),
+    shown = measure.of_device(row.get("device")).column
+    return format_cell(row["status"], row.get(shown), row.get("spread"),
                        checked=check is not None and pd.notna(check))
 
 
@@ -358,12 +361,12 @@ def paired_kernel_table(frame: pd.DataFrame) -> pd.DataFrame:
     return paired.drop(columns=absent)
 
 
-def _best(ok_rows: pd.DataFrame, framework: str) -> tuple[str, float] | None:
+def _best(ok_rows: pd.DataFrame, framework: str) -> pd.Series | None:
+    """The framework's fastest OK row (the most TFLOP/s: one cell is one workload)."""
     mine = ok_rows[ok_rows["framework"] == framework]
     if mine.empty:
         return None
-    best = mine.loc[mine["tflops"].idxmax()]
-    return best["backend"], float(best["tflops"])
+    return mine.loc[mine["tflops"].idxmax()]
 
 
 def cross_framework_table(
@@ -373,9 +376,10 @@ def cross_framework_table(
     and their ratio.
 
     Only OK rows of the suite count (for "cp", per-GPU TFLOP/s at each cp
-    size). The ratio is first / second framework (jax/torch), computed from
-    unrounded TFLOP/s, to 2 decimals; cells are empty where a framework has
-    no OK row.
+    size). The ratio is first / second framework (jax/torch) of unrounded
+    TFLOP/s, to 2 decimals: above 1, the first is faster. Rows run on a CPU
+    show median ms (measure.of_rows), the ratio is still one of speeds.
+    Cells are empty where a framework has no OK row.
     """
     first, second = frameworks
     keys = CP_INDEX if suite == "cp" else CROSS_INDEX
@@ -384,7 +388,8 @@ def cross_framework_table(
     if not ok.empty:
         single_setting(ok, "cross_framework_table")
     index = sorted_index(ok, keys)
-    columns = [f"best {first}", f"{first} TFLOP/s", f"best {second}", f"{second} TFLOP/s",
+    unit = measure.of_rows(ok).name
+    columns = [f"best {first}", f"{first} {unit}", f"best {second}", f"{second} {unit}",
                f"{first}/{second}"]
     by_cell = {
         key: _cross_record(_best(cell, first), _best(cell, second))
@@ -394,11 +399,15 @@ def cross_framework_table(
     return pd.DataFrame(records, index=index, columns=columns, dtype=object)
 
 
-def _cross_record(first: tuple[str, float] | None, second: tuple[str, float] | None) -> list[str]:
+def _cross_record(first: pd.Series | None, second: pd.Series | None) -> list[str]:
     def side(best):
-        return [best[0], format_cell(Status.OK.value, best[1])] if best else ["", ""]
+        if best is None:
+            return ["", ""]
+        return [best["backend"], format_cell(Status.OK.value, measure.of_device(
+            best.get("device")).value(best))]
 
-    ratio = f"{first[1] / second[1]:.2f}" if first and second and second[1] > 0 else ""
+    ratio = (f"{first['tflops'] / second['tflops']:.2f}"
+             if first is not None and second is not None and second["tflops"] > 0 else "")
     return [*side(first), *side(second), ratio]
 
 
@@ -474,7 +483,8 @@ def cp_vs_single_table(frame: pd.DataFrame) -> pd.DataFrame:
         baseline = _inner_baseline(singles.get(key, ()), inner_options(row))
         if baseline is not None:
             records[tuple(row[c] for c in CP_INDEX), row["line"]] = (
-                f"{row['tflops']:.0f} / {baseline:.0f} = {row['tflops'] / baseline:.2f}")
+                f"{measure.format_number(row['tflops'])} / {measure.format_number(baseline)}"
+                f" = {row['tflops'] / baseline:.2f}")
     index = sorted_index(cp, CP_INDEX)
     columns = line_order(cp)
     cells = [[records.get((key, line), "") for line in columns] for key in index]
@@ -632,7 +642,8 @@ def _by_direction(rows: pd.DataFrame, index: Sequence[str], column: str, columns
 
 
 def short_table(frame: pd.DataFrame) -> str:
-    """A compact markdown summary: per setting group, TFLOP/s "fwd / bwd" per backend.
+    """A compact markdown summary: per setting group, TFLOP/s "fwd / bwd" per backend
+    (median ms where the rows ran on a CPU, the title says which).
 
     Kernel rows get index (mask, seqlen); CP rows, if any, a second table
     with index (mask, seqlen, cp_size) and per-GPU TFLOP/s. Ends with the
@@ -641,19 +652,22 @@ def short_table(frame: pd.DataFrame) -> str:
     newest = label_mask_settings(latest(frame))
     parts = []
     for label, group in setting_groups(newest):
+        shown = measure.of_rows(group)
+        unit = shown.name
+        per_gpu = f"per-GPU {unit}" if shown.higher_is_better else unit  # a time is not per GPU
         kernel = group[group["suite"] == "kernel"]
         if not kernel.empty:
             present, table = _by_direction(kernel, KERNEL_INDEX, "backend", backend_order(kernel))
-            title = f"**Kernels, TFLOP/s {' / '.join(present)}: {label}**"
+            title = f"**Kernels, {unit} {' / '.join(present)}: {label}**"
             parts += [title, "", to_markdown(table), ""]
         for suite, what in (("cp", "Context parallel"),
                             ("module", "Attention module (projections + attention)")):
             rows = with_line(group[group["suite"] == suite])
             if not rows.empty:
                 present, table = _by_direction(rows, CP_SHORT_INDEX, "line", line_order(rows))
-                title = f"**{what}, per-GPU TFLOP/s {' / '.join(present)}: {label}**"
+                title = f"**{what}, {per_gpu} {' / '.join(present)}: {label}**"
                 parts += [title, "", to_markdown(table), ""]
     if not parts:
         parts = ["_(no result rows)_", ""]
-    parts += [f"Legend: {LEGEND}", f"Device: {', '.join(devices(newest)) or 'unknown'}"]
+    parts += [f"Legend: {legend.one_line()}", f"Device: {', '.join(devices(newest)) or 'unknown'}"]
     return "\n".join(parts)

@@ -1,0 +1,177 @@
+"""Which measured rows the model is calibrated on, and how to say so.
+
+By default the newest canonical runs (lcab.canonical; found from the
+package, so any working directory will do):
+
+- the kernel curve: the newest blog run, whose lengths (1k-64k) span the
+  per-rank calls a strategy makes at any GPU count; where that run has no
+  rows of the kernel at the workload's head_dim and dtype in every
+  direction asked for, the single-GPU rows of the newest cp run;
+- the links inside a node: the newest cp run's comm rows;
+- the validation: the newest cp run's CP and single-GPU rows.
+
+Paths given for a role replace its canonical run. With neither, the model
+stops with NoCanonicalRun rather than read older rows in their place.
+Every Source says which folders, commits, devices and dates it read.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import pathlib
+
+from lcab import canonical, results
+from lcab.comm import AlphaBeta
+from lcab.model.kernel_curve import KernelCurve, curve_rows
+from lcab.model.network import INFINIBAND_NDR, NVLINK_H100, Network, comm_fits
+
+# The canonical sweeps a kernel curve may come from, in order of preference.
+KERNEL_SWEEPS = ("blog", "cp")
+# The sweep whose run calibrates the links and is validated against.
+CP_SWEEP = "cp"
+
+
+class CalibrationError(ValueError):
+    """Rows the model cannot be calibrated on; the message is one line for
+    the user."""
+
+
+class NoCanonicalRun(CalibrationError):
+    """No canonical run of the sweeps a role reads, and no paths for it."""
+
+    def __init__(self, sweeps: tuple[str, ...], root: pathlib.Path):
+        self.sweeps, self.root = sweeps, root
+        names = " or ".join(f"<date>-<device>-{sweep}/" for sweep in sweeps)
+        super().__init__(f"no canonical {' or '.join(sweeps)} run under {root} "
+                         f"(a folder {names}, written by a GPU run of that sweep)")
+
+
+@dataclasses.dataclass(frozen=True)
+class Source:
+    """The rows one part of the model was calibrated on."""
+    role: str                          # e.g. "kernel curve"
+    paths: tuple[pathlib.Path, ...]    # what was read
+    rows: tuple[dict, ...]             # the rows the part took from them
+    detail: str                        # what it took, in words
+
+    def describe(self) -> str:
+        return f"{self.role}: {self.detail}; from {where(self.paths)}; {about(self.rows)}"
+
+
+def read(paths) -> list[dict]:
+    """The rows of files or folders, each measurement once (its newest row);
+    a path that does not exist is a CalibrationError."""
+    try:
+        rows = results.read_rows(paths)
+    except FileNotFoundError as exc:
+        raise CalibrationError(str(exc)) from None
+    attention = results.newest_rows(r for r in rows if r.get("suite") != results.COMM_SUITE)
+    # newest_rows keys attention rows; a comm row's measurement is its row_key.
+    comm = {}
+    for row in sorted((r for r in rows if r.get("suite") == results.COMM_SUITE), key=_time):
+        comm[results.row_key(row)] = row
+    return attention + list(comm.values())
+
+
+def kernel_curve(backend: str, *, head_dim: int, dtype: str, directions, device=None,
+                 paths=(), root: pathlib.Path | None = None
+                 ) -> tuple[KernelCurve, Source]:
+    """The curve of `backend` (default options) from `paths`, else from the
+    first KERNEL_SWEEPS run that has its rows in every direction."""
+    root = root or canonical.RESULTS
+    groups = [tuple(map(pathlib.Path, paths))] if paths else [
+        (folder,) for sweep in KERNEL_SWEEPS if (folder := canonical.newest(sweep, root))]
+    if not groups:
+        raise NoCanonicalRun(KERNEL_SWEEPS, root)
+    lacking = []
+    for group in groups:
+        chosen = curve_rows(read(group), backend, device, head_dim=head_dim, dtype=dtype)
+        missing = sorted(set(directions) - {row["direction"] for row in chosen})
+        if chosen and not missing:
+            curve = KernelCurve.from_rows(chosen, backend)
+            counts = ", ".join(f"{d} {n}" for d, n in curve.counts().items())
+            detail = (f"{backend} with its default options on {curve.device} "
+                      f"(d={head_dim}, {dtype}), {len(chosen)} rows ({counts})")
+            return curve, Source("kernel curve", group, tuple(chosen), detail)
+        on = f" on {device}" if device else ""
+        what = f"no {'/'.join(missing)} rows" if chosen else "no OK rows"
+        lacking.append(f"{where(group)} has {what} of {backend} with its default options{on} "
+                       f"at d={head_dim}, {dtype}")
+    raise CalibrationError("; ".join(lacking))
+
+
+def links(*, gpus_per_node: int, inter: AlphaBeta = INFINIBAND_NDR, paths=(),
+          root: pathlib.Path | None = None) -> tuple[Network, Source]:
+    """The intra-node links fitted to comm rows of `paths`, else of the
+    newest cp run; an op without rows keeps its NVLINK_H100 constant, and
+    the Source says so."""
+    group = _paths_or_newest(paths, root)
+    fits = comm_fits(read(group))
+    network = Network(gpus_per_node=gpus_per_node,
+                      intra={**NVLINK_H100, **{op: link for op, (link, _) in fits.items()}},
+                      inter=inter)
+    parts = []
+    for op, link in network.intra.items():
+        fitted = f"fitted to {len(fits[op][1])} rows at {fits[op][1][0]['ranks']} ranks" \
+            if op in fits else "no comm rows: lcab.model.network.NVLINK_H100's constant"
+        parts.append(f"{op} {link.alpha_s * 1e6:.1f} us, "
+                     f"{link.beta_bytes_per_s / 1e9:.0f} GB/s ({fitted})")
+    used = tuple(row for _, rows in fits.values() for row in rows)
+    return network, Source("links inside a node", group, used, "; ".join(parts))
+
+
+def measured(paths=(), root: pathlib.Path | None = None) -> tuple[list[dict], Source]:
+    """The rows to validate against: of `paths`, else of the newest cp run."""
+    group = _paths_or_newest(paths, root)
+    rows = read(group)
+    cp_rows = [r for r in rows if r.get("suite") == "cp" and r.get("status") == "OK"]
+    single = [r for r in rows if r.get("suite") == "kernel" and r.get("status") == "OK"]
+    detail = f"{len(cp_rows)} OK CP rows, {len(single)} OK single-GPU rows"
+    return rows, Source("validation", group, tuple(cp_rows + single), detail)
+
+
+def _paths_or_newest(paths, root: pathlib.Path | None) -> tuple[pathlib.Path, ...]:
+    if paths:
+        return tuple(map(pathlib.Path, paths))
+    root = root or canonical.RESULTS  # read now, so a test may point it elsewhere
+    folder = canonical.newest(CP_SWEEP, root)
+    if folder is None:
+        raise NoCanonicalRun((CP_SWEEP,), root)
+    return (folder,)
+
+
+def where(paths) -> str:
+    """The paths read, each canonical folder with its sweep, date and device."""
+    shown = []
+    for path in paths:
+        path = pathlib.Path(path).absolute()  # not resolved: a linked folder keeps its name
+        text = str(path.relative_to(canonical.ROOT)) if path.is_relative_to(canonical.ROOT) \
+            else str(path)
+        parsed = canonical.parse_folder(path.name)
+        if parsed:
+            date, device, sweep = parsed
+            text += f" (canonical {sweep} run, {date}, {device})"
+        shown.append(text)
+    return ", ".join(shown)
+
+
+def about(rows) -> str:
+    """Commits, devices and dates of the rows: what they were measured with."""
+    if not rows:
+        return "no rows"
+    commits = sorted({str(row.get("git_commit") or "unknown") for row in rows})
+    devices = sorted({str(row.get("device") or "unknown") for row in rows})
+    days = sorted({str(row.get("timestamp") or "")[:10] for row in rows} - {""})
+    dates = (days[0] if len(days) == 1 else f"{days[0]} to {days[-1]}") if days else "unknown"
+    return (f"commit{'s' if len(commits) > 1 else ''} {', '.join(commits)}; "
+            f"device{'s' if len(devices) > 1 else ''} {', '.join(devices)}; measured {dates}")
+
+
+def _time(row) -> datetime.datetime:
+    """A row's time for ordering reruns; one without a readable time first."""
+    try:
+        time = datetime.datetime.fromisoformat(str(row.get("timestamp")))
+    except ValueError:
+        return datetime.datetime.min.replace(tzinfo=datetime.UTC)
+    return time if time.tzinfo else time.replace(tzinfo=datetime.UTC)

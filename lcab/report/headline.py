@@ -1,0 +1,145 @@
+"""The README's headline: the best kernel and CP strategy of each framework.
+
+    from lcab.report import headline
+    headline.markdown()      # tables of the newest canonical rows
+    headline.provenance()    # sweep -> Source(folder, commit, device, date, rows)
+    headline.caption()       # that, as one line per sweep
+
+From the newest committed run of each canonical sweep (lcab.canonical):
+
+- kernels: per mask, at the longest length with a counted row, the
+  fastest backend of each framework in each direction;
+- context parallel: per mask and cp size, at the longest length, the
+  fastest strategy of each framework in each direction (per-GPU TFLOP/s).
+
+Only rows that count are ranked: status OK and a full-size check at that
+very workload (check_err present); a failed, mismatched or unchecked row
+never heads the table. Cells are "612 fa3": the figure, then the backend
+without its framework's prefix (options appended where a backend ran with
+several). A folder with CP rows heads the CP table only (its kernel rows
+are the single-GPU references); block-sparse keep sweeps are left to their
+page. Ties go to the alphabetically first line, so the text is
+deterministic.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from lcab.report import measure, tables
+from lcab.report import sources as loading
+from lcab.status import Status
+from lcab.workloads import format_seqlen
+
+
+def counted(rows: pd.DataFrame, require_check: bool = True) -> pd.DataFrame:
+    """The rows a headline may rank: OK, and (by default) checked at full size."""
+    ok = rows["status"] == Status.OK.value
+    if require_check:
+        ok &= pd.to_numeric(rows["check_err"], errors="coerce").notna()
+    return rows[ok]
+
+
+def _short(line: str, framework: str) -> str:
+    """"ring/jax.cp_ring [dispatch=x]" -> "cp_ring [dispatch=x]"; "jax.fa3" -> "fa3"."""
+    return line.split("/", 1)[-1].removeprefix(f"{framework}.")
+
+
+def _best(rows: pd.DataFrame, shown: measure.Measure) -> tuple[float, str] | None:
+    """(figure, short line name) of the best row; None for no row."""
+    if rows.empty:
+        return None
+    # Best first, then by line name: a tie has one answer.
+    ranked = rows.assign(_value=rows[shown.column].astype(float)).sort_values(
+        ["_value", "line"], ascending=[not shown.higher_is_better, True], kind="stable")
+    best = ranked.iloc[0]
+    return float(best["_value"]), _short(best["line"], best["framework"])
+
+
+def _cell(bests: list[tuple[float, str] | None]) -> str:
+    """"350 / 500 fa3" where one line wins every direction, else
+    "350 b / 500 a"; a direction without a counted row is blank."""
+    if not any(bests):
+        return ""
+    names = {best[1] for best in bests if best}
+    if len(names) == 1 and all(bests):
+        return " / ".join(measure.format_number(value) for value, _ in bests) + f" {names.pop()}"
+    return " / ".join(f"{measure.format_number(best[0])} {best[1]}" if best else ""
+                      for best in bests).strip()
+
+
+def frameworks_of(rows: pd.DataFrame) -> list[str]:
+    """Frameworks in table order: tables.FRAMEWORK_ORDER, then others alphabetically."""
+    present = set(rows["framework"])
+    return ([f for f in tables.FRAMEWORK_ORDER if f in present]
+            + sorted(present - set(tables.FRAMEWORK_ORDER)))
+
+
+def best_table(rows: pd.DataFrame, frameworks: list[str], by_cp_size: bool = False
+               ) -> pd.DataFrame:
+    """Per mask (in order of appearance), at its longest length: the best
+    line of each framework (and cp size, for CP rows), "fwd / bwd".
+
+    rows: counted rows of one setting with "line" (tables.with_line).
+    Columns: "jax", "torch", ... or "jax, cp 2", "torch, cp 2", "jax, cp 4", ...
+    """
+    shown = measure.of_rows(rows)
+    directions = [d for d in tables.DIRECTIONS if (rows["direction"] == d).any()]
+    sizes = sorted(int(s) for s in pd.unique(rows["cp_size"])) if by_cp_size else [None]
+    columns = [(framework, size) for size in sizes for framework in frameworks]
+    records, index = [], []
+    for mask in pd.unique(rows["mask"]):
+        mine = rows[rows["mask"] == mask]
+        longest = mine[mine["seqlen"] == mine["seqlen"].max()]
+        records.append([_cell([_best(longest[
+            (longest["framework"] == framework) & (longest["direction"] == direction)
+            & ((longest["cp_size"] == size) if size else True)], shown)
+            for direction in directions]) for framework, size in columns])
+        index.append((mask, format_seqlen(int(longest["seqlen"].iloc[0]))))
+    names = [framework if size is None else f"{framework}, cp {size}" for framework, size in columns]
+    return pd.DataFrame(records, columns=names, index=pd.MultiIndex.from_tuples(
+        index, names=["mask", "length"]) if index else None)
+
+
+def provenance(folders: loading.Folders = None) -> dict[str, loading.Source]:
+    """sweep -> the Source its rows came from (folder, commit, device, date, rows)."""
+    return {sweep: source for sweep, (source, _) in loading.load_sweeps(folders).items()}
+
+
+def caption(folders: loading.Folders = None) -> str:
+    """One line per sweep: "blog: results/..., commit abc1234, NVIDIA H100, 2026-11-28 (...)"."""
+    return "\n".join(source.caption() for source in provenance(folders).values())
+
+
+def _sections(sweep: str, source: loading.Source, frame: pd.DataFrame, require_check: bool):
+    """(title, table or None) per setting of one sweep: its CP table, or else
+    its kernel table; None where it has candidates but none counted."""
+    has_cp = (frame["suite"] == "cp").any()
+    rows = tables.suite_rows(frame, "cp" if has_cp else "kernel")
+    if not has_cp:  # a keep sweep's settings would each be a row: its page has them
+        rows = rows[~rows["mask"].map(tables.swept_label)]
+    what = "best CP strategy (per-GPU)" if has_cp else "best kernel"
+    for label, group in tables.setting_groups(tables.with_line(rows)):
+        unit = measure.of_rows(group).name
+        directions = " / ".join(d for d in tables.DIRECTIONS if (group["direction"] == d).any())
+        title = (f"**{sweep}**: {what} of each framework, {unit} {directions}, at each mask's "
+                 f"longest length; {label.rsplit(' on ', 1)[0]}; rows "
+                 f"[{source.folder}]({source.folder}) at {source.commit}, {source.device}, "
+                 f"{source.date}")
+        group = counted(group, require_check)
+        yield title, (best_table(group, frameworks_of(group), by_cp_size=has_cp)
+                      if len(group) else None)
+
+
+def markdown(folders: loading.Folders = None, *, require_check: bool = True) -> str:
+    """The headline tables of the newest canonical rows (or of `folders`:
+    a mapping sweep -> folder, or folder paths)."""
+    parts = []
+    for sweep, (source, frame) in loading.load_sweeps(folders).items():
+        for title, table in _sections(sweep, source, frame, require_check):
+            shown = tables.to_markdown(table) if table is not None else (
+                "_(no OK row with the full-size check)_")
+            parts += [title, "", shown, ""]
+    if not parts:
+        parts = ["_(no canonical sweep has committed rows yet)_", ""]
+    return "\n".join(parts).rstrip("\n") + "\n"

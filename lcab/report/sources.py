@@ -1,0 +1,120 @@
+"""Which folders a page or the headline reads, and where each row came from.
+
+By default those are the newest committed run of each canonical sweep
+(lcab.canonical.newest_all). Every row keeps the file it was read from
+(column "source", relative to the repository), and each folder is
+described by its commits, devices and dates, so a published number can be
+traced to the committed line it came from.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+from collections.abc import Iterable, Mapping
+
+import pandas as pd
+
+from lcab import canonical, results
+from lcab.report import tables
+
+Folders = Mapping[str, pathlib.Path] | Iterable[str | pathlib.Path] | None
+
+
+@dataclasses.dataclass(frozen=True)
+class Source:
+    """Where one sweep's rows came from, for a caption line."""
+    sweep: str
+    folder: str  # relative to the repository where it lies inside it
+    commit: str  # every git_commit of its rows, ", "-joined
+    device: str  # every device of its rows, ", "-joined
+    date: str  # tables.date_range of its rows (UTC)
+    rows: int  # measurements (the newest row of each)
+
+    def caption(self) -> str:
+        return (f"{self.sweep}: {self.folder}, commit {self.commit}, {self.device}, "
+                f"{self.date} ({self.rows} rows)")
+
+
+def shown_path(path: str | pathlib.Path) -> str:
+    """A path relative to the repository root where it lies inside it."""
+    path = pathlib.Path(path).resolve()
+    try:
+        return path.relative_to(canonical.ROOT).as_posix()
+    except ValueError:
+        return path.as_posix()
+
+
+def sweep_name(path: str | pathlib.Path) -> str:
+    """A canonical folder's sweep (2026-11-28-h100-blog: "blog"); any other
+    folder's (or file's) own name."""
+    path = pathlib.Path(path)
+    parsed = canonical.parse_folder(path.name)
+    return parsed[2] if parsed else (path.name if path.is_dir() else path.stem)
+
+
+def named_folders(folders: Folders = None) -> dict[str, pathlib.Path]:
+    """sweep -> folder: the newest canonical runs by default; a mapping as
+    given; paths named by sweep_name."""
+    if folders is None:
+        return canonical.newest_all()
+    if isinstance(folders, Mapping):
+        return {str(name): pathlib.Path(path) for name, path in folders.items()}
+    named: dict[str, pathlib.Path] = {}
+    for path in map(pathlib.Path, folders):
+        name = sweep_name(path)
+        if name in named:
+            raise ValueError(f"{named[name]} and {path} would both be the page {name!r}; "
+                             "pass a mapping of name -> folder")
+        named[name] = path
+    return named
+
+
+def result_files(paths: Iterable[str | pathlib.Path]) -> list[pathlib.Path]:
+    """The JSONL files under the paths, in the order lcab.results reads them."""
+    found = []
+    for path in map(pathlib.Path, paths):
+        if path.is_dir():
+            found += sorted(p for p in path.rglob("*.jsonl") if p.is_file())
+        elif path.exists():
+            found.append(path)
+        else:
+            raise FileNotFoundError(f"no results at {path}")
+    return found
+
+
+def load(paths: Iterable[str | pathlib.Path]) -> pd.DataFrame:
+    """lcab.results.load of the paths, every row with its "source" file.
+
+    The files are loaded together (a failed rerun without a device still
+    replaces the row it repeats, results.with_known_context); load keeps
+    the rows in file order, which places each one's file.
+    """
+    files = result_files(paths)
+    with results.skipped_rows_told_once():
+        frame = results.load(files) if files else results.load([])
+        counts = [sum(row.get("suite") != results.COMM_SUITE for row in results.read_rows([f]))
+                  for f in files]
+    sources = [shown_path(f) for f, count in zip(files, counts) for _ in range(count)]
+    if len(sources) != len(frame):
+        raise RuntimeError(f"read {len(frame)} rows but placed {len(sources)} in their files")
+    return frame.assign(source=pd.Series(sources, index=frame.index, dtype=object))
+
+
+def describe(sweep: str, folder: str | pathlib.Path, frame: pd.DataFrame) -> Source:
+    """The Source of one sweep's newest rows (frame: tables.latest of them)."""
+    def joined(column: str) -> str:
+        values = sorted({str(v) for v in frame[column].dropna()})
+        return ", ".join(values) or "unknown"
+
+    return Source(sweep, shown_path(folder), joined("git_commit"), joined("device"),
+                  tables.date_range(frame), len(frame))
+
+
+def load_sweeps(folders: Folders = None) -> dict[str, tuple[Source, pd.DataFrame]]:
+    """sweep -> (its Source, the newest row of each of its measurements)."""
+    loaded = {}
+    for sweep, folder in named_folders(folders).items():
+        frame = tables.latest(load([folder]))
+        loaded[sweep] = (describe(sweep, folder, frame), frame)
+    return loaded

@@ -1,0 +1,189 @@
+"""Which rows the CP model is calibrated on (lcab.model.calibration): the
+newest canonical runs by default, from any working directory, said in its
+output; a clean one-line stop when there are none."""
+
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from lcab import canonical, results
+from lcab.comm import COMM_OPS, bus_factor
+from lcab.flops import attention_flops
+from lcab.masks import make_mask
+from lcab.model import calibration
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+KERNEL = "jax.pallas_flex"  # the model's default --kernel
+
+
+def write_run(root, date, device, sweep, *, commit, speed=400.0, backend=KERNEL,
+              directions=("fwd", "bwd"), comm=True, cp=True):
+    """A canonical run's folder of made-up rows: single-GPU kernel rows of
+    `backend` (`speed` TFLOP/s forward, half that backward), and for the cp
+    sweep comm rows over 4 ranks and one ring row at cp 2."""
+    folder = root / canonical.folder_name(date, device, sweep)
+    gpu = f"NVIDIA {device.split('x')[0].upper()}"
+    common = {"batch": 1, "heads_q": 64, "heads_kv": 8, "head_dim": 128, "dtype": "bfloat16",
+              "status": "OK", "device": gpu, "git_commit": commit,
+              "timestamp": f"{date}T12:00:00+00:00", "options": {}, "mask_params": {"seed": 0}}
+    kernel = results.Writer(folder / "single" / "kernel_jax.jsonl")
+    for seqlen in (4096, 16384, 65536):
+        for mask in ("full", "causal"):
+            area = make_mask(mask, seqlen).area()
+            for direction in directions:
+                kernel.write(results.make_row(
+                    framework="jax", backend=backend, suite="kernel", mask=mask, seqlen=seqlen,
+                    seqlen_k=seqlen, direction=direction, cp_size=1,
+                    workload_key=f"{mask}-{seqlen}", density=area / seqlen**2, mask_area=area,
+                    tflops=speed if direction == "fwd" else speed / 2,
+                    flops=attention_flops(area, batch=1, heads_q=64, head_dim=128,
+                                          direction=direction), **common))
+    if sweep != "cp":
+        return folder
+    if comm:
+        links = results.Writer(folder / "comm" / "comm_jax.jsonl")
+        for op in COMM_OPS:
+            for nbytes in (1 << 20, 1 << 24, 1 << 28):
+                ms = (25e-6 + nbytes * bus_factor(op, 4) / 200e9) * 1e3
+                links.write(results.make_comm_row(
+                    framework="jax", op=op, bytes=nbytes, ranks=4, status="OK", median_ms=ms,
+                    busbw_gbps=nbytes * bus_factor(op, 4) / ms / 1e6, device=gpu,
+                    git_commit=commit, timestamp=common["timestamp"]))
+    if cp:
+        area = make_mask("full", 32768).area()
+        results.Writer(folder / "cp2" / "cp_jax.jsonl").write(results.make_row(
+            framework="jax", backend="jax.cp_ring", suite="cp", strategy="ring", inner=KERNEL,
+            mask="full", seqlen=32768, seqlen_k=32768, direction="fwd", cp_size=2,
+            workload_key="full-32768", density=1.0, mask_area=area, tflops=speed * 0.9,
+            flops=attention_flops(area, batch=1, heads_q=64, head_dim=128, direction="fwd"),
+            notes="dispatch=balanced", **common))
+    return folder
+
+
+def curve(root, **kwargs):
+    return calibration.kernel_curve(KERNEL, head_dim=128, dtype="bfloat16",
+                                    directions=("fwd", "bwd"), root=root, **kwargs)
+
+
+def test_the_newest_cp_run_calibrates_the_curve_and_the_links(tmp_path):
+    root = tmp_path / "results"
+    write_run(root, "2026-11-28", "h100x4", "cp", commit="old1234", speed=300.0)
+    newest = write_run(root, "2026-11-29", "h100x4", "cp", commit="new5678", speed=450.0)
+    found, source = curve(root)
+    assert source.paths == (newest,)
+    assert found.tflops(1e15, 1.0, "fwd") == pytest.approx(450.0)
+    assert found.tflops(1e15, 1.0, "bwd") == pytest.approx(225.0)
+    text = source.describe()
+    for told in ("2026-11-29-h100x4-cp", "canonical cp run, 2026-11-29, h100x4", "commit new5678",
+                 "jax.pallas_flex with its default options on NVIDIA H100", "12 rows",
+                 "fwd 6, bwd 6", "measured 2026-11-29"):
+        assert told in text, text
+    assert "old1234" not in text
+    network, links = calibration.links(gpus_per_node=8, root=root)
+    assert links.paths == (newest,) and "fitted to 3 rows at 4 ranks" in links.describe()
+    assert network.intra["ppermute"].beta_bytes_per_s == pytest.approx(200e9, rel=1e-6)
+
+
+def test_the_blog_run_gives_the_curve_where_it_has_the_kernel(tmp_path):
+    root = tmp_path / "results"
+    cp_run = write_run(root, "2026-11-29", "h100x4", "cp", commit="cp00001", speed=300.0)
+    blog = write_run(root, "2026-11-28", "h100", "blog", commit="blog001", speed=500.0)
+    found, source = curve(root)
+    assert source.paths == (blog,) and found.tflops(1e15, 1.0, "fwd") == pytest.approx(500.0)
+    # A blog run without the kernel, or without a direction asked for: the cp run's rows.
+    for other in ({"backend": "jax.other"}, {"directions": ("fwd",)}):
+        write_run(root, "2026-11-30", "h100", "blog", commit="blog002", **other)
+        assert curve(root)[1].paths == (cp_run,)
+        (root / "2026-11-30-h100-blog" / "single" / "kernel_jax.jsonl").unlink()
+
+
+def test_rows_that_lack_the_kernel_name_what_they_lack(tmp_path):
+    write_run(tmp_path, "2026-11-29", "h100x4", "cp", commit="c", directions=("fwd",))
+    with pytest.raises(calibration.CalibrationError, match="has no bwd rows of jax.pallas_flex"):
+        curve(tmp_path)
+    with pytest.raises(calibration.CalibrationError, match="no results at"):
+        curve(tmp_path, paths=[tmp_path / "nowhere"])
+
+
+def test_without_a_canonical_run_the_model_says_so(tmp_path, monkeypatch):
+    with pytest.raises(calibration.NoCanonicalRun, match="no canonical blog or cp run under"):
+        curve(tmp_path)
+    with pytest.raises(calibration.NoCanonicalRun, match="no canonical cp run"):
+        calibration.links(gpus_per_node=8, root=tmp_path)
+    # The default root is lcab.canonical.RESULTS, read at the call.
+    write_run(tmp_path, "2026-11-29", "h100x4", "cp", commit="c")
+    monkeypatch.setattr(canonical, "RESULTS", tmp_path)
+    assert curve(None)[1].paths == (tmp_path / "2026-11-29-h100x4-cp",)
+
+
+def test_a_cp_run_without_comm_rows_says_the_links_are_constants(tmp_path):
+    write_run(tmp_path, "2026-11-29", "h100x4", "cp", commit="c", comm=False)
+    _, links = calibration.links(gpus_per_node=8, root=tmp_path)
+    assert links.describe().count("no comm rows: lcab.model.network.NVLINK_H100") == 3
+
+
+def model_cli(*args, cwd, timeout=300):
+    return subprocess.run([sys.executable, "-m", "lcab.model", *args], check=False,
+                          capture_output=True,
+                          text=True, timeout=timeout, cwd=cwd,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+
+def test_the_cli_names_its_rows_and_runs_from_any_directory(tmp_path):
+    root = tmp_path / "results"
+    write_run(root, "2026-11-28", "h100x4", "cp", commit="old1234", speed=300.0)
+    write_run(root, "2026-11-29", "h100x4", "cp", commit="new5678")
+    done = model_cli("--cp=2,16", "--masks=full", "--directions=fwd,bwd", f"--results_root={root}",
+                     "--validate", f"--out={tmp_path / 'out'}", cwd="/tmp")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr
+    header = done.stdout.split("\n\n")[0]
+    assert header.startswith("Model (not a measurement), calibrated on:")
+    for told in ("- kernel curve: jax.pallas_flex with its default options on NVIDIA H100",
+                 "12 rows (fwd 6, bwd 6)", "- links inside a node:", "- validation: 1 OK CP rows",
+                 f"{root / '2026-11-29-h100x4-cp'} (canonical cp run, 2026-11-29, h100x4)",
+                 "commit new5678", "- links between nodes: 20 us, 40 GB/s"):
+        assert told in header, header
+    assert "old1234" not in done.stdout
+    assert (tmp_path / "out" / "predictions.md").read_text().startswith(header)
+
+
+@pytest.mark.parametrize("args, unmet", [
+    ((), "pass --kernel_results=PATHS and --comm_results=PATHS with"),
+    (("--validate",), "--kernel_results=PATHS, --comm_results=PATHS and --validate_against"),
+])
+def test_without_canonical_runs_the_cli_stops_with_one_line(tmp_path, args, unmet):
+    done = model_cli("--cp=2", "--masks=full", f"--results_root={tmp_path}", *args, cwd="/tmp")
+    assert done.returncode != 0 and "Traceback" not in done.stderr
+    line, = done.stderr.strip().splitlines()
+    assert line.startswith(f"python -m lcab.model: no canonical blog or cp run under {tmp_path}")
+    assert unmet in line and "--results_root=DIR" in line
+
+
+def test_explicit_rows_replace_the_canonical_runs(tmp_path):
+    blog = write_run(tmp_path / "elsewhere", "2026-11-20", "h200", "blog", commit="mine123")
+    done = model_cli("--cp=2", "--masks=full", f"--results_root={tmp_path / 'none'}",
+                     f"--kernel_results={blog}", cwd="/tmp")
+    assert done.returncode != 0 and "Traceback" not in done.stderr
+    assert "no canonical cp run" in done.stderr and "pass --comm_results=PATHS" in done.stderr
+    cp_run = write_run(tmp_path / "other", "2026-11-21", "h100x4", "cp", commit="cp45678")
+    done = model_cli("--cp=2", "--masks=full", f"--results_root={tmp_path / 'none'}",
+                     f"--kernel_results={blog}", f"--comm_results={cp_run}", cwd="/tmp")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "commit mine123; device NVIDIA H200" in done.stdout
+    assert "commit cp45678" in done.stdout
+    assert "note: the kernel curve ran on NVIDIA H200, the links on NVIDIA H100" in done.stdout
+
+
+def test_the_default_rows_work_or_fail_cleanly_from_another_directory():
+    # This checkout's own results/: with a canonical run the model runs on
+    # it, without one it says so; either way from /tmp and without a traceback.
+    done = model_cli("--cp=2", "--masks=full", "--strategies=ring", cwd="/tmp")
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]
+    if canonical.newest("cp") is None:
+        assert done.returncode != 0 and "no canonical" in done.stderr
+    else:
+        assert done.returncode == 0 and "calibrated on:" in done.stdout

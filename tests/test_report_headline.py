@@ -1,0 +1,99 @@
+"""lcab.report.headline: the README's best-of tables, on synthetic rows.
+
+Every number is made up (tests/test_report_rows.py).
+"""
+
+import pytest
+
+from lcab import canonical, results
+from lcab.report import headline, tables
+from tests.test_report_rows import COMMIT, DATE, GPU, row, write
+
+
+def _kernel_rows():
+    rows = [row("jax.slow", seqlen=4096, tflops=999.0)]  # a shorter length: not the headline's
+    for direction, scale in (("fwd", 1.0), ("bwd", 0.5)):
+        rows += [
+            row("jax.a", direction=direction, tflops=300.0 * scale),
+            row("jax.b", direction=direction, tflops=350.0 * scale),
+            # Faster, but no full-size check, a mismatch or an error: never the best.
+            row("jax.unchecked", direction=direction, tflops=900.0, checked=False),
+            row("jax.wrong", direction=direction, status="MISMATCH"),
+            row("torch.x", direction=direction, tflops=250.0 * scale),
+            row("torch.y", direction=direction, status="ERROR"),
+        ]
+    # In the backward, jax.a is the faster one.
+    rows.append(row("jax.a", direction="bwd", tflops=500.0,
+                    timestamp=f"{DATE}T11:00:00+00:00"))
+    return rows
+
+
+def _cp_rows():
+    rows = []
+    for size, ring, ulysses in ((2, 400.0, 380.0), (4, 300.0, 310.0)):
+        options = {"cp_size": str(size)}
+        rows += [row("jax.cp_ring", suite="cp", strategy="ring", cp_size=size, tflops=ring,
+                     seqlen=65536, options=options),
+                 row("jax.cp_ulysses", suite="cp", strategy="ulysses", cp_size=size,
+                     tflops=ulysses, seqlen=65536, options=options),
+                 row("torch.cp_native", suite="cp", strategy="native", cp_size=size,
+                     tflops=ring - 50, seqlen=65536, options=options)]
+    return rows + [row("jax.a", seqlen=65536, tflops=450.0)]  # the one-GPU reference
+
+
+@pytest.fixture()
+def folders(tmp_path):
+    results_dir = tmp_path / "results"
+    return {"blog": write(results_dir / f"{DATE}-h100-blog", _kernel_rows()),
+            "cp": write(results_dir / f"{DATE}-h100x4-cp", _cp_rows())}
+
+
+def test_the_best_checked_ok_backend_of_each_framework_heads_its_cell(folders):
+    rows = tables.with_line(tables.suite_rows(results.load([folders["blog"]]), "kernel"))
+    table = headline.best_table(headline.counted(rows), ["jax", "torch"])
+    assert list(table.columns) == ["jax", "torch"]
+    assert list(table.index) == [("causal", "8k")]  # the longest length only
+    # fwd / bwd; one name where one backend is best in both directions.
+    assert list(table.loc[("causal", "8k")]) == ["350 b / 500 a", "250 / 125 x"]
+
+
+def test_unchecked_rows_count_only_when_asked(folders):
+    rows = tables.with_line(tables.suite_rows(results.load([folders["blog"]]), "kernel"))
+    everything = headline.best_table(headline.counted(rows, require_check=False), ["jax"])
+    assert everything.loc[("causal", "8k"), "jax"] == "900 / 900 unchecked"
+
+
+def test_the_markdown_has_a_kernel_and_a_cp_table_with_their_sources(folders):
+    text = headline.markdown(folders)
+    assert "| causal | 8k     | 350 b / 500 a | 250 / 125 x |" in text
+    # Forward rows only: one figure a cell.
+    assert "best CP strategy (per-GPU) of each framework, TFLOP/s fwd, at" in text
+    assert ("| mask   | length | jax, cp 2   | torch, cp 2   | jax, cp 4      | torch, cp 4   |"
+            in text)
+    assert ("| causal | 64k    | 400 cp_ring | 350 cp_native | 310 cp_ulysses | 250 cp_native |"
+            in text)
+    assert f"at {COMMIT}, {GPU}, {DATE}" in text
+    assert "jax.a" not in text.split("**cp**")[1]  # the cp folder's kernel rows are references
+    assert len(text.splitlines()) <= 30
+    assert headline.markdown(folders) == text  # deterministic
+
+
+def test_a_tie_goes_to_the_alphabetically_first_backend(tmp_path):
+    folder = write(tmp_path / "tie", [row("jax.z", tflops=300.0), row("jax.m", tflops=300.0)])
+    assert "300 m" in headline.markdown([folder])
+
+
+def test_by_default_the_newest_canonical_folders_are_read(folders, monkeypatch):
+    monkeypatch.setattr(canonical, "newest_all", lambda: folders)
+    sources = headline.provenance()
+    assert list(sources) == ["blog", "cp"]
+    blog = sources["blog"]
+    assert blog.folder.endswith(f"{DATE}-h100-blog")
+    assert (blog.commit, blog.device, blog.date) == (COMMIT, GPU, DATE)
+    assert headline.caption().splitlines()[0].startswith("blog: ")
+    assert headline.markdown() == headline.markdown(folders)
+
+
+def test_no_canonical_rows_yet_says_so(monkeypatch):
+    monkeypatch.setattr(canonical, "newest_all", dict)
+    assert "no canonical sweep has committed rows yet" in headline.markdown()
