@@ -86,6 +86,7 @@ from lcab.report import (
     legend,
     memory,
     pages,
+    readme,
     sources,
     sparsity,
     tables,
@@ -116,8 +117,16 @@ _HEADLINE = flags.DEFINE_bool(
 )
 
 
-@flags.multi_flags_validator(["results", "out", "summary", "pages", "headline"])
+_UPDATE_README = flags.DEFINE_string(
+    "update_readme", None, "Rewrite the generated blocks (headline table, legend) of this "
+    "README from the newest canonical rows.",
+)
+
+
+@flags.multi_flags_validator(["results", "out", "summary", "pages", "headline", "update_readme"])
 def _something_to_do(values) -> bool:
+    if values["update_readme"] is not None:
+        return True
     if values["pages"] or values["headline"]:
         if values["summary"] and values["results"] is None:
             raise flags.ValidationError("--summary needs --results")
@@ -376,6 +385,8 @@ def main(argv):
     paths = split_paths(_RESULTS.value)
     folders = paths or None  # --pages and --headline: the canonical folders by default
     with results.skipped_rows_told_once():
+        if _UPDATE_README.value is not None:
+            _update_readme(pathlib.Path(_UPDATE_README.value))
         if _SUMMARY.value:
             print(summary_text(paths))
         if _HEADLINE.value:
@@ -387,6 +398,15 @@ def main(argv):
         elif _OUT.value is not None:
             for path in write_report(paths, pathlib.Path(_OUT.value)):
                 print(path)
+
+
+def _update_readme(path: pathlib.Path) -> None:
+    try:
+        text = path.read_text()
+        path.write_text(readme.refreshed(text))
+    except (OSError, ValueError) as error:
+        raise app.UsageError(f"--update_readme={path}: {error}") from None
+    print(path)
 
 
 def console_main() -> None:

@@ -10,14 +10,15 @@ From the newest committed run of each canonical sweep (lcab.canonical):
 - kernels: per mask, at the longest length with a counted row, the
   fastest backend of each framework in each direction;
 - context parallel: per mask and cp size, at the longest length, the
-  fastest strategy of each framework in each direction (per-GPU TFLOP/s).
+  fastest strategy of each framework in each direction (per-GPU TFLOP/s),
+  beside the fastest single-GPU kernel of the same run at that length.
 
 Only rows that count are ranked: status OK and a full-size check at that
 very workload (check_err present); a failed, mismatched or unchecked row
 never heads the table. Cells are "612 fa3": the figure, then the backend
 without its framework's prefix (options appended where a backend ran with
-several). A folder with CP rows heads the CP table only (its kernel rows
-are the single-GPU references); block-sparse keep sweeps are left to their
+several). A folder with CP rows heads the CP table, its kernel rows as the
+"1 GPU" columns; block-sparse keep sweeps are left to their
 page. Ties go to the alphabetically first line, so the text is
 deterministic.
 """
@@ -86,7 +87,8 @@ def best_table(rows: pd.DataFrame, frameworks: list[str], by_cp_size: bool = Fal
     shown = measure.of_rows(rows)
     directions = [d for d in tables.DIRECTIONS if (rows["direction"] == d).any()]
     sizes = sorted(int(s) for s in pd.unique(rows["cp_size"])) if by_cp_size else [None]
-    columns = [(framework, size) for size in sizes for framework in frameworks]
+    # CP: each framework's one-GPU kernel, then its strategies by cp size.
+    columns = [(framework, size) for framework in frameworks for size in sizes]
     records, index = [], []
     for mask in pd.unique(rows["mask"]):
         mine = rows[rows["mask"] == mask]
@@ -96,7 +98,8 @@ def best_table(rows: pd.DataFrame, frameworks: list[str], by_cp_size: bool = Fal
             & ((longest["cp_size"] == size) if size else True)], shown)
             for direction in directions]) for framework, size in columns])
         index.append((mask, format_seqlen(int(longest["seqlen"].iloc[0]))))
-    names = [framework if size is None else f"{framework}, cp {size}" for framework, size in columns]
+    names = [framework if size is None else f"{framework}, 1 GPU" if size == 1
+             else f"{framework}, cp {size}" for framework, size in columns]
     return pd.DataFrame(records, columns=names, index=pd.MultiIndex.from_tuples(
         index, names=["mask", "length"]) if index else None)
 
@@ -116,9 +119,13 @@ def _sections(sweep: str, source: loading.Source, frame: pd.DataFrame, require_c
     its kernel table; None where it has candidates but none counted."""
     has_cp = (frame["suite"] == "cp").any()
     rows = tables.suite_rows(frame, "cp" if has_cp else "kernel")
-    if not has_cp:  # a keep sweep's settings would each be a row: its page has them
+    if has_cp:  # beside the strategies, the kernel they run inside, on one GPU
+        single = tables.suite_rows(frame, "kernel")
+        rows = pd.concat([single.assign(cp_size=1), rows], ignore_index=True)
+    else:  # a keep sweep's settings would each be a row: its page has them
         rows = rows[~rows["mask"].map(tables.swept_label)]
-    what = "best CP strategy (per-GPU)" if has_cp else "best kernel"
+    what = ("best CP strategy (per-GPU) and the best kernel on one GPU" if has_cp
+            else "best kernel")
     for label, group in tables.setting_groups(tables.with_line(rows)):
         unit = measure.of_rows(group).name
         directions = " / ".join(d for d in tables.DIRECTIONS if (group["direction"] == d).any())
