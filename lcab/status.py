@@ -23,8 +23,3 @@ CODES = {
     Status.ERROR: "ERR",
     Status.MISMATCH: "MM",
 }
-LEGEND = (
-    "E = out of memory, X = mask or shape not expressible exactly, "
-    "- = unavailable here, ERR = error, MM = mismatch with the reference; "
-    "a figure marked ~ has samples spread over 10 % (p80/p20), ? has no full-size check"
-)

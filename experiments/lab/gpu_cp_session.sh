@@ -3,7 +3,7 @@
 # the collectives, profiles) on one machine of several GPUs, in parts that
 # each fit one 10-minute call of the device tool:
 #
-#   experiments/gpu_cp_session.sh OUT PART [PART ...]
+#   experiments/lab/gpu_cp_session.sh OUT PART [PART ...]
 #
 # Parts (rows land in OUT/<part, with ':' ',' '+' as '_'>/):
 #   FRAMEWORK:CP:TOKENS   e.g. jax:2:8k,32k or torch:4:8k -- the single-GPU
