@@ -249,9 +249,18 @@ def newest_rows(rows: Iterable[Mapping]) -> list[Mapping]:
     (with_known_context)."""
     newest = {}
     for row in sorted(with_known_context(rows), key=_time_order):
-        newest[tuple(options_key(row.get(column)) if column == "options" else row.get(column)
-                     for column in MEASUREMENT_KEY)] = row
+        newest[_measurement(row)] = row
     return list(newest.values())
+
+
+def _measurement(row: Mapping) -> tuple:
+    """What makes two rows one measurement: MEASUREMENT_KEY for attention
+    rows; for a comm row (which has none of its columns), its collective,
+    size and rank count on its device."""
+    if row.get("suite") == COMM_SUITE:
+        return (*row_key(row), row.get("device"))
+    return tuple(options_key(row.get(column)) if column == "options" else row.get(column)
+                 for column in MEASUREMENT_KEY)
 
 
 def _time_order(row: Mapping) -> tuple:

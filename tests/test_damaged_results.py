@@ -432,3 +432,15 @@ def test_a_cp_error_without_its_context_takes_the_cp_size_and_strategy_it_repeat
     (kept,) = results.newest_rows([cp, lost])
     assert (kept["status"], kept["cp_size"], kept["strategy"]) == ("ERROR", 2, "ring")
     assert lost["device"] is None  # the rows read are not changed
+
+
+def test_newest_rows_keeps_each_collective_size_and_rank_count_apart():
+    def comm(op, nbytes, ranks, ms, when):
+        return results.make_comm_row(
+            framework="jax", op=op, bytes=nbytes, ranks=ranks, status="OK", median_ms=ms,
+            device="gpu", timestamp=f"2026-11-27T10:00:0{when}+00:00")
+    rows = [comm("ppermute", 1024, 2, 1.0, 0), comm("ppermute", 2048, 2, 2.0, 1),
+            comm("ppermute", 1024, 4, 3.0, 2), comm("all_gather", 1024, 2, 4.0, 3),
+            comm("ppermute", 1024, 2, 5.0, 4)]  # a rerun of the first
+    kept = sorted(r["median_ms"] for r in results.newest_rows(rows))
+    assert kept == [2.0, 3.0, 4.0, 5.0]
