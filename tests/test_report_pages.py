@@ -130,6 +130,10 @@ def test_a_page_names_its_rows_and_explains_its_codes(tmp_path):
     assert image[..., :3].std() > 0.05
     tidy = pd.read_csv(out / "results.csv")
     assert set(tidy["sweep"]) == {"blog"} and len(tidy) == 20
+    # torch.gone is absent from the tables, and the page says why
+    assert ("Unavailable where these rows ran, so absent from the tables below:\n\n"
+            "- `torch.gone`: torch.gone is not installed\n") in page
+    assert "| torch.gone" not in page and "torch.gone |" not in page
 
 
 def test_cpu_rows_show_median_milliseconds(tmp_path):

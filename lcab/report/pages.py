@@ -37,6 +37,7 @@ import pandas as pd
 from lcab import canonical, results
 from lcab.report import export, legend, line_figures, measure, memory, sources, styles, tables, why
 from lcab.report.tables import to_markdown
+from lcab.status import Status
 
 DEFAULT_OUT = canonical.ROOT / "docs" / "results"
 EXPORT_STEM = "results"
@@ -105,6 +106,21 @@ class Page:
             f"- Numbers: {measure.caption(self.frame['device'])}; cells are fwd / bwd; codes "
             "and marks: [legend](#legend)",
         )
+
+    def left_out(self) -> None:
+        """The backends the tables leave out (every row UNAVAILABLE where it
+        ran), each with its reasons: absent is not the same as slow."""
+        unavailable = self.frame.groupby("backend")["status"].apply(
+            lambda statuses: statuses.eq(Status.UNAVAILABLE.value).all())
+        names = sorted(unavailable[unavailable].index)
+        if not names:
+            return
+        items = []
+        for name in names:
+            reasons = pd.unique(self.frame.loc[self.frame["backend"] == name, "reason"]
+                                .map(why.clean_reason))
+            items.append(f"- `{name}`: {'; '.join(r for r in reasons if r) or 'no reason given'}")
+        self.add("Unavailable where these rows ran, so absent from the tables below:", "", *items)
 
     def kernels(self, group: pd.DataFrame, label: str, setting: int | None) -> None:
         kernel = group[group["suite"] == "kernel"]
@@ -183,6 +199,7 @@ class Page:
 
     def markdown(self) -> str:
         self.header()
+        self.left_out()
         groups = self.groups
         for number, (label, group) in enumerate(groups, 1):
             setting = number if len(groups) > 1 else None  # figure names tell settings apart
