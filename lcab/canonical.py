@@ -26,6 +26,11 @@ SWEEPS = {
     "cp": "context parallelism: every strategy of both frameworks at cp 2 and 4",
 }
 
+# The subfolder of a run holding parts that repeat another part as a cluster
+# starts it (multi-process JAX, torchrun nodes): compared with the part they
+# repeat in RUN.md, never read into tables (they would stand in for it).
+RERUNS = "reruns"
+
 _FOLDER = re.compile(r"^(?P<date>\d{4}-\d{2}-\d{2})-(?P<device>[a-z0-9]+(?:x\d+)?)-(?P<sweep>[a-z]+)$")
 
 
@@ -48,22 +53,29 @@ def parse_folder(name: str) -> tuple[str, str, str] | None:
     return match["date"], match["device"], match["sweep"]
 
 
-def folders(sweep: str, results: pathlib.Path = RESULTS) -> list[pathlib.Path]:
-    """Every committed run of one canonical sweep, newest first (by date,
-    then name)."""
+def folders(sweep: str, results: pathlib.Path | None = None) -> list[pathlib.Path]:
+    """Every committed GPU run of one canonical sweep, newest first (by
+    date, then name). Runs on a CPU are rehearsals and never count."""
     if sweep not in SWEEPS:
         raise ValueError(f"unknown sweep {sweep!r}; canonical sweeps: {', '.join(SWEEPS)}")
+    results = RESULTS if results is None else results  # read when called: tests move it
     found = [path for path in results.glob("*-*-*") if path.is_dir()
-             and (parsed := parse_folder(path.name)) and parsed[2] == sweep]
+             and (parsed := parse_folder(path.name)) and parsed[2] == sweep
+             and parsed[1] != "cpu"]
     return sorted(found, key=lambda path: (parse_folder(path.name)[0], path.name), reverse=True)
 
 
-def newest(sweep: str, results: pathlib.Path = RESULTS) -> pathlib.Path | None:
+def is_rerun(path: pathlib.Path, folder: pathlib.Path) -> bool:
+    """Whether `path`, inside a run's `folder`, belongs to a rerun part."""
+    return RERUNS in path.relative_to(folder).parts
+
+
+def newest(sweep: str, results: pathlib.Path | None = None) -> pathlib.Path | None:
     """The newest run of a canonical sweep, or None if none is committed."""
     runs = folders(sweep, results)
     return runs[0] if runs else None
 
 
-def newest_all(results: pathlib.Path = RESULTS) -> dict[str, pathlib.Path]:
+def newest_all(results: pathlib.Path | None = None) -> dict[str, pathlib.Path]:
     """sweep -> its newest committed run, for the sweeps that have one."""
     return {sweep: path for sweep in SWEEPS if (path := newest(sweep, results))}

@@ -92,3 +92,30 @@ def die_with_parent() -> None:
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     except (OSError, AttributeError):
         pass  # no prctl here: children then outlive a killed parent
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below `pid` (children, theirs, ...), from /proc;
+    empty where /proc is missing."""
+    parents: dict[int, list[int]] = {}
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return []
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as stat:
+                # The command name (field 2) is in parentheses and may hold
+                # spaces; the parent pid is the second field after it.
+                parent = int(stat.read().rpartition(")")[2].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        parents.setdefault(parent, []).append(int(entry))
+    found, frontier = [], [pid]
+    while frontier:
+        children = parents.get(frontier.pop(), [])
+        found += children
+        frontier += children
+    return found

@@ -6,10 +6,13 @@ exercised on lcab's NumPy plugin backends (tests/fake_backends.py)."""
 import json
 import os
 import pathlib
+import subprocess
+import sys
+import time
 
 import pytest
 
-from lcab import canonical, results
+from lcab import canonical, processes, results
 from lcab.experiments import canonical as runner
 from lcab.experiments import canonical_parts as defined
 from lcab.experiments import machine, presets
@@ -85,16 +88,17 @@ def test_the_cp_sweep_has_every_strategy_at_cp_2_and_4_with_one_gpu_beside_it():
 
 def test_launches_of_cluster_style_runs_split_the_gpus_between_processes(tmp_path):
     jax_part, torch_part = (p for p in defined.parts("cp") if p.same_as)
+    # the GPUs this process may use, as CUDA_VISIBLE_DEVICES names them
+    gpus = ["4", "5", "6", "7"]
     (run,) = jax_part.runs
-    launch = runner.launch_of(run, tmp_path, "abc", [], gpus=4)
-    assert [env for _, env in launch.commands] == [{"CUDA_VISIBLE_DEVICES": str(i)}
-                                                  for i in range(4)]
+    launch = runner.launch_of(run, tmp_path, "abc", [], gpus)
+    assert [env for _, env in launch.commands] == [{"CUDA_VISIBLE_DEVICES": g} for g in gpus]
     assert [argv[-1] for argv, _ in launch.commands] == [f"--jax_process_id={i}"
                                                          for i in range(4)]
     (run,) = torch_part.runs
-    launch = runner.launch_of(run, tmp_path, "abc", [], gpus=4)
-    assert [env for _, env in launch.commands] == [{"CUDA_VISIBLE_DEVICES": "0,1"},
-                                                  {"CUDA_VISIBLE_DEVICES": "2,3"}]
+    launch = runner.launch_of(run, tmp_path, "abc", [], gpus)
+    assert [env for _, env in launch.commands] == [{"CUDA_VISIBLE_DEVICES": "4,5"},
+                                                  {"CUDA_VISIBLE_DEVICES": "6,7"}]
     for node, (argv, _) in enumerate(launch.commands):
         assert "--nnodes=2" in argv and "--nproc_per_node=2" in argv
         assert f"--node_rank={node}" in argv and "--rdzv_backend=c10d" in argv
@@ -187,11 +191,13 @@ def test_parts_run_once_and_record_what_ran(tmp_path, plugin_path, capsys):
 
 
 @pytest.mark.slow
-def test_a_part_cut_by_the_budget_resumes_without_repeating_rows(tmp_path, plugin_path):
+def test_a_part_cut_by_the_budget_resumes_without_repeating_rows(tmp_path, plugin_path,
+                                                                  monkeypatch):
+    monkeypatch.setattr(runner, "STOP_GRACE_S", 2)  # the budget holds the grace too
     slow = part("slow", "--backends=numpy.slow", "--seqlens=64,96,128,160,192,224,256",
                 "--iters=4")
     after = part("after", "--backends=numpy.reference", "--seqlens=64")
-    assert runner.run_sweep("blog", tmp_path, [slow, after], "c", [], 12, min_run_s=1) == 3
+    assert runner.run_sweep("blog", tmp_path, [slow, after], "c", [], 14, min_run_s=1) == 3
     states = run_states(tmp_path)
     assert states["slow"]["status"] == runner.STOPPED and states["slow"]["runs"][0][
         "stopped_at_limit"]
@@ -223,3 +229,68 @@ def test_a_folder_of_another_sweep_is_refused(tmp_path):
                                                           "parts": {}}))
     with pytest.raises(Exception, match="holds the 'cp' sweep"):
         runner.State(tmp_path, "blog")
+
+
+def test_cpu_folders_are_rehearsals_and_never_the_newest(tmp_path):
+    for name in ("2026-11-27-h100-blog", "2026-11-28-cpu-blog"):
+        (tmp_path / name).mkdir()
+    assert [p.name for p in canonical.folders("blog", tmp_path)] == ["2026-11-27-h100-blog"]
+
+
+def test_a_call_without_out_goes_on_with_the_unfinished_run(tmp_path, monkeypatch):
+    monkeypatch.setattr(canonical, "RESULTS", tmp_path)
+    gpus = [{"name": "NVIDIA H100 80GB HBM3"}]
+    older = tmp_path / "2026-11-26-h100-sparsity"
+    older.mkdir()
+    (older / runner.STATE_NAME).write_text(json.dumps(
+        {"sweep": "sparsity", "calls": [], "parts": {"jax-block_sparse-16k": {"status": "done"}}}))
+    assert runner.default_out("sparsity", gpus) == older  # parts left: go on with it
+    (older / runner.STATE_NAME).write_text(json.dumps(
+        {"sweep": "sparsity", "calls": [], "parts": {
+            part.name: {"status": "done"} for part in defined.parts("sparsity")}}))
+    fresh = runner.default_out("sparsity", gpus)
+    assert fresh != older and fresh.name.endswith("-h100-sparsity")
+    assert runner.default_out("sparsity", gpus * 4).name.endswith("-h100x4-sparsity")
+
+
+def test_tables_leave_out_the_reruns_folder(tmp_path):
+    from lcab.report import sources
+
+    write_rows(tmp_path / "part", {("x", "fwd"): 10.0})
+    write_rows(tmp_path / canonical.RERUNS / "part-processes", {("x", "fwd"): 11.0})
+    assert [f.parent.name for f in sources.result_files([tmp_path])] == ["part"]
+    assert sources.result_files([tmp_path / canonical.RERUNS])  # named alone, it is read
+
+
+def test_descendants_finds_processes_in_sessions_of_their_own():
+    # A parent whose child starts a grandchild in a new session (as torchrun does).
+    script = ("import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', "
+              "'import time; time.sleep(60)'], start_new_session=True); time.sleep(60)")
+    parent = subprocess.Popen([sys.executable, "-c", script])
+    try:
+        deadline = time.monotonic() + 20
+        while len(processes.descendants(parent.pid)) < 1 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        (grandchild,) = processes.descendants(parent.pid)
+    finally:
+        runner._kill_trees([parent])
+    time.sleep(0.2)
+    assert not pathlib.Path(f"/proc/{grandchild}").exists() or "Z" in pathlib.Path(
+        f"/proc/{grandchild}/stat").read_text().rpartition(")")[2].split()[0]
+
+
+def test_when_one_process_fails_the_others_are_stopped(monkeypatch):
+    monkeypatch.setattr(runner, "STOP_GRACE_S", 2)
+    launch = runner.Launch([([sys.executable, "-c", "import sys; sys.exit(3)"], {}),
+                            ([sys.executable, "-c", "import time; time.sleep(120)"], {})])
+    started = time.monotonic()
+    code, at_limit = runner.run_processes(launch, None)
+    assert code == 3 and not at_limit
+    assert time.monotonic() - started < 30  # not the sleeper's two minutes
+
+
+def test_a_run_with_extra_flags_or_without_a_gpu_needs_its_own_out(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "lcab.experiments.canonical", "sparsity",
+                           "--extra=--seqlens=512"], capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode != 0 and "give --out" in done.stderr
+    assert "Traceback" not in done.stderr

@@ -29,16 +29,20 @@ def _kernel_rows():
 
 
 def _cp_rows():
+    """As the cp sweep runs them: 16k tokens per GPU, so cp 2 at 32k and cp 4
+    at 64k, and the kernel alone on one GPU at both lengths."""
     rows = []
     for size, ring, ulysses in ((2, 400.0, 380.0), (4, 300.0, 310.0)):
         options = {"cp_size": str(size)}
+        seqlen = 16384 * size
         rows += [row("jax.cp_ring", suite="cp", strategy="ring", cp_size=size, tflops=ring,
-                     seqlen=65536, options=options),
+                     seqlen=seqlen, options=options),
                  row("jax.cp_ulysses", suite="cp", strategy="ulysses", cp_size=size,
-                     tflops=ulysses, seqlen=65536, options=options),
+                     tflops=ulysses, seqlen=seqlen, options=options),
                  row("torch.cp_native", suite="cp", strategy="native", cp_size=size,
-                     tflops=ring - 50, seqlen=65536, options=options)]
-    return rows + [row("jax.a", seqlen=65536, tflops=450.0)]  # the one-GPU reference
+                     tflops=ring - 50, seqlen=seqlen, options=options)]
+    return rows + [row("jax.a", seqlen=65536, tflops=450.0),  # the one-GPU references
+                   row("jax.a", seqlen=32768, tflops=440.0)]
 
 
 @pytest.fixture()
@@ -68,12 +72,15 @@ def test_the_markdown_has_a_kernel_and_a_cp_table_with_their_sources(folders):
     assert "| causal | 8k     | 350 b / 500 a | 250 / 125 x |" in text
     # Forward rows only: one figure a cell.
     assert ("best CP strategy (per-GPU) and the best kernel on one GPU of each framework, "
-            "TFLOP/s fwd, at") in text
-    # Each framework's one-GPU kernel (the cp folder's kernel rows), then its cp sizes.
+            "TFLOP/s fwd, at each length") in text
+    # Each framework's one-GPU kernel (the cp folder's kernel rows), then its cp sizes,
+    # each cp size at the length it ran.
     assert ("| mask   | length | jax, 1 GPU | jax, cp 2   | jax, cp 4      | torch, 1 GPU | "
             "torch, cp 2   | torch, cp 4   |") in text
-    assert ("| causal | 64k    | 450 a      | 400 cp_ring | 310 cp_ulysses |              | "
-            "350 cp_native | 250 cp_native |") in text
+    assert ("| causal | 32k    | 440 a      | 400 cp_ring |                |              | "
+            "350 cp_native |               |") in text
+    assert ("| causal | 64k    | 450 a      |             | 310 cp_ulysses |              | "
+            "              | 250 cp_native |") in text
     assert f"at {COMMIT}, {GPU}, {DATE}" in text
     assert "jax.a" not in text.split("**cp**")[1]  # short names: "a", not "jax.a"
     assert len(text.splitlines()) <= 30

@@ -31,10 +31,11 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 
 from absl import app, flags
 
-from lcab import canonical
+from lcab import canonical, processes
 from lcab.experiments import canonical_parts as defined
 from lcab.experiments import machine
 
@@ -63,7 +64,9 @@ LIST = flags.DEFINE_bool("list", False, "Print the parts and their commands, the
                          flag_values=FLAGS)
 
 STATE_NAME = "parts.json"
-_STOP_GRACE_S = 30
+# More than torchrun's own grace for its workers (30 s), so they stop
+# themselves before anything is killed.
+STOP_GRACE_S = 60
 DONE, FAILED, STOPPED = "done", "failed", "stopped"
 
 
@@ -90,9 +93,10 @@ class Launch:
 
 
 def launch_of(run: defined.Run, folder: pathlib.Path, commit: str, extra: list[str],
-              gpus: int) -> Launch:
+              gpu_ids: Sequence[str]) -> Launch:
     """How to start one run: the CLI alone, one JAX process per GPU, or
-    torchrun per rendezvous node. Without GPUs, each JAX process gets its
+    torchrun per rendezvous node, each process on its share of `gpu_ids`
+    (CUDA_VISIBLE_DEVICES names). Without GPUs, each JAX process gets its
     share of host devices instead."""
     cli = [*run.flags, *extra, f"--out={folder}", "--resume", f"--git_commit={commit}",
            "--noprogress", "--nosummary"]
@@ -101,26 +105,21 @@ def launch_of(run: defined.Run, folder: pathlib.Path, commit: str, extra: list[s
         return Launch([(module + cli, {})])
     port = _free_port()
     count = run.processes
+    per_process = max(1, _cp_size(run) // count)
+    shares = [",".join(gpu_ids[i * per_process:(i + 1) * per_process]) for i in range(count)]
     if run.launcher == defined.JAX_PROCESSES:
-        commands = []
-        for index in range(count):
-            env = ({"CUDA_VISIBLE_DEVICES": str(index)} if gpus else
-                   {"XLA_FLAGS": "--xla_force_host_platform_device_count="
-                                 f"{max(1, _cp_size(run) // count)}"})
-            commands.append((module + cli + [f"--jax_coordinator=127.0.0.1:{port}",
-                                             f"--jax_num_processes={count}",
-                                             f"--jax_process_id={index}"], env))
-        return Launch(commands)
-    per_node = max(1, _cp_size(run) // count)
-    commands = []
-    for node in range(count):
-        env = ({"CUDA_VISIBLE_DEVICES": ",".join(str(node * per_node + i)
-                                                 for i in range(per_node))} if gpus else {})
-        commands.append(([sys.executable, "-m", "torch.distributed.run", f"--nnodes={count}",
-                          f"--nproc_per_node={per_node}", f"--node_rank={node}",
-                          "--rdzv_backend=c10d", f"--rdzv_endpoint=127.0.0.1:{port}",
-                          f"--rdzv_id=lcab-{port}", "-m", "lcab.experiments", *cli], env))
-    return Launch(commands)
+        return Launch([
+            (module + cli + [f"--jax_coordinator=127.0.0.1:{port}", f"--jax_num_processes={count}",
+                             f"--jax_process_id={index}"],
+             {"CUDA_VISIBLE_DEVICES": shares[index]} if gpu_ids else
+             {"XLA_FLAGS": f"--xla_force_host_platform_device_count={per_process}"})
+            for index in range(count)])
+    return Launch([
+        ([sys.executable, "-m", "torch.distributed.run", f"--nnodes={count}",
+          f"--nproc_per_node={per_process}", f"--node_rank={node}", "--rdzv_backend=c10d",
+          f"--rdzv_endpoint=127.0.0.1:{port}", f"--rdzv_id=lcab-{port}", "-m", "lcab.experiments",
+          *cli], {"CUDA_VISIBLE_DEVICES": shares[node]} if gpu_ids else {})
+        for node in range(count)])
 
 
 def _cp_size(run: defined.Run) -> int:
@@ -131,45 +130,67 @@ def _cp_size(run: defined.Run) -> int:
 
 
 def run_processes(launch: Launch, seconds: float | None) -> tuple[int, bool]:
-    """Start a run's processes and wait for them; at the time limit stop
-    them (SIGTERM, which the CLI turns into a resumable stop; SIGKILL after
-    a grace). (exit status: the first non-zero, else 0; stopped at the limit)."""
+    """Start a run's processes and wait for them. At the time limit, or
+    when one of them fails while others wait for it (a rendezvous, a
+    collective), stop the rest: SIGTERM, which the CLI turns into a
+    resumable stop, then after a grace SIGKILL to every process they
+    started. (exit status: the first non-zero, else 0; stopped at the limit)."""
     children = [subprocess.Popen(argv, env={**os.environ, **env}, start_new_session=True)
                 for argv, env in launch.commands]
     deadline = None if seconds is None else time.monotonic() + seconds
-    stopped = False
+    stopping_since = None
+    at_limit = False
     try:
         while any(child.poll() is None for child in children):
-            if deadline is not None and time.monotonic() > deadline and not stopped:
-                stopped = True
+            now = time.monotonic()
+            failed = any(child.poll() not in (None, 0) for child in children)
+            if stopping_since is None and (failed or (deadline is not None and now > deadline)):
+                at_limit = not failed
+                stopping_since = now
                 # The leaders only: each passes the stop on to its workers,
                 # which finish as stopped. Signalling the whole group would
                 # also kill a compiler (ptxas) mid-case, and that case would
                 # read as an ERROR of the backend.
-                _signal_all(children, signal.SIGTERM, group=False)
-                deadline = time.monotonic() + _STOP_GRACE_S
-            elif stopped and time.monotonic() > deadline:
-                _signal_all(children, signal.SIGKILL)
+                _signal(children, signal.SIGTERM)
+            elif stopping_since is not None and now > stopping_since + STOP_GRACE_S:
+                _kill_trees(children)
                 break
             time.sleep(0.5)
     except KeyboardInterrupt:
-        _signal_all(children, signal.SIGINT, group=False)
-        for child in children:
-            child.wait()
+        _signal(children, signal.SIGINT)
+        _wait_or_kill(children)
         raise
     codes = [child.wait() for child in children]
-    return next((code for code in codes if code != 0), 0), stopped
+    return next((code for code in codes if code != 0), 0), at_limit
 
 
-def _signal_all(children: list[subprocess.Popen], signum: int, group: bool = True) -> None:
-    """Signal each child still running; with `group`, every process it
-    started too (its session)."""
+def _signal(children: list[subprocess.Popen], signum: int) -> None:
     for child in children:
         if child.poll() is None:
             try:
-                (os.killpg if group else os.kill)(child.pid, signum)
+                os.kill(child.pid, signum)
             except ProcessLookupError:
                 pass
+
+
+def _wait_or_kill(children: list[subprocess.Popen]) -> None:
+    end = time.monotonic() + STOP_GRACE_S
+    while any(child.poll() is None for child in children) and time.monotonic() < end:
+        time.sleep(0.5)
+    _kill_trees(children)
+
+
+def _kill_trees(children: list[subprocess.Popen]) -> None:
+    """SIGKILL each child and every process below it: torchrun starts its
+    workers in sessions of their own, so a process group would miss them."""
+    for child in children:
+        for pid in [child.pid, *processes.descendants(child.pid)]:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    for child in children:
+        child.wait()
 
 
 class State:
@@ -194,9 +215,26 @@ class State:
         temporary.replace(self.path)
 
 
-def default_out(sweep: str) -> pathlib.Path:
+def default_out(sweep: str, gpus: list[dict[str, str]]) -> pathlib.Path:
+    """results/<date>-<device>-<sweep>/: the newest run of this sweep on
+    this kind of machine while it has parts left (a call after midnight
+    goes on with it), else a new one dated today."""
+    device = machine.device_label(gpus)
+    for folder in canonical.folders(sweep):
+        if canonical.parse_folder(folder.name)[1] == device and _unfinished(folder):
+            return folder
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
-    return canonical.RESULTS / canonical.folder_name(date, machine.device_label(), sweep)
+    return canonical.RESULTS / canonical.folder_name(date, device, sweep)
+
+
+def _unfinished(folder: pathlib.Path) -> bool:
+    try:
+        record = json.loads((folder / STATE_NAME).read_text())
+    except (OSError, ValueError):
+        return False
+    done = {name for name, part in record.get("parts", {}).items()
+            if part.get("status") == DONE and not part.get("extra")}
+    return not {part.name for part in defined.parts(record["sweep"])} <= done
 
 
 def _commit() -> str:
@@ -223,77 +261,99 @@ def chosen_parts(sweep: str) -> list[defined.Part]:
 
 def run_sweep(sweep: str, folder: pathlib.Path, parts: list[defined.Part], commit: str,
               extra: list[str], budget_s: float | None, *, retry: bool = False,
-              min_run_s: float = 60) -> int:
+              min_run_s: float = 60, gpus: list[dict[str, str]] | None = None) -> int:
     """Run the parts that are not done, within the budget; 0 all done,
-    3 some remain, 1 one failed."""
+    3 some remain, 1 one failed, 130 stopped by a signal."""
     from lcab.experiments.run_record import write_run_md  # pandas: only when running
 
     folder.mkdir(parents=True, exist_ok=True)
     state = State(folder, sweep)
-    found = machine.gpus()
+    found = machine.gpus() if gpus is None else gpus
+    gpu_ids = machine.visible_gpu_ids(found) if found else []
     state.data["calls"].append({"start": _now(), "commit": commit, "gpus": found,
-                                "versions": machine.versions(), "extra": extra,
-                                "budget_s": budget_s})
+                                "visible": gpu_ids, "versions": machine.versions(),
+                                "extra": extra, "budget_s": budget_s})
     state.save()
     started = time.monotonic()
     left = lambda: None if budget_s is None else budget_s - (time.monotonic() - started)  # noqa: E731
-    ran = []
-    for part in parts:
-        record = state.part(part.name)
-        if record.get("extra", []) != extra:
-            # Done with other extra flags (a subset, a rehearsal) is not done
-            # with these: run it again; --resume keeps the rows it has.
-            record.update(status=None, finished_runs=[], extra=extra)
-        if record["status"] == DONE or (record["status"] == FAILED and not retry):
-            continue
-        if part.gpus > max(1, len(found)) and found:
-            print(f"== {part.name}: needs {part.gpus} GPUs, this machine has {len(found)}; "
-                  "skipped", flush=True)
-            continue
-        status = DONE
-        for index, run in enumerate(part.runs):
-            if index < len(record.get("finished_runs", [])):
-                continue  # this run ended well on an earlier call
-            remaining = left()
-            if remaining is not None and remaining < min_run_s:
-                status = STOPPED
+    ran, waiting = [], []
+    try:
+        for part in parts:
+            if gpu_ids and part.gpus > len(gpu_ids):
+                print(f"== {part.name}: needs {part.gpus} GPUs, {len(gpu_ids)} visible here; "
+                      "skipped", flush=True)
+                waiting.append(part)
+                continue
+            record = state.part(part.name)
+            if record.get("extra", []) != extra:
+                # Done with other extra flags (a subset, a rehearsal) is not
+                # done with these: run it again; --resume keeps its rows.
+                record.update(status=None, finished_runs=[], extra=extra)
+            if record["status"] == DONE or (record["status"] == FAILED and not retry):
+                continue
+            status = _run_part(part, record, state, folder, commit, extra, gpu_ids, left,
+                               min_run_s)
+            write_run_md(folder, state.data, parts)
+            ran.append(part)
+            if status == STOPPED:
                 break
-            launch = launch_of(run, folder / part.name, commit, extra, len(found))
-            print(f"== {_now()} {part.name} ({index + 1}/{len(part.runs)}): {part.what}\n"
-                  f"{launch.text()}", flush=True)
-            entry = {"command": launch.text(), "start": _now()}
-            record["runs"].append(entry)
-            state.save()
-            code, stopped = run_processes(launch, remaining)
-            entry.update(end=_now(), exit=code, stopped_at_limit=stopped)
-            print(f"   exit {code}{' (stopped at the time limit)' if stopped else ''}",
-                  flush=True)
-            if stopped:
-                status = STOPPED
-                break
-            if code != 0:
-                status = FAILED
-                break
-            record.setdefault("finished_runs", []).append(index)
-        record["status"] = status
+    except KeyboardInterrupt:
         state.save()
         write_run_md(folder, state.data, parts)
-        ran.append(part)
-        if status == STOPPED:
-            break
+        print(f"lcab.experiments.canonical: stopped; run the same command again to go on "
+              f"({folder})", file=sys.stderr, flush=True)
+        return 130
     write_run_md(folder, state.data, parts)
     _print_summaries(folder, ran)
-    statuses = [state.part(part.name)["status"] for part in parts]
+    statuses = [state.part(part.name)["status"] for part in parts if part not in waiting]
     if FAILED in statuses:
         return 1
-    return 0 if all(status == DONE for status in statuses) else 3
+    return 0 if all(status == DONE for status in statuses) and not waiting else 3
+
+
+def _run_part(part, record, state, folder, commit, extra, gpu_ids, left, min_run_s) -> str:
+    """Run what is left of one part; its status (done, failed, stopped)."""
+    status = DONE
+    for index, run in enumerate(part.runs):
+        if index in record.get("finished_runs", []):
+            continue  # this run ended well on an earlier call
+        remaining = left()
+        # Keep the stop's grace inside the budget.
+        seconds = None if remaining is None else remaining - STOP_GRACE_S
+        if seconds is not None and seconds < min_run_s:
+            status = STOPPED
+            break
+        launch = launch_of(run, folder / part.folder, commit, extra, gpu_ids)
+        print(f"== {_now()} {part.name} ({index + 1}/{len(part.runs)}): {part.what}\n"
+              f"{launch.text()}", flush=True)
+        entry = {"command": launch.text(), "start": _now()}
+        record["runs"].append(entry)
+        record["status"] = STOPPED  # until it ends
+        state.save()
+        try:
+            code, at_limit = run_processes(launch, seconds)
+        except KeyboardInterrupt:
+            entry.update(end=_now(), exit="stopped by a signal")
+            raise
+        entry.update(end=_now(), exit=code, stopped_at_limit=at_limit)
+        print(f"   exit {code}{' (stopped at the time limit)' if at_limit else ''}", flush=True)
+        if at_limit:
+            status = STOPPED
+            break
+        if code != 0:
+            status = FAILED
+            break
+        record.setdefault("finished_runs", []).append(index)
+    record["status"] = status
+    state.save()
+    return status
 
 
 def _print_summaries(folder: pathlib.Path, ran: list[defined.Part]) -> None:
     from lcab.report.summary import summary_text
 
     for part in ran:
-        rows = folder / part.name
+        rows = folder / part.folder
         if rows.exists() and any(rows.glob("*.jsonl")):
             print(f"\n## {part.name}\n\n{summary_text([rows])}", flush=True)
 
@@ -305,21 +365,36 @@ def main(argv: list[str]) -> int:
     sweep = argv[1]
     parts = chosen_parts(sweep)
     extra = shlex.split(EXTRA.value)
+    found = machine.gpus()
     if LIST.value:
-        folder = pathlib.Path(OUT.value or default_out(sweep))
+        folder = pathlib.Path(OUT.value) if OUT.value else pathlib.Path("OUT")
         for part in parts:
             print(f"{part.name}  ({part.gpus} GPU{'s' if part.gpus > 1 else ''}): {part.what}")
             for run in part.runs:
-                print("  " + launch_of(run, folder / part.name, COMMIT.value or "COMMIT", extra,
-                                       part.gpus).text().replace("\n", "\n  "))
+                ids = [str(i) for i in range(part.gpus)]
+                print("  " + launch_of(run, folder / part.folder, COMMIT.value or "COMMIT",
+                                       extra, ids).text().replace("\n", "\n  "))
         return 0
-    folder = pathlib.Path(OUT.value) if OUT.value else default_out(sweep)
+    if OUT.value is None and (extra or not found):
+        # results/ holds the published runs: a subset or a CPU rehearsal goes elsewhere.
+        raise app.UsageError("give --out: a run with --extra, or without a GPU, is not a "
+                             "canonical run and does not go into results/")
+    folder = pathlib.Path(OUT.value) if OUT.value else default_out(sweep, found)
+    # SIGTERM (an outer time limit) stops like Ctrl-C: children told, state saved.
+    signal.signal(signal.SIGTERM, _interrupt)
     return run_sweep(sweep, folder, parts, _commit(), extra, BUDGET.value, retry=RETRY.value,
-                     min_run_s=MIN_RUN.value)
+                     min_run_s=MIN_RUN.value, gpus=found)
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
 
 
 def parse_flags(argv: list[str]) -> list[str]:
     """This module's flags; a bad one is a one-line usage error."""
+    if any(arg in ("--help", "-h", "--helpfull") for arg in argv[1:]):
+        print(__doc__.strip() + "\n\nflags:\n" + FLAGS.get_help())
+        sys.exit(0)
     try:
         remaining = FLAGS(argv)
     except flags.Error as error:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from lcab.canonical import ROOT, SWEEPS
+from lcab.canonical import RERUNS, ROOT, SWEEPS
 
 PLAIN, JAX_PROCESSES, TORCHRUN_NODES = "plain", "jax_processes", "torchrun_nodes"
 
@@ -39,6 +39,11 @@ class Part:
     # Another part whose rows this one must reproduce within noise (the
     # multi-process runs against the single-process ones).
     same_as: str | None = None
+
+    @property
+    def folder(self) -> str:
+        """Its folder in the run: a rerun's rows are kept out of tables."""
+        return f"{RERUNS}/{self.name}" if self.same_as else self.name
 
 
 def _flagfile(name: str) -> str:

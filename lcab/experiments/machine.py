@@ -5,6 +5,7 @@ without importing a framework."""
 from __future__ import annotations
 
 import importlib.metadata
+import os
 import platform
 import re
 import shutil
@@ -53,3 +54,12 @@ def versions() -> dict[str, str]:
         except importlib.metadata.PackageNotFoundError:
             pass
     return found
+
+
+def visible_gpu_ids(found: list[dict[str, str]]) -> list[str]:
+    """The GPUs this process may use, as CUDA_VISIBLE_DEVICES names them
+    (nvidia-smi lists every card of the host, whatever that says)."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return [name.strip() for name in visible.split(",") if name.strip()]
+    return [str(index) for index in range(len(found))]

@@ -92,7 +92,8 @@ def write_run_md(folder: pathlib.Path, state: dict, parts=()) -> pathlib.Path:
         status = record.get("status") or "not run"
         if record.get("extra"):
             status += f" (with `{' '.join(record['extra'])}`)"
-        lines.append(f"| `{name}` | {what} | {status} | {_row_counts(folder / name)} |")
+        where = by_name[name].folder if name in by_name else name
+        lines.append(f"| `{name}` | {what} | {status} | {_row_counts(folder / where)} |")
     lines += ["", "## Commands", ""]
     for name, record in state["parts"].items():
         for run in record["runs"]:
@@ -104,8 +105,13 @@ def write_run_md(folder: pathlib.Path, state: dict, parts=()) -> pathlib.Path:
                       "  ```", ""]
     for part in parts:
         if part.same_as and part.name in state["parts"]:
-            table, _ = comparison(folder / part.same_as, folder / part.name)
-            lines += [f"## `{part.name}` against `{part.same_as}`", "", *table, ""]
+            table, _ = comparison(folder / part.same_as, folder / part.folder)
+            lines += [f"## `{part.name}` against `{part.same_as}`", "",
+                      f"Its rows are in `{part.folder}/`, which tables do not read: they "
+                      "check the path a cluster takes, and the single-process part stands in "
+                      "the tables.", "", *table, ""]
+    if state.get("notes"):
+        lines += ["## Notes", "", *(f"- {note}" for note in state["notes"]), ""]
     path = folder / "RUN.md"
     path.write_text("\n".join(lines) + "\n")
     return path

@@ -9,9 +9,11 @@ From the newest committed run of each canonical sweep (lcab.canonical):
 
 - kernels: per mask, at the longest length with a counted row, the
   fastest backend of each framework in each direction;
-- context parallel: per mask and cp size, at the longest length, the
-  fastest strategy of each framework in each direction (per-GPU TFLOP/s),
-  beside the fastest single-GPU kernel of the same run at that length.
+- context parallel: per mask, at every global length a strategy ran
+  (cp sizes run different lengths: tokens per GPU x cp), the fastest
+  strategy of each framework and cp size in each direction (per-GPU
+  TFLOP/s), beside the fastest single-GPU kernel of the same run at that
+  length.
 
 Only rows that count are ranked: status OK and a full-size check at that
 very workload (check_err present); a failed, mismatched or unchecked row
@@ -78,8 +80,9 @@ def frameworks_of(rows: pd.DataFrame) -> list[str]:
 
 def best_table(rows: pd.DataFrame, frameworks: list[str], by_cp_size: bool = False
                ) -> pd.DataFrame:
-    """Per mask (in order of appearance), at its longest length: the best
-    line of each framework (and cp size, for CP rows), "fwd / bwd".
+    """Per mask (in order of appearance), at its longest length (for CP
+    rows, at every length a strategy ran), the best line of each framework
+    (and cp size, for CP rows; cp size 1 is the kernel alone), "fwd / bwd".
 
     rows: counted rows of one setting with "line" (tables.with_line).
     Columns: "jax", "torch", ... or "jax, cp 2", "torch, cp 2", "jax, cp 4", ...
@@ -92,12 +95,17 @@ def best_table(rows: pd.DataFrame, frameworks: list[str], by_cp_size: bool = Fal
     records, index = [], []
     for mask in pd.unique(rows["mask"]):
         mine = rows[rows["mask"] == mask]
-        longest = mine[mine["seqlen"] == mine["seqlen"].max()]
-        records.append([_cell([_best(longest[
-            (longest["framework"] == framework) & (longest["direction"] == direction)
-            & ((longest["cp_size"] == size) if size else True)], shown)
-            for direction in directions]) for framework, size in columns])
-        index.append((mask, format_seqlen(int(longest["seqlen"].iloc[0]))))
+        if by_cp_size:  # every length a strategy ran at: cp sizes run different lengths
+            lengths = sorted(pd.unique(mine.loc[mine["cp_size"] > 1, "seqlen"]))
+        else:
+            lengths = [mine["seqlen"].max()]
+        for length in lengths:
+            here = mine[mine["seqlen"] == length]
+            records.append([_cell([_best(here[
+                (here["framework"] == framework) & (here["direction"] == direction)
+                & ((here["cp_size"] == size) if size else True)], shown)
+                for direction in directions]) for framework, size in columns])
+            index.append((mask, format_seqlen(int(length))))
     names = [framework if size is None else f"{framework}, 1 GPU" if size == 1
              else f"{framework}, cp {size}" for framework, size in columns]
     return pd.DataFrame(records, columns=names, index=pd.MultiIndex.from_tuples(
@@ -129,8 +137,9 @@ def _sections(sweep: str, source: loading.Source, frame: pd.DataFrame, require_c
     for label, group in tables.setting_groups(tables.with_line(rows)):
         unit = measure.of_rows(group).name
         directions = " / ".join(d for d in tables.DIRECTIONS if (group["direction"] == d).any())
-        title = (f"**{sweep}**: {what} of each framework, {unit} {directions}, at each mask's "
-                 f"longest length; {label.rsplit(' on ', 1)[0]}; rows "
+        where = "at each length" if has_cp else "at each mask's longest length"
+        title = (f"**{sweep}**: {what} of each framework, {unit} {directions}, {where}; "
+                 f"{label.rsplit(' on ', 1)[0]}; rows "
                  f"[{source.folder}]({source.folder}) at {source.commit}, {source.device}, "
                  f"{source.date}")
         group = counted(group, require_check)

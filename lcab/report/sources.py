@@ -71,11 +71,13 @@ def named_folders(folders: Folders = None) -> dict[str, pathlib.Path]:
 
 
 def result_files(paths: Iterable[str | pathlib.Path]) -> list[pathlib.Path]:
-    """The JSONL files under the paths, in the order lcab.results reads them."""
+    """The JSONL files under the paths, in the order lcab.results reads them;
+    a folder's rerun parts (lcab.canonical.RERUNS) are left out."""
     found = []
     for path in map(pathlib.Path, paths):
         if path.is_dir():
-            found += sorted(p for p in path.rglob("*.jsonl") if p.is_file())
+            found += sorted(p for p in path.rglob("*.jsonl")
+                            if p.is_file() and not canonical.is_rerun(p, path))
         elif path.exists():
             found.append(path)
         else:
