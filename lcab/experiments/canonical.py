@@ -219,7 +219,7 @@ def default_out(sweep: str, gpus: list[dict[str, str]]) -> pathlib.Path:
     """results/<date>-<device>-<sweep>/: the newest run of this sweep on
     this kind of machine while it has parts left (a call after midnight
     goes on with it), else a new one dated today."""
-    device = machine.device_label(gpus)
+    device = machine.device_label(gpus[:len(machine.visible_gpu_ids(gpus))])  # the usable ones
     for folder in canonical.folders(sweep):
         if canonical.parse_folder(folder.name)[1] == device and _unfinished(folder):
             return folder
