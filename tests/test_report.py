@@ -382,6 +382,24 @@ def test_cp_beside_single_puts_each_frameworks_lines_after_its_inner_kernels():
     assert tables.cp_beside_single_table(frame[frame["suite"] == "kernel"], "jax").empty
 
 
+def test_the_cp_figure_shows_median_ms_for_cpu_rows_as_the_tables_do():
+    frame = _cp_sample()
+    cpu = frame.assign(device="cpu", median_ms=1000.0 / frame["tflops"])
+    fig = figures.draw_cp(cpu, "causal")
+    ax = fig.axes[0]
+    assert [axes.get_ylabel() for axes in fig.axes] == ["median ms", "median ms"]
+    curves = {c.get_label(): list(c.lines[0].get_ydata()) for c in ax.containers}
+    assert curves["ring/jax.cp_ring"] == [pytest.approx(1000.0 / 380.0)]
+    # The single-GPU inner kernel's line, in the same measure.
+    references = {line.get_label(): line.get_ydata()[0] for line in ax.get_lines()}
+    assert references["1 GPU jax.pallas_flex"] == pytest.approx(1000.0 / 400.0)
+    # The same rows on a GPU: per-GPU TFLOP/s.
+    gpu = figures.draw_cp(frame, "causal").axes[0]
+    assert gpu.get_ylabel() == "TFLOP/s per GPU"
+    assert {c.get_label(): list(c.lines[0].get_ydata()) for c in gpu.containers}[
+        "ring/jax.cp_ring"] == [pytest.approx(380.0)]
+
+
 def test_the_report_writes_the_cp_comparisons(tmp_path):
     path = tmp_path / "rows.jsonl"
     writer = results.Writer(path)
@@ -443,10 +461,14 @@ def test_the_readme_ring_at_8k_per_gpu_comes_from_the_committed_2_gpu_rows():
     assert allgather.loc[("causal_document", 16384, "bwd", 2)] == "167 / 225 = 0.74"
 
 
-def _readme_section(heading: str) -> str:
-    text = (ROOT / "README.md").read_text()
+def _earlier_section(heading: str) -> str:
+    """A section of docs/earlier_measurements.md (where the README's earlier
+    tables live), up to the next heading of its level or above."""
+    text = (ROOT / "docs" / "earlier_measurements.md").read_text()
     start = text.index(heading)
-    return text[start:text.index("\n## ", start + 1)]
+    level = len(heading.split(" ")[0])  # "###": 3
+    ends = [text.find("\n" + "#" * n + " ", start + 1) for n in range(1, level + 1)]
+    return text[start:min([end for end in ends if end != -1], default=len(text))]
 
 
 _TABLE_ROWS = ROOT / "results/gpu/2026-11-27-full-size-gate/table"
@@ -454,8 +476,8 @@ _H100_ROWS = ROOT / "results/gpu/2026-11-27-pallas-flex-table"
 
 
 def test_the_readme_pallas_flex_tables_are_the_full_size_gate_rows():
-    """README, jax.pallas_flex: the tables of masks that draw nothing (the
-    seed blog's at 16k-64k, the paper's at 32k) are
+    """docs/earlier_measurements.md, jax.pallas_flex: the tables of masks
+    that draw nothing (the seed blog's at 16k-64k, the paper's at 32k) are
     experiments/pallas_flex_table.py's output on the full-size gate's rows,
     every timed figure from one host of four H200s (09:36-09:50 UTC,
     2026-11-27) and checked at its own size; the rows of masks whose
@@ -463,7 +485,7 @@ def test_the_readme_pallas_flex_tables_are_the_full_size_gate_rows():
     not among them."""
     script = experiment_scripts.load("pallas_flex_table")
     seed, paper = script.tables([_TABLE_ROWS])
-    section = _readme_section("## Our own kernel: jax.pallas_flex (v6b")
+    section = _earlier_section("### Our own kernel: jax.pallas_flex (v6b")
     assert seed in section and paper in section
     assert len(seed.splitlines()) == 2 + 9 and len(paper.splitlines()) == 2 + 7
     assert "document" not in seed and "var_block_sparse" not in paper
@@ -490,13 +512,13 @@ _SEED_WORKLOAD_ROWS = [ROOT / "results/gpu/2026-11-27-seed-workloads" / part
 
 
 def test_the_readme_seed_workload_tables_are_the_h100_rows():
-    """README, jax.pallas_flex: the seeds' document and sparse workloads
-    (magi_pack documents and varlen_block_causal at 16k-64k; the paper's
+    """docs/earlier_measurements.md, jax.pallas_flex: the seeds' document
+    and sparse workloads (magi_pack documents and varlen_block_causal at 16k-64k; the paper's
     longca documents, global window and block-sparse generators at 32k) are
     the script's output on one H100's rows, each checked at its own size."""
     script = experiment_scripts.load("pallas_flex_table")
     seed, paper = script.tables(_SEED_WORKLOAD_ROWS)
-    section = _readme_section("## Our own kernel: jax.pallas_flex (v6b")
+    section = _earlier_section("### Our own kernel: jax.pallas_flex (v6b")
     assert seed in section and paper in section
     assert len(seed.splitlines()) == 2 + 9 and len(paper.splitlines()) == 2 + 8
     frame = results.load(_SEED_WORKLOAD_ROWS)

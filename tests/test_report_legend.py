@@ -20,6 +20,13 @@ def test_the_markdown_names_every_status_code_and_mark():
     assert legend.markdown() == text  # pasted into the README: must not change between calls
 
 
+def test_a_mismatch_names_both_references():
+    # The probe compares with float64, the full-size check with float32 at the timed size.
+    mismatch = next(entry for entry in legend.ENTRIES if entry.status == "MISMATCH")
+    assert "float64 on the probe" in mismatch.meaning
+    assert "float32 at the timed size" in mismatch.meaning
+
+
 def test_the_tables_print_the_same_legend(tmp_path):
     summary = tables.short_table(loaded(tmp_path, [row("jax.a")]))
     assert f"Legend: {legend.one_line()}" in summary

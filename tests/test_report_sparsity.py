@@ -98,6 +98,35 @@ def test_the_sparsity_figure_is_written(sparse, tmp_path):
     assert path.exists() and path.stat().st_size > 10_000
 
 
+def _curves(ax) -> dict[str, list[float]]:
+    """Each drawn line's label and y values (one error-bar container a line)."""
+    return {c.get_label(): [float(y) for y in c.lines[0].get_ydata()] for c in ax.containers}
+
+
+def test_the_sparsity_figure_shows_median_ms_for_cpu_rows_as_the_tables_do(sparse):
+    cpu = sparse.assign(device="cpu", median_ms=1000.0 / sparse["tflops"])
+    cpu = cpu.assign(p20_ms=cpu["median_ms"] * 0.9, p80_ms=cpu["median_ms"] * 1.2)
+    fig = figures.draw_sparsity(cpu, "block_sparse")
+    ax = fig.axes[0]
+    assert ax.get_title() == "8k, block 64: forward"
+    assert all(axes.get_ylabel() == "median ms" for axes in fig.axes)
+    assert _curves(ax)["torch.flex"] == pytest.approx(
+        [1000.0 / _tflops("torch.flex", "block_sparse", 64, keep, "fwd") for keep in KEEPS])
+    assert "median ms against keep" in fig.get_suptitle()
+    # The same rows on a GPU: TFLOP/s.
+    gpu = figures.draw_sparsity(sparse, "block_sparse").axes[0]
+    assert gpu.get_ylabel() == "TFLOP/s"
+    assert _curves(gpu)["torch.flex"] == pytest.approx(
+        [_tflops("torch.flex", "block_sparse", 64, keep, "fwd") for keep in KEEPS])
+
+
+def test_a_mask_whose_rows_all_failed_still_gets_a_figure_that_says_so(sparse, tmp_path):
+    failed = sparse.assign(status="OOM", tflops=None, median_ms=None)
+    fig = figures.draw_sparsity(failed, "block_sparse")
+    assert any("nothing measured" in text.get_text() for text in fig.texts)
+    assert figures.sparsity_figure(failed, "block_sparse", tmp_path / "failed.png").exists()
+
+
 def test_the_cli_writes_the_sparsity_files_and_indexes_them(sparse, tmp_path):
     out = report_of(sparse, tmp_path)
     for name in ("sparsity.md", "sparsity.csv", "figures/sparsity_block_sparse.png",

@@ -1,5 +1,6 @@
-"""Figures of result rows (PNG): kernel bar charts, CP line charts, peak
-memory against seqlen and block-sparse TFLOP/s against keep.
+"""Figures of result rows (PNG) for `python -m lcab.report --out`: kernel
+bar charts, peak memory against seqlen, CP scaling and block-sparse speed
+against keep. Each takes one setting's rows, a mask and a path.
 
 Kernel figures follow the MagiAttention benchmark figures: one picture per
 mask, grouped bars per sequence length, one bar per backend, the TFLOP/s
@@ -10,9 +11,14 @@ backend with no number anywhere in the figure is left out of it (its codes
 are in the tables). Colours, markers and hatches come from
 lcab.report.styles, so any two backends look different.
 
-Only this module imports matplotlib, and it uses `matplotlib.figure.Figure`
-with the Agg canvas directly, not pyplot: no global backend switch and no
-figure registry that keeps every figure alive.
+The CP and keep figures are the result pages' line figures
+(lcab.report.line_figures): p20-p80 error bars, the single-GPU kernel as a
+reference line in CP panels; a failed row's code is in the tables only.
+draw_cp and draw_sparsity return those Figures unsaved.
+
+Only the figure modules import matplotlib, and they use
+`matplotlib.figure.Figure` with the Agg canvas directly, not pyplot: no
+global backend switch and no figure registry that keeps every figure alive.
 """
 
 from __future__ import annotations
@@ -24,12 +30,11 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
-from lcab.report import legend, measure, memory, sparsity, styles, tables
+from lcab.report import legend, line_figures, measure, memory, sparsity, styles, tables
+from lcab.report.line_figures import PANEL_TITLES, log2_axis, save
 from lcab.status import Status
 from lcab.workloads import format_seqlen
 
-DPI = 120
-PANEL_TITLES = {"fwd": "forward", "bwd": "backward"}
 # Above this many bars in a panel the values are printed vertically so
 # neighbouring labels do not run into each other.
 UPRIGHT_LABELS_ABOVE = 16
@@ -43,13 +48,6 @@ def _rows_of_mask(rows: pd.DataFrame, suite: str, mask: str) -> pd.DataFrame:
         present = sorted(map(str, pd.unique(rows["mask"])))
         raise ValueError(f"no {suite} rows for mask={mask!r}; masks with {suite} rows: {present}")
     return mine
-
-
-def _save(fig: Figure, path: str | pathlib.Path) -> pathlib.Path:
-    path = pathlib.Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=DPI)
-    return path
 
 
 def _footnote(fig: Figure, rows: pd.DataFrame) -> None:
@@ -95,7 +93,8 @@ def _kernel_panel(ax, rows, backends, seqlens, looks, upright: bool) -> None:
 
 
 def kernel_figure(frame: pd.DataFrame, mask: str, path: str | pathlib.Path) -> pathlib.Path:
-    """A PNG of one mask's kernel TFLOP/s: fwd and bwd panels of grouped bars."""
+    """A PNG of one mask's kernel TFLOP/s (median ms on a CPU): fwd and bwd
+    panels of grouped bars."""
     rows = _rows_of_mask(tables.suite_rows(frame, "kernel"), "kernel", mask)
     label = tables.single_setting(rows, "kernel_figure")
     # A backend that measured nothing here would only add stubs and a legend entry.
@@ -119,92 +118,29 @@ def kernel_figure(frame: pd.DataFrame, mask: str, path: str | pathlib.Path) -> p
     fig.legend(handles=handles, loc="outside right center", fontsize=8, frameon=False)
     fig.suptitle(f"{mask}: {label}", fontsize=11)
     _footnote(fig, rows)
-    return _save(fig, path)
-
-
-# ---------------------------------------------------------------- line helpers
-
-
-def _ok_top(rows: pd.DataFrame) -> float:
-    """The highest OK TFLOP/s of the rows (1 without any), to scale a panel."""
-    ok_values = rows.loc[rows["status"] == Status.OK.value, "tflops"]
-    return float(ok_values.max()) if not ok_values.empty else 1.0
-
-
-def _tflops_curve(ax, mine, x: str, k: int, top: float, look: styles.Style, dash: str,
-                  name: str) -> None:
-    """One curve of TFLOP/s against column x; a failed point is its code near the x axis."""
-    mine = mine.sort_values(x)
-    ok = mine[mine["status"] == Status.OK.value]
-    color = look.color
-    ax.plot(ok[x], ok["tflops"], dash, marker=look.marker, color=color, label=name)
-    for r in mine[mine["status"] != Status.OK.value].itertuples(index=False):
-        # Each curve's codes at its own height (k), so failures at one x stay readable.
-        ax.text(getattr(r, x), top * (0.03 + 0.06 * (k % 12)),
-                tables.format_cell(r.status, r.tflops), ha="center", va="bottom",
-                fontsize=9, fontweight="bold", color=color)
-
-
-def _log2_axis(ax, values, labels) -> None:
-    """A log2 x axis with a tick at each value, room at both ends."""
-    ax.set_xscale("log", base=2)
-    ax.set_xticks(values, labels)
-    ax.minorticks_off()
-    ax.set_xlim(values[0] / 1.25, values[-1] * 1.25)
-
-
-def _panel_legend(fig: Figure, axes) -> None:
-    """Every panel's curves, once each: a curve may fail everywhere in one panel."""
-    legend = {}
-    for ax in axes:
-        legend.update(zip(*reversed(ax.get_legend_handles_labels())))
-    fig.legend(list(legend.values()), list(legend), loc="outside right center",
-               fontsize=8, frameon=False)
+    return save(fig, path)
 
 
 # ---------------------------------------------------------------- CP lines
 
 
-def _cp_panel(ax, rows, lines, looks, dashes) -> None:
-    """Per-GPU TFLOP/s against cp_size; a failed point is its code on the x axis."""
-    top = _ok_top(rows)
-    curves = [(line, seqlen) for line in lines for seqlen in dashes]
-    for k, (line, seqlen) in enumerate(curves):
-        mine = rows[(rows["line"] == line) & (rows["seqlen"] == seqlen)]
-        if mine.empty:
-            continue
-        name = line if len(dashes) == 1 else f"{line} @ {format_seqlen(seqlen)}"
-        _tflops_curve(ax, mine, "cp_size", k, top, looks[line], dashes[seqlen], name)
-    sizes = sorted(int(s) for s in pd.unique(rows["cp_size"]))
-    _log2_axis(ax, sizes, [str(s) for s in sizes])
-    ax.set_ylim(0, top * 1.15)
-    ax.set_xlabel("cp_size (GPUs)")
-    ax.set_ylabel("TFLOP/s per GPU")
-    ax.grid(alpha=0.3)
+def draw_cp(frame: pd.DataFrame, mask: str) -> Figure:
+    """One mask's CP rows as line_figures.cp_figure draws them: per-GPU
+    TFLOP/s (median ms on a CPU) against cp size, the single-GPU inner
+    kernels of the same rows as reference lines."""
+    rows = tables.with_line(_rows_of_mask(tables.suite_rows(frame, "cp"), "cp", mask))
+    label = tables.single_setting(rows, "cp_figure")
+    shown = measure.of_rows(rows)
+    unit = f"per-GPU {shown.name}" if shown.higher_is_better else shown.name
+    title = (f"{mask}, context parallel: {unit} against cp size "
+             "(black: the kernel alone on one GPU)")
+    return line_figures.cp_figure(rows, tables.suite_rows(frame, "kernel"), title, label,
+                                  styles.styles(tables.line_order(rows)))
 
 
 def cp_figure(frame: pd.DataFrame, mask: str, path: str | pathlib.Path) -> pathlib.Path:
-    """A PNG of one mask's CP rows: per-GPU TFLOP/s against cp_size, fwd and bwd panels."""
-    rows = _rows_of_mask(tables.suite_rows(frame, "cp"), "cp", mask)
-    label = tables.single_setting(rows, "cp_figure")
-    rows = tables.with_line(rows)
-    lines = tables.line_order(rows)
-    looks = styles.styles(lines)
-    # One dash pattern per sequence length, when a mask was run at several.
-    seqlens = sorted(int(s) for s in pd.unique(rows["seqlen"]))
-    dashes = dict(zip(seqlens, ["-", "--", ":", "-."] * len(seqlens)))
-    directions = [d for d in tables.DIRECTIONS if (rows["direction"] == d).any()]
-
-    fig = Figure(figsize=(5.5 * len(directions) + 2.5, 5.0), layout="constrained")
-    axes = fig.subplots(1, len(directions), squeeze=False)[0]
-    for ax, direction in zip(axes, directions):
-        _cp_panel(ax, rows[rows["direction"] == direction], lines, looks, dashes)
-        ax.set_title(PANEL_TITLES.get(direction, direction), fontsize=10)
-    _panel_legend(fig, axes)
-    seqlen_text = ", ".join(format_seqlen(s) for s in seqlens)
-    fig.suptitle(f"{mask} at {seqlen_text}, context parallel: {label}", fontsize=11)
-    _footnote(fig, rows)
-    return _save(fig, path)
+    """A PNG of one mask's CP rows (draw_cp)."""
+    return save(draw_cp(frame, mask), path)
 
 
 # ---------------------------------------------------------------- peak memory
@@ -226,7 +162,7 @@ def memory_figure(frame: pd.DataFrame, mask: str, path: str | pathlib.Path) -> p
             ax.plot(mine["seqlen"], mine["gib"], style, marker=looks[line].marker,
                     color=looks[line].color)
     seqlens = sorted(int(s) for s in pd.unique(rows["seqlen"]))
-    _log2_axis(ax, seqlens, [format_seqlen(s) for s in seqlens])
+    log2_axis(ax, seqlens, [format_seqlen(s) for s in seqlens])
     ax.set_ylim(0, float(rows["gib"].max()) * 1.1)
     ax.set_xlabel("sequence length")
     ax.set_ylabel(f"peak memory, {memory.UNIT}")
@@ -238,43 +174,25 @@ def memory_figure(frame: pd.DataFrame, mask: str, path: str | pathlib.Path) -> p
                 for direction, style in DIRECTION_STYLES.items()]
     fig.legend(handles=handles, loc="outside right center", fontsize=8, frameon=False)
     fig.suptitle(f"{mask}, peak memory: {label}", fontsize=11)
-    return _save(fig, path)
+    return save(fig, path)
 
 
 # ---------------------------------------------------------------- sparsity
 
 
-def sparsity_figure(frame: pd.DataFrame, mask: str, path: str | pathlib.Path) -> pathlib.Path:
-    """A PNG of one block-sparse mask's TFLOP/s against keep (0 to 1): one
-    line per backend, one row of panels per (seqlen, block_size), one column
-    per direction (sparsity.sparsity_rows)."""
+def draw_sparsity(frame: pd.DataFrame, mask: str) -> Figure:
+    """One block-sparse mask's rows (sparsity.sparsity_rows) as
+    line_figures.scaling_figure draws a keep sweep: TFLOP/s (median ms on a
+    CPU) against keep, one line per backend, a row of panels per (seqlen,
+    block_size), a column per direction."""
     rows = _rows_of_mask(sparsity.sparsity_rows(frame), "block-sparse kernel", mask)
     label = tables.single_setting(rows, "sparsity_figure")
-    lines = tables.line_order(rows)
-    looks = styles.styles(lines)
-    panels = sorted(set(zip(rows["seqlen"].astype(int), rows["block_size"])))
-    directions = [d for d in tables.DIRECTIONS if (rows["direction"] == d).any()]
+    unit = measure.of_rows(rows).name
+    return line_figures.scaling_figure(rows, f"{mask}: {unit} against keep", label,
+                                       styles.styles(tables.line_order(rows)), x="keep",
+                                       panel_by=["seqlen", "block_size"])
 
-    fig = Figure(figsize=(4.8 * len(directions) + 2.5, 3.4 * len(panels) + 0.8),
-                 layout="constrained")
-    axes = fig.subplots(len(panels), len(directions), squeeze=False)
-    for (seqlen, block), panel_axes in zip(panels, axes):
-        for ax, direction in zip(panel_axes, directions):
-            mine = rows[(rows["seqlen"] == seqlen) & (rows["block_size"] == block)
-                        & (rows["direction"] == direction)]
-            top = _ok_top(mine)
-            for k, line in enumerate(lines):
-                curve = mine[mine["line"] == line]
-                if not curve.empty:
-                    _tflops_curve(ax, curve, "keep", k, top, looks[line], "-", line)
-            ax.set_xlim(0, 1.02)  # keep is in (0, 1]; the margin shows a point at 1
-            ax.set_ylim(0, top * 1.15)
-            ax.set_xlabel("keep (kept fraction of kv blocks)")
-            ax.set_ylabel("TFLOP/s")
-            ax.grid(alpha=0.3)
-            ax.set_title(f"{format_seqlen(seqlen)}, block {block}: "
-                         f"{PANEL_TITLES.get(direction, direction)}", fontsize=10)
-    _panel_legend(fig, axes.ravel())
-    fig.suptitle(f"{mask}, TFLOP/s against keep: {label}", fontsize=11)
-    _footnote(fig, rows)
-    return _save(fig, path)
+
+def sparsity_figure(frame: pd.DataFrame, mask: str, path: str | pathlib.Path) -> pathlib.Path:
+    """A PNG of one block-sparse mask's rows against keep (draw_sparsity)."""
+    return save(draw_sparsity(frame, mask), path)

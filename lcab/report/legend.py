@@ -38,8 +38,8 @@ _STATUS_MEANINGS = {
                         "(it is never run as something else)",
     Status.UNAVAILABLE: "unavailable where it ran (a package or the device is missing)",
     Status.ERROR: "the run failed; its reason says how",
-    Status.MISMATCH: "output or gradients disagree with the float64 reference (it ran, and its "
-                     "time is not shown)",
+    Status.MISMATCH: "output or gradients disagree with the reference (float64 on the probe, "
+                     "float32 at the timed size; it ran, and its time is not shown)",
 }
 
 ENTRIES: tuple[Entry, ...] = (

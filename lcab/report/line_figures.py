@@ -9,9 +9,12 @@
 
 Only lines with at least one number are drawn (a backend that measured
 nothing here is left out of the figure and its legend; the page's tables
-give its codes and reasons). Every line's colour, marker and dash come from
-lcab.report.styles; the legend sits under the panels, clear of the titles.
-Functions return the Figure (Agg canvas, no pyplot); save() writes it.
+give its codes and reasons); rows without any number give a figure that
+says so. Every line's colour, marker and dash come from lcab.report.styles;
+the legend sits under the panels, clear of the titles. Functions return the
+Figure (Agg canvas, no pyplot); save() writes it. lcab.report.figures draws
+the same CP and keep figures for `python -m lcab.report --out`, and takes
+save (so DPI), PANEL_TITLES and log2_axis from here.
 """
 
 from __future__ import annotations
@@ -52,7 +55,8 @@ def measured_lines(rows: pd.DataFrame) -> list[str]:
     return [line for line in tables.line_order(rows) if line in ok]
 
 
-def _log2_axis(ax, values: Sequence[int], labels: Sequence[str]) -> None:
+def log2_axis(ax, values: Sequence[int], labels: Sequence[str]) -> None:
+    """A log2 x axis with a tick at each value, room at both ends."""
     ax.set_xscale("log", base=2)
     ax.set_xticks(values, labels)
     ax.minorticks_off()
@@ -113,6 +117,16 @@ def _directions(rows: pd.DataFrame) -> list[str]:
     return [d for d in tables.DIRECTIONS if (rows["direction"] == d).any()]
 
 
+def _nothing_measured(title: str, setting: str) -> Figure:
+    """A figure for rows without a single number: it says so rather than
+    drawing empty axes (the tables give each row's code)."""
+    fig = Figure(figsize=(8.0, 2.6), layout="constrained")
+    fig.text(0.5, 0.45, "nothing measured: every row failed (the table gives each code)",
+             ha="center", va="center", fontsize=11, color="firebrick")
+    _title(fig, title, setting)
+    return fig
+
+
 def scaling_figure(rows: pd.DataFrame, title: str, setting: str,
                    looks: Mapping[str, styles.Style], x: str = "seqlen",
                    panel_by: Sequence[str] = ()) -> Figure:
@@ -125,6 +139,8 @@ def scaling_figure(rows: pd.DataFrame, title: str, setting: str,
     """
     shown = measure.of_rows(rows)
     lines = measured_lines(rows)
+    if not lines:
+        return _nothing_measured(title, setting)
     rows = rows[rows["line"].isin(lines)]
     panels = (sorted(set(rows[list(panel_by)].itertuples(index=False, name=None)))
               if panel_by else [()])
@@ -159,7 +175,7 @@ def _panel_text(column: str, value) -> str:
 def _axes_for(ax, x: str, rows: pd.DataFrame, shown: measure.Measure) -> None:
     if x in ("seqlen", "cp_size"):
         values = sorted(int(v) for v in pd.unique(rows[x]))
-        _log2_axis(ax, values, [format_seqlen(v) if x == "seqlen" else str(v) for v in values])
+        log2_axis(ax, values, [format_seqlen(v) if x == "seqlen" else str(v) for v in values])
         ax.set_xlabel("sequence length" if x == "seqlen" else "cp size (GPUs)")
     else:
         ax.set_xlim(0, 1.02)  # keep is in (0, 1]
@@ -198,6 +214,8 @@ def cp_figure(cp_rows: pd.DataFrame, kernel_rows: pd.DataFrame, title: str, sett
     """
     shown = measure.of_rows(cp_rows)
     lines = measured_lines(cp_rows)
+    if not lines:
+        return _nothing_measured(title, setting)
     cp_rows = cp_rows[cp_rows["line"].isin(lines)]
     references = single_gpu_references(cp_rows, kernel_rows)
     reference_dashes = {line: REFERENCE_DASHES[i % len(REFERENCE_DASHES)]

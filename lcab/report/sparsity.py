@@ -1,11 +1,13 @@
-"""TFLOP/s against sparsity for the block-sparse mask families: the data.
+"""TFLOP/s (median ms on a CPU) against sparsity for the block-sparse mask
+families: the data.
 
 Block-sparse rows (block_sparse, var_block_sparse; any kernel row whose
 mask_params carry both `keep` and `block_size`) keep a fraction `keep` of
 the kv blocks of each q block. A sweep may run several keep values and block
 sizes at one seqlen; here they line up against keep, one group per
 (mask, seqlen, block_size, direction). `figures.sparsity_figure` draws the
-same rows. The kernel tables show these rows too, their mask labelled with
+same rows. Cells and figure show what lcab.report.measure picks for the
+rows' device. The kernel tables show these rows too, their mask labelled with
 its setting where a family ran with several (tables.label_mask_settings).
 """
 
@@ -33,9 +35,9 @@ def sparsity_rows(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def sparsity_table(frame: pd.DataFrame) -> pd.DataFrame:
-    """TFLOP/s (or status codes) per backend: index SPARSITY_INDEX, one
-    column per backend line. Empty when there are no block-sparse rows.
-    Expects one setting group (tables.setting_groups)."""
+    """TFLOP/s, median ms on a CPU (or status codes) per backend: index
+    SPARSITY_INDEX, one column per backend line. Empty when there are no
+    block-sparse rows. Expects one setting group (tables.setting_groups)."""
     rows = sparsity_rows(frame)
     if rows.empty:
         return pd.DataFrame()
