@@ -109,7 +109,7 @@ def _read_by_tests() -> set[str]:
         text = path.read_text()
         for chain in re.findall(r'(?:ROOT|root)((?:\s*/\s*"[^"]+")+)', text):
             named.add("/".join(re.findall(r'"([^"]+)"', chain)))
-        named |= set(re.findall(r'"((?:results|experiments|docs|tests/data)/[^"<>*]+)"', text))
+        named |= set(re.findall(r'"((?:results|experiments|docs|tests/data)/[^"<>*\n]+)"', text))
     sources = (*PACKAGES, "tests")  # py_library srcs, checked above
     return {name for name in named
             if (ROOT / name).exists() and name.split("/")[0] not in sources}

@@ -17,8 +17,17 @@ from lcab.comm import AlphaBeta
 from lcab.cp import DISPATCH_NAMES, imbalance, make_dispatch, pair_areas, rank_areas
 from lcab.flops import attention_flops
 from lcab.masks import MASK_NAMES, make_mask
-from lcab.model import (NVLINK_H100, STRATEGIES, KernelCurve, Network, Shape,
-                        network_from_comm, predict)
+from lcab.model import (
+    NVLINK_H100,
+    STRATEGIES,
+    KernelCurve,
+    Network,
+    Shape,
+    network_from_comm,
+    networks_from_comm,
+    predict,
+)
+from lcab.model.coverage import CallLog, extrapolation_warnings
 from lcab.model.validation import error_summary, predicted_vs_measured
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -28,14 +37,17 @@ THIRD_SESSION = "results/gpu/2026-11-26-h100x4-cp3"
 SHAPE = Shape(heads_q=64, heads_kv=8, head_dim=128)
 
 
-def kernel_rows(backend="jax.fake", device="gpu"):
+def kernel_rows(backend="jax.fake", device="gpu", seqlens=(1024, 4096, 16384)):
     """A made-up kernel whose speed grows with the call's FLOPs."""
     rows = []
     for seqlen, fwd, bwd in ((1024, 100.0, 50.0), (4096, 300.0, 150.0), (16384, 400.0, 200.0)):
+        if seqlen not in seqlens:
+            continue
         for name in ("full", "causal"):
             area = make_mask(name, seqlen).area()
             for direction, speed in (("fwd", fwd), ("bwd", bwd)):
                 rows.append({"suite": "kernel", "backend": backend, "status": "OK",
+                             "seqlen": seqlen,
                              "device": device, "direction": direction, "heads_q": 64,
                              "head_dim": 128, "dtype": "bfloat16", "tflops": speed,
                              "density": area / seqlen**2,
@@ -63,6 +75,51 @@ def test_the_curve_passes_through_its_points_and_holds_beyond_them():
     assert CURVE.seconds(0, 1.0, "fwd") == 0.0
     with pytest.raises(ValueError, match="no OK kernel rows of jax.other"):
         KernelCurve.from_rows(kernel_rows(), "jax.other")
+
+
+def test_the_curve_says_which_calls_it_measured():
+    assert CURVE.lengths == (1024, 4096, 16384)
+    flops = CURVE.points["fwd"][0]
+    assert CURVE.flops_range("fwd") == (flops[0], flops[-1])
+    assert CURVE.covers(flops[0], 0.5, "fwd") and CURVE.covers(flops[-1], 1.0, "fwd")
+    assert CURVE.covers(np.sqrt(flops[0] * flops[-1]), 1.0, "fwd")
+    assert not CURVE.covers(flops[0] / 2, 0.5, "fwd")
+    assert not CURVE.covers(flops[-1] * 2, 1.0, "fwd")
+
+
+def _logged(curve, seqlen_per_gpu, cp=4):
+    """The calls of every strategy on a full mask, through a CallLog."""
+    log = CallLog(curve)
+    mask = make_mask("full", seqlen_per_gpu * cp)
+    found = [predict(s, mask, cp, SHAPE, log, Network()) for s in STRATEGIES]
+    assert [p.seconds for p in found] == [  # the log does not change a figure
+        predict(s, mask, cp, SHAPE, curve, Network()).seconds for s in STRATEGIES]
+    return log
+
+
+def test_calls_inside_the_measured_range_warn_of_nothing():
+    log = _logged(CURVE, 4096)  # 4k x 4k ring steps up to 16k x 16k calls: all measured
+    # ring 4 x 4 steps, allgather 4 ranks, ulysses 1 call, usp (Ulysses over all 4) 1 call
+    assert log.calls["fwd"].count == 4 * 4 + 4 + 1 + 1
+    assert log.calls["fwd"].outside == 0 and extrapolation_warnings(log) == []
+
+
+def test_calls_outside_the_measured_range_are_called_extrapolated():
+    log = _logged(CURVE, 256)  # 256-token ring steps: smaller than any 1k row
+    warning, = extrapolation_warnings(log)
+    calls = log.calls["fwd"]
+    assert 0 < calls.outside <= calls.count
+    assert warning.startswith(f"warning: {calls.outside} of the {calls.count} per-GPU kernel "
+                              "calls modelled (fwd ")
+    assert "at 1k, 4k, 16k); the curve holds its nearest measured speed there" in warning
+
+
+def test_a_curve_of_one_length_is_called_extrapolated_at_every_size():
+    one = KernelCurve.from_rows(kernel_rows(seqlens=(4096,)), "jax.fake")
+    assert one.lengths == (4096,)
+    lines = extrapolation_warnings(_logged(one, 1024))
+    assert lines[0].startswith("warning: the kernel curve was measured at one length (4k)")
+    assert "lie outside" in lines[1]  # 1k-token ring steps: below the 4k rows
 
 
 # ----------------------------------------------------------- invariants
@@ -160,17 +217,29 @@ def test_the_network_crosses_nodes_at_the_network_rate():
 
 # ------------------------------------------------- calibration and error
 def test_intra_node_links_fit_the_committed_comm_rows():
-    network = network_from_comm(results.read_rows([f"{MEASURED}/comm"]))
+    rows = results.read_rows([f"{MEASURED}/comm"])  # JAX's collectives
+    network = network_from_comm(rows, framework="jax")
     for op, constant in NVLINK_H100.items():
         fitted = network.intra[op]
         assert fitted.alpha_s == pytest.approx(constant.alpha_s, rel=0.02)
         assert fitted.beta_bytes_per_s == pytest.approx(constant.beta_bytes_per_s, rel=0.02)
+    # Another framework's collectives, twice as slow, change neither fit.
+    slower = [{**row, "framework": "torch", "median_ms": 2 * row["median_ms"]} for row in rows]
+    assert network_from_comm(rows + slower, framework="jax").intra == network.intra
+    torch = network_from_comm(rows + slower, framework="torch")
+    for op, link in network.intra.items():
+        assert torch.intra[op].alpha_s == pytest.approx(2 * link.alpha_s)
+        assert torch.intra[op].beta_bytes_per_s == pytest.approx(link.beta_bytes_per_s / 2)
+    # No rows of a framework: the constants.
+    assert network_from_comm(rows, framework="torch").intra == NVLINK_H100
 
 
 def test_the_model_against_the_measured_h100_rows():
     # The three 4 x H100 sessions; a case measured twice counts once.
     rows = results.newest_rows(results.read_rows([MEASURED, SECOND_SESSION, THIRD_SESSION]))
-    checked = predicted_vs_measured(rows, network_from_comm(rows))
+    networks = networks_from_comm(rows)  # each framework's rows with its own links
+    assert set(networks) == {"jax", "torch"} and networks["torch"].intra == NVLINK_H100
+    checked = predicted_vs_measured(rows, networks)
     jax = checked[checked["backend"].str.startswith("jax.")]
     summary = error_summary(jax)
     assert set(summary.index.get_level_values("cp")) == {1, 2, 4}
@@ -244,6 +313,17 @@ def test_the_cli_runs_from_any_directory_on_the_committed_rows(tmp_path, committ
             in done.stdout)
     assert "(canonical cp run, 2026-11-26, h100x4); commit 74af64f" in done.stdout
     assert (tmp_path / "out" / "predictions.csv").exists()
+
+
+def test_a_reader_that_stops_early_gets_no_traceback(committed_root):
+    # `python -m lcab.model | head`: the pipe closes before the table is written.
+    child = subprocess.Popen([sys.executable, "-m", "lcab.model", "--cp=2", "--masks=full",
+                              f"--results_root={committed_root}"], cwd=ROOT,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             env={**os.environ, "PYTHONPATH": str(ROOT)})
+    child.stdout.close()
+    stderr = child.stderr.read()
+    assert child.wait(timeout=120) == 1 and "Traceback" not in stderr, stderr[-2000:]
 
 
 def test_the_nvlink_flags_override_the_fitted_links(tmp_path, committed_root):

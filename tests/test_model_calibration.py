@@ -20,17 +20,19 @@ KERNEL = "jax.pallas_flex"  # the model's default --kernel
 
 
 def write_run(root, date, device, sweep, *, commit, speed=400.0, backend=KERNEL,
-              directions=("fwd", "bwd"), comm=True, cp=True):
+              directions=("fwd", "bwd"), comm=True, cp=True, seqlens=(4096, 16384, 65536),
+              links_gbps=(("jax", 200.0),)):
     """A canonical run's folder of made-up rows: single-GPU kernel rows of
-    `backend` (`speed` TFLOP/s forward, half that backward), and for the cp
-    sweep comm rows over 4 ranks and one ring row at cp 2."""
+    `backend` (`speed` TFLOP/s forward, half that backward) at `seqlens`,
+    and for the cp sweep comm rows over 4 ranks (per framework, its bus
+    bandwidth in `links_gbps`) and one ring row at cp 2."""
     folder = root / canonical.folder_name(date, device, sweep)
     gpu = f"NVIDIA {device.split('x')[0].upper()}"
     common = {"batch": 1, "heads_q": 64, "heads_kv": 8, "head_dim": 128, "dtype": "bfloat16",
               "status": "OK", "device": gpu, "git_commit": commit,
               "timestamp": f"{date}T12:00:00+00:00", "options": {}, "mask_params": {"seed": 0}}
     kernel = results.Writer(folder / "single" / "kernel_jax.jsonl")
-    for seqlen in (4096, 16384, 65536):
+    for seqlen in seqlens:
         for mask in ("full", "causal"):
             area = make_mask(mask, seqlen).area()
             for direction in directions:
@@ -43,14 +45,14 @@ def write_run(root, date, device, sweep, *, commit, speed=400.0, backend=KERNEL,
                                           direction=direction), **common))
     if sweep != "cp":
         return folder
-    if comm:
-        links = results.Writer(folder / "comm" / "comm_jax.jsonl")
+    for framework, gbps in links_gbps if comm else ():
+        links = results.Writer(folder / "comm" / f"comm_{framework}.jsonl")
         for op in COMM_OPS:
             for nbytes in (1 << 20, 1 << 24, 1 << 28):
-                ms = (25e-6 + nbytes * bus_factor(op, 4) / 200e9) * 1e3
+                ms = (25e-6 + nbytes * bus_factor(op, 4) / (gbps * 1e9)) * 1e3
                 links.write(results.make_comm_row(
-                    framework="jax", op=op, bytes=nbytes, ranks=4, status="OK", median_ms=ms,
-                    busbw_gbps=nbytes * bus_factor(op, 4) / ms / 1e6, device=gpu,
+                    framework=framework, op=op, bytes=nbytes, ranks=4, status="OK",
+                    median_ms=ms, busbw_gbps=nbytes * bus_factor(op, 4) / ms / 1e6, device=gpu,
                     git_commit=commit, timestamp=common["timestamp"]))
     if cp:
         area = make_mask("full", 32768).area()
@@ -82,7 +84,7 @@ def test_the_newest_cp_run_calibrates_the_curve_and_the_links(tmp_path):
                  "fwd 6, bwd 6", "measured 2026-11-29"):
         assert told in text, text
     assert "old1234" not in text
-    network, links = calibration.links(gpus_per_node=8, root=root)
+    network, links = calibration.links(framework="jax", gpus_per_node=8, root=root)
     assert links.paths == (newest,) and "fitted to 3 rows at 4 ranks" in links.describe()
     assert network.intra["ppermute"].beta_bytes_per_s == pytest.approx(200e9, rel=1e-6)
 
@@ -112,17 +114,47 @@ def test_without_a_canonical_run_the_model_says_so(tmp_path, monkeypatch):
     with pytest.raises(calibration.NoCanonicalRun, match="no canonical blog or cp run under"):
         curve(tmp_path)
     with pytest.raises(calibration.NoCanonicalRun, match="no canonical cp run"):
-        calibration.links(gpus_per_node=8, root=tmp_path)
+        calibration.links(framework="jax", gpus_per_node=8, root=tmp_path)
     # The default root is lcab.canonical.RESULTS, read at the call.
     write_run(tmp_path, "2026-11-29", "h100x4", "cp", commit="c")
     monkeypatch.setattr(canonical, "RESULTS", tmp_path)
     assert curve(None)[1].paths == (tmp_path / "2026-11-29-h100x4-cp",)
 
 
+def test_the_links_fit_only_the_modelled_frameworks_collectives(tmp_path):
+    # The cp sweep times both frameworks' collectives; each fit takes its own.
+    write_run(tmp_path, "2026-11-29", "h100x4", "cp", commit="c",
+              links_gbps=(("jax", 200.0), ("torch", 100.0)))
+    for framework, other, gbps in (("jax", "torch", 200e9), ("torch", "jax", 100e9)):
+        network, links = calibration.links(framework=framework, gpus_per_node=8, root=tmp_path)
+        for op in COMM_OPS:
+            assert network.intra[op].beta_bytes_per_s == pytest.approx(gbps, rel=1e-6)
+        assert {row["framework"] for row in links.rows} == {framework}
+        assert links.describe().startswith(
+            f"links inside a node: {framework}'s collectives only (9 {other} comm rows left "
+            "out): ppermute 25.0 us")
+
+
+def test_a_measurement_rerun_counts_once_per_device(tmp_path):
+    """calibration.read keeps the newest row of each comm measurement (its
+    collective, size, rank count and device; lcab.results.newest_rows)."""
+    path = tmp_path / "comm_jax.jsonl"
+    writer = results.Writer(path)
+    for device, stamp, ms in (("NVIDIA H100", "2026-11-29T12:00:00+00:00", 1.0),
+                              # later as text, earlier as an instant: the older row
+                              ("NVIDIA H100", "2026-11-29T13:30:00+02:00", 2.0),
+                              ("NVIDIA H200", "2026-11-29T11:00:00Z", 3.0)):
+        writer.write(results.make_comm_row(
+            framework="jax", op="ppermute", bytes=1 << 20, ranks=4, status="OK", median_ms=ms,
+            busbw_gbps=1.0, device=device, git_commit="c", timestamp=stamp))
+    kept = {row["device"]: row["median_ms"] for row in calibration.read([path])}
+    assert kept == {"NVIDIA H100": 1.0, "NVIDIA H200": 3.0}
+
+
 def test_a_cp_run_without_comm_rows_says_the_links_are_constants(tmp_path):
     write_run(tmp_path, "2026-11-29", "h100x4", "cp", commit="c", comm=False)
-    _, links = calibration.links(gpus_per_node=8, root=tmp_path)
-    assert links.describe().count("no comm rows: lcab.model.network.NVLINK_H100") == 3
+    _, links = calibration.links(framework="jax", gpus_per_node=8, root=tmp_path)
+    assert links.describe().count("no jax comm rows: lcab.model.network.NVLINK_H100") == 3
 
 
 def model_cli(*args, cwd, timeout=300):
@@ -143,12 +175,52 @@ def test_the_cli_names_its_rows_and_runs_from_any_directory(tmp_path):
     header = done.stdout.split("\n\n")[0]
     assert header.startswith("Model (not a measurement), calibrated on:")
     for told in ("- kernel curve: jax.pallas_flex with its default options on NVIDIA H100",
-                 "12 rows (fwd 6, bwd 6)", "- links inside a node:", "- validation: 1 OK CP rows",
+                 "12 rows (fwd 6, bwd 6) at 4k, 16k, 64k",
+                 "- links inside a node: jax's collectives only: ppermute",
+                 "- validation: 1 OK CP rows",
                  f"{root / '2026-11-29-h100x4-cp'} (canonical cp run, 2026-11-29, h100x4)",
                  "commit new5678", "- links between nodes: 20 us, 40 GB/s"):
         assert told in header, header
     assert "old1234" not in done.stdout
+    # 8k tokens per GPU at cp 2 and 16: every call within the curve's 4k-64k rows.
+    assert "warning:" not in done.stdout
     assert (tmp_path / "out" / "predictions.md").read_text().startswith(header)
+
+
+def test_the_header_warns_where_the_figures_are_extrapolated(tmp_path):
+    # One length only (as the cp sweep's single-GPU rows have): the model
+    # still runs, and says its speeds do not follow the call size.
+    one = tmp_path / "one"
+    write_run(one, "2026-11-29", "h200x4", "cp", commit="c", seqlens=(32768,))
+    done = model_cli("--cp=2,8", "--masks=full", f"--results_root={one}", cwd="/tmp")
+    assert done.returncode == 0 and "| ring" in done.stdout, done.stderr[-3000:]
+    header = done.stdout.split("\n\n")[0]
+    assert "4 rows (fwd 2, bwd 2) at 32k;" in header
+    assert "\nwarning: the kernel curve was measured at one length (32k)" in header
+    assert "per-GPU TFLOP/s below is extrapolated from 32k calls" in header
+    # 8k-token ring steps are smaller than any 32k row: outside the range too.
+    assert "per-GPU kernel calls modelled (fwd " in header and "lie outside" in header
+    # Several lengths, calls smaller than all of them: only the range warning.
+    several = tmp_path / "several"
+    write_run(several, "2026-11-29", "h200x4", "cp", commit="c")
+    done = model_cli("--cp=2", "--masks=full", "--seqlen_per_gpu=1k", "--strategies=ring",
+                     f"--results_root={several}", cwd="/tmp")
+    assert done.returncode == 0, done.stderr[-3000:]
+    header = done.stdout.split("\n\n")[0]
+    assert "at 4k, 16k, 64k;" in header and "one length" not in header
+    warning, = [line for line in header.splitlines() if line.startswith("warning:")]
+    assert warning.startswith("warning: 4 of the 4 per-GPU kernel calls modelled (fwd 34.4 GFLOP) lie ")
+    assert "(its rows, all densities: fwd 275 GFLOP to 141 TFLOP, at 4k, 16k, 64k)" in warning
+
+
+def test_the_links_follow_the_kernels_framework(tmp_path):
+    write_run(tmp_path, "2026-11-29", "h100x4", "cp", commit="c", backend="torch.flex",
+              cp=False, links_gbps=(("jax", 200.0), ("torch", 100.0)))
+    done = model_cli("--cp=2", "--masks=full", "--kernel=torch.flex",
+                     f"--results_root={tmp_path}", cwd="/tmp")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert ("- links inside a node: torch's collectives only (9 jax comm rows left out): "
+            "ppermute 25.0 us, 100 GB/s") in done.stdout
 
 
 @pytest.mark.parametrize("args, unmet", [

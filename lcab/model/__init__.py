@@ -6,7 +6,13 @@ the exact per-rank mask areas and an alpha-beta network model.
 """
 
 from lcab.model.kernel_curve import KernelCurve
-from lcab.model.network import INFINIBAND_NDR, NVLINK_H100, Network, network_from_comm
+from lcab.model.network import (
+    INFINIBAND_NDR,
+    NVLINK_H100,
+    Network,
+    network_from_comm,
+    networks_from_comm,
+)
 from lcab.model.strategies import HBM_H100, STRATEGIES, Prediction, Shape, predict
 
 __all__ = [
@@ -19,5 +25,6 @@ __all__ = [
     "Prediction",
     "Shape",
     "network_from_comm",
+    "networks_from_comm",
     "predict",
 ]

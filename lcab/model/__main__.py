@@ -8,7 +8,8 @@ each strategy at each cp size and where the time goes (compute, imbalance,
 exposed communication; lcab.model.strategies), and with --out writes the
 table as CSV and markdown and one figure per mask and direction. Kernel
 speed comes from measured kernel rows of --kernel, links inside a node
-from comm rows, links between nodes from --inter_*. --validate also prints
+from the comm rows of --kernel's framework (each framework times its own
+collectives), links between nodes from --inter_*. --validate also prints
 the model against every measured CP row and against MagiAttention's
 published figures. The output is a model, not a measurement: label it so
 wherever it is shown.
@@ -20,7 +21,10 @@ curve from the newest blog run (or the newest cp run's single-GPU rows),
 the links and the validation from the newest cp run. --kernel_results,
 --comm_results and --validate_against name other rows. With no canonical
 run and no such flag it stops with a one-line message. The output begins
-with the folders, commits, devices and dates it was calibrated on.
+with the folders, commits, devices and dates it was calibrated on, the
+lengths the kernel curve was measured at, and a warning line where the
+modelled per-GPU calls lie outside what the curve measured (or the curve
+has one length), so the figures there are extrapolated.
 
 The workload flags (--masks, --heads, --head_dim, --dtype, --directions,
 --doc_distribution, --doc_sampler, --doc_cap, --mask_seed, --dispatch) are the benchmark's
@@ -32,6 +36,7 @@ dispatch.
 from __future__ import annotations
 
 import dataclasses
+import os
 import pathlib
 import sys
 from collections.abc import Callable
@@ -50,10 +55,12 @@ from lcab.model import (
     STRATEGIES,
     Shape,
     calibration,
-    network_from_comm,
+    networks_from_comm,
     predict,
 )
+from lcab.model.coverage import CallLog, extrapolation_warnings
 from lcab.model.validation import against_published, error_summary, predicted_vs_measured
+from lcab.registry import framework_of
 from lcab.report.tables import to_markdown
 from lcab.workloads import canonical_dtype
 
@@ -88,8 +95,8 @@ _DEVICE = flags.DEFINE_string("device", None, "Device of the kernel rows (defaul
                               "with most rows of --kernel).")
 _COMM_RESULTS = flags.DEFINE_list(
     "comm_results", [],
-    "Comm-suite rows the intra-node links are fitted to (default: the newest canonical cp "
-    "run).")
+    "Comm-suite rows the intra-node links are fitted to, those of --kernel's framework only "
+    "(default: the newest canonical cp run).")
 _GPUS_PER_NODE = flags.DEFINE_integer("gpus_per_node", 8, "GPUs joined by NVLink.",
                                       lower_bound=1)
 _INTER_ALPHA_US = flags.DEFINE_float("inter_alpha_us", INFINIBAND_NDR.alpha_s * 1e6,
@@ -252,8 +259,9 @@ def _unmet(root: pathlib.Path) -> list[str]:
             and not any(canonical.newest(sweep, root) for sweep in _SWEEPS_READ[holder.name])]
 
 
-def _header(curve, network, kernel_source, link_source, *others) -> str:
-    """What the model was calibrated on, one line per part."""
+def _header(curve, network, kernel_source, link_source, *others, warnings=()) -> str:
+    """What the model was calibrated on, one line per part, then where its
+    figures are extrapolated."""
     lines = ["Model (not a measurement), calibrated on:"]
     lines += [f"- {source.describe()}" for source in (kernel_source, link_source, *others)]
     given = [f"--{holder.name}={holder.value:g}" for holder in (_NVLINK_ALPHA_US, _NVLINK_GBPS)
@@ -268,6 +276,7 @@ def _header(curve, network, kernel_source, link_source, *others) -> str:
     if link_devices and link_devices != {curve.device}:
         lines.append(f"- note: the kernel curve ran on {curve.device}, the links on "
                      f"{', '.join(sorted(map(str, link_devices)))}")
+    lines += warnings
     return "\n".join(lines)
 
 
@@ -282,21 +291,25 @@ def main(argv):
                                  directions=workload.DIRECTIONS.value, device=_DEVICE.value,
                                  paths=paths, root=root)))
     inter = AlphaBeta(_INTER_ALPHA_US.value * 1e-6, _INTER_GBPS.value * 1e9)
+    # The links of the kernel's own framework: its strategies run its collectives.
     network, link_source = _calibrated(_COMM_RESULTS, lambda paths, root: calibration.links(
-        gpus_per_node=_GPUS_PER_NODE.value, inter=inter, paths=paths, root=root))
+        framework=framework_of(_KERNEL.value), gpus_per_node=_GPUS_PER_NODE.value,
+        inter=inter, paths=paths, root=root))
     network = _with_nvlink(network)
     others = []
     validate = _VALIDATE.value or bool(_VALIDATE_AGAINST.value)
     if validate:
         measured, measured_source = _calibrated(_VALIDATE_AGAINST, calibration.measured)
         others.append(measured_source)
-    header = _header(curve, network, kernel_source, link_source, *others)
-    frame = _predictions(curve, network, shape, parse_seqlen(_SEQLEN_PER_GPU.value))
+    calls = CallLog(curve)
+    frame = _predictions(calls, network, shape, parse_seqlen(_SEQLEN_PER_GPU.value))
+    header = _header(curve, network, kernel_source, link_source, *others,
+                     warnings=extrapolation_warnings(calls))
     print(header)
     print("\nCells: per-GPU TFLOP/s (compute / imbalance / exposed comm, ms)\n")
     print(to_markdown(_wide(frame)))
     if validate:
-        checked = predicted_vs_measured(measured, network_from_comm(
+        checked = predicted_vs_measured(measured, networks_from_comm(
             measured, gpus_per_node=_GPUS_PER_NODE.value, inter=inter))
         print("\nModel against measured rows (a cp 1 row is left out of its own curve):\n")
         print(to_markdown(error_summary(checked)))
@@ -316,7 +329,13 @@ def main(argv):
 
 def console_main():
     """The lcab-model console script."""
-    app.run(main)
+    try:
+        app.run(main)
+    except BrokenPipeError:
+        # A reader that stopped early (`| head`) is not a failure of the model;
+        # point stdout at devnull so the exit's flush does not raise again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -7,7 +7,8 @@ package, so any working directory will do):
   per-rank calls a strategy makes at any GPU count; where that run has no
   rows of the kernel at the workload's head_dim and dtype in every
   direction asked for, the single-GPU rows of the newest cp run;
-- the links inside a node: the newest cp run's comm rows;
+- the links inside a node: the newest cp run's comm rows of the modelled
+  kernel's framework (each framework times its own collectives);
 - the validation: the newest cp run's CP and single-GPU rows.
 
 Paths given for a role replace its canonical run. With neither, the model
@@ -18,13 +19,13 @@ Every Source says which folders, commits, devices and dates it read.
 from __future__ import annotations
 
 import dataclasses
-import datetime
 import pathlib
 
 from lcab import canonical, results
 from lcab.comm import AlphaBeta
+from lcab.model.coverage import lengths_text
 from lcab.model.kernel_curve import KernelCurve, curve_rows
-from lcab.model.network import INFINIBAND_NDR, NVLINK_H100, Network, comm_fits
+from lcab.model.network import INFINIBAND_NDR, NVLINK_H100, Network, comm_fits, comm_rows
 
 # The canonical sweeps a kernel curve may come from, in order of preference.
 KERNEL_SWEEPS = ("blog", "cp")
@@ -60,18 +61,13 @@ class Source:
 
 
 def read(paths) -> list[dict]:
-    """The rows of files or folders, each measurement once (its newest row);
-    a path that does not exist is a CalibrationError."""
+    """The rows of files or folders, each measurement once (its newest row,
+    lcab.results.newest_rows); a path that does not exist is a
+    CalibrationError."""
     try:
-        rows = results.read_rows(paths)
+        return results.newest_rows(results.read_rows(paths))
     except FileNotFoundError as exc:
         raise CalibrationError(str(exc)) from None
-    attention = results.newest_rows(r for r in rows if r.get("suite") != results.COMM_SUITE)
-    # newest_rows keys attention rows; a comm row's measurement is its row_key.
-    comm = {}
-    for row in sorted((r for r in rows if r.get("suite") == results.COMM_SUITE), key=_time):
-        comm[results.row_key(row)] = row
-    return attention + list(comm.values())
 
 
 def kernel_curve(backend: str, *, head_dim: int, dtype: str, directions, device=None,
@@ -92,7 +88,8 @@ def kernel_curve(backend: str, *, head_dim: int, dtype: str, directions, device=
             curve = KernelCurve.from_rows(chosen, backend)
             counts = ", ".join(f"{d} {n}" for d, n in curve.counts().items())
             detail = (f"{backend} with its default options on {curve.device} "
-                      f"(d={head_dim}, {dtype}), {len(chosen)} rows ({counts})")
+                      f"(d={head_dim}, {dtype}), {len(chosen)} rows ({counts}) "
+                      f"{lengths_text(curve)}")
             return curve, Source("kernel curve", group, tuple(chosen), detail)
         on = f" on {device}" if device else ""
         what = f"no {'/'.join(missing)} rows" if chosen else "no OK rows"
@@ -101,24 +98,35 @@ def kernel_curve(backend: str, *, head_dim: int, dtype: str, directions, device=
     raise CalibrationError("; ".join(lacking))
 
 
-def links(*, gpus_per_node: int, inter: AlphaBeta = INFINIBAND_NDR, paths=(),
+def links(*, framework: str, gpus_per_node: int, inter: AlphaBeta = INFINIBAND_NDR, paths=(),
           root: pathlib.Path | None = None) -> tuple[Network, Source]:
-    """The intra-node links fitted to comm rows of `paths`, else of the
-    newest cp run; an op without rows keeps its NVLINK_H100 constant, and
-    the Source says so."""
+    """The intra-node links fitted to `framework`'s comm rows of `paths`,
+    else of the newest cp run (the cp sweep times both frameworks'
+    collectives; the modelled strategies use one framework's). An op
+    without rows keeps its NVLINK_H100 constant; the Source says so, and
+    which framework's rows it used."""
     group = _paths_or_newest(paths, root)
-    fits = comm_fits(read(group))
+    rows = read(group)
+    fits = comm_fits(rows, framework)
     network = Network(gpus_per_node=gpus_per_node,
                       intra={**NVLINK_H100, **{op: link for op, (link, _) in fits.items()}},
                       inter=inter)
     parts = []
     for op, link in network.intra.items():
-        fitted = f"fitted to {len(fits[op][1])} rows at {fits[op][1][0]['ranks']} ranks" \
-            if op in fits else "no comm rows: lcab.model.network.NVLINK_H100's constant"
+        if op in fits:
+            fitted = f"fitted to {len(fits[op][1])} rows at {fits[op][1][0]['ranks']} ranks"
+        else:
+            fitted = f"no {framework} comm rows: lcab.model.network.NVLINK_H100's constant"
         parts.append(f"{op} {link.alpha_s * 1e6:.1f} us, "
                      f"{link.beta_bytes_per_s / 1e9:.0f} GB/s ({fitted})")
-    used = tuple(row for _, rows in fits.values() for row in rows)
-    return network, Source("links inside a node", group, used, "; ".join(parts))
+    frameworks = {str(r.get("framework")) for r in rows if r.get("suite") == results.COMM_SUITE}
+    left_out = [f"{len(comm_rows(rows, other))} {other}"
+                for other in sorted(frameworks - {framework})]
+    whose = f"{framework}'s collectives only" + (
+        f" ({', '.join(left_out)} comm rows left out)" if left_out else "")
+    fitted_rows = tuple(row for _, ok in fits.values() for row in ok)
+    return network, Source("links inside a node", group, fitted_rows,
+                           f"{whose}: {'; '.join(parts)}")
 
 
 def measured(paths=(), root: pathlib.Path | None = None) -> tuple[list[dict], Source]:
@@ -167,11 +175,3 @@ def about(rows) -> str:
     return (f"commit{'s' if len(commits) > 1 else ''} {', '.join(commits)}; "
             f"device{'s' if len(devices) > 1 else ''} {', '.join(devices)}; measured {dates}")
 
-
-def _time(row) -> datetime.datetime:
-    """A row's time for ordering reruns; one without a readable time first."""
-    try:
-        time = datetime.datetime.fromisoformat(str(row.get("timestamp")))
-    except ValueError:
-        return datetime.datetime.min.replace(tzinfo=datetime.UTC)
-    return time if time.tzinfo else time.replace(tzinfo=datetime.UTC)

@@ -6,7 +6,9 @@ tile). The curve keeps, per direction, the measured (FLOPs, density,
 TFLOP/s) points of one backend on one device, and answers a call of given
 FLOPs and density by interpolating TFLOP/s linearly in log FLOPs over the
 points of similar density (within a factor of two; all points if none are),
-held constant beyond the measured range.
+held constant beyond the measured range. A call outside the FLOPs its
+similar-density points span is extrapolated (`covers`); a curve whose rows
+have one length has only one size per density, so every other call is.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ class KernelCurve:
     device: str
     # direction -> (flops, density, tflops) arrays, sorted by flops
     points: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]
+    lengths: tuple[int, ...] = ()  # the sequence lengths its rows measured
 
     @classmethod
     def from_rows(cls, rows, backend: str, device: str | None = None, *,
@@ -47,19 +50,39 @@ class KernelCurve:
             tflops = np.array([float(r["tflops"]) for r in mine])
             order = np.argsort(flops, kind="stable")
             points[direction] = (flops[order], density[order], tflops[order])
-        return cls(backend, chosen[0]["device"], points)
+        lengths = tuple(sorted({int(r["seqlen"]) for r in chosen if r.get("seqlen")}))
+        return cls(backend, chosen[0]["device"], points, lengths)
 
     def counts(self) -> dict[str, int]:
         """direction -> how many measured points the curve has."""
         return {direction: len(flops) for direction, (flops, _, _) in self.points.items()}
 
-    def tflops(self, flops: float, density: float, direction: str) -> float:
+    def flops_range(self, direction: str) -> tuple[float, float]:
+        """The smallest and largest call the curve measured in `direction`."""
+        flops = self._points(direction)[0]
+        return float(flops[0]), float(flops[-1])
+
+    def covers(self, flops: float, density: float, direction: str) -> bool:
+        """Whether a call lies within the FLOPs of the points its speed is
+        read from (those of similar density); outside, it is extrapolated."""
+        x = self._near(density, direction)[0]
+        # A hair of slack: a call the size of a measured row may differ in the last bit.
+        return bool(x[0] * (1 - 1e-9) <= flops <= x[-1] * (1 + 1e-9))
+
+    def _points(self, direction: str):
         if direction not in self.points:
             raise ValueError(f"{self.backend}: no {direction} rows; has {sorted(self.points)}")
-        x, dens, speed = self.points[direction]
+        return self.points[direction]
+
+    def _near(self, density: float, direction: str):
+        """(flops, tflops) of the points a call of `density` is read from:
+        those within a factor of two in density (all if none are), by flops."""
+        x, dens, speed = self._points(direction)
         near = np.abs(np.log2(np.maximum(dens, 1e-12) / max(density, 1e-12))) <= 1.0
-        if near.any():
-            x, speed = x[near], speed[near]
+        return (x[near], speed[near]) if near.any() else (x, speed)
+
+    def tflops(self, flops: float, density: float, direction: str) -> float:
+        x, speed = self._near(density, direction)
         # Points of equal FLOPs (two masks of one area) average.
         unique, inverse = np.unique(np.log(x), return_inverse=True)
         mean = np.bincount(inverse, weights=speed) / np.bincount(inverse)

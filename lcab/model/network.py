@@ -12,8 +12,10 @@ lcab/comm.py), so one formula serves every op:
     all_to_all  alpha + (n - 1) / n * bytes / beta      (within a node)
 
 Defaults. Inside a node: the links are fitted to comm rows
-(`network_from_comm`; lcab.model.calibration picks the rows); an op without
-rows keeps NVLINK_H100, fitted to the comm suite's rows on four H100s joined
+(`network_from_comm`; lcab.model.calibration picks the rows) of one
+framework, the one whose strategies are modelled: each framework times its
+own collectives (JAX's and torch's differ), and a fit over both would
+describe neither. An op without rows keeps NVLINK_H100, fitted to the comm suite's rows on four H100s joined
 by NVLink (results/gpu/2026-11-26-h100x4-cp/comm, 4 ranks). Between nodes:
 InfiniBand NDR, 400 Gb/s = 50 GB/s per GPU (one NIC per GPU, as in NVIDIA's
 DGX H100), of which nccl-tests typically reach about 80 %: 40 GB/s, and
@@ -69,22 +71,37 @@ class Network:
                                    inter=scale(self.inter))
 
 
-def network_from_comm(rows, *, gpus_per_node: int = 8,
+def network_from_comm(rows, *, framework: str, gpus_per_node: int = 8,
                       inter: AlphaBeta = INFINIBAND_NDR) -> Network:
-    """Intra-node links fitted to comm rows (comm_fits); an op without rows
-    to fit keeps its NVLINK_H100 constant."""
-    fitted = {op: link for op, (link, _) in comm_fits(rows).items()}
+    """Intra-node links fitted to `framework`'s comm rows (comm_fits); an op
+    without rows to fit keeps its NVLINK_H100 constant."""
+    fitted = {op: link for op, (link, _) in comm_fits(rows, framework).items()}
     return Network(gpus_per_node=gpus_per_node, intra={**NVLINK_H100, **fitted}, inter=inter)
 
 
-def comm_fits(rows) -> dict[str, tuple[AlphaBeta, list]]:
-    """op -> (its link, the rows fitted): per op, the OK comm rows of the
-    largest rank count measured, fitted as time = alpha + bus bytes / beta.
-    An op with no such rows, or too few sizes to fit, is left out."""
+def networks_from_comm(rows, *, gpus_per_node: int = 8,
+                       inter: AlphaBeta = INFINIBAND_NDR) -> dict[str, Network]:
+    """framework -> network_from_comm of its rows, for every framework that
+    `rows` measured (attention or comm rows)."""
+    frameworks = {row["framework"] for row in rows if row.get("framework")}
+    return {name: network_from_comm(rows, framework=name, gpus_per_node=gpus_per_node,
+                                    inter=inter) for name in sorted(frameworks)}
+
+
+def comm_rows(rows, framework: str) -> list:
+    """The OK, timed comm rows of `framework`'s collectives."""
+    return [r for r in rows if r.get("suite") == "comm" and r.get("framework") == framework
+            and r.get("status") == "OK" and r.get("median_ms")]
+
+
+def comm_fits(rows, framework: str) -> dict[str, tuple[AlphaBeta, list]]:
+    """op -> (its link, the rows fitted): per op, `framework`'s OK comm rows
+    of the largest rank count measured, fitted as time = alpha + bus bytes /
+    beta. An op with no such rows, or too few sizes to fit, is left out."""
     fits = {}
+    mine = comm_rows(rows, framework)
     for op in COMM_OPS:
-        ok = [r for r in rows if r.get("suite") == "comm" and r.get("op") == op
-              and r.get("status") == "OK" and r.get("median_ms")]
+        ok = [r for r in mine if r.get("op") == op]
         if not ok:
             continue
         ranks = max(r["ranks"] for r in ok)

@@ -5,6 +5,7 @@ device, its dispatch and its exact mask; and against published figures."""
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 
 import pandas as pd
 
@@ -44,11 +45,13 @@ def _dispatch(notes: str) -> str:
     return found.group(1) if found else "contiguous"
 
 
-def predicted_vs_measured(rows, network: Network) -> pd.DataFrame:
+def predicted_vs_measured(rows, networks: Mapping[str, Network]) -> pd.DataFrame:
     """One line per OK row the model covers: measured and predicted per-GPU
-    TFLOP/s and the error in percent. A single-GPU (cp 1) row is predicted
-    from a curve without that row (leave-one-out), so it tests the curve's
-    interpolation rather than repeating its own point."""
+    TFLOP/s and the error in percent, each row with the links of its own
+    framework (`networks`, e.g. lcab.model.network.networks_from_comm; a
+    framework without one is not covered). A single-GPU (cp 1) row is
+    predicted from a curve without that row (leave-one-out), so it tests
+    the curve's interpolation rather than repeating its own point."""
     curves: dict[tuple, KernelCurve | None] = {}
 
     def curve(backend, row, without=None):
@@ -73,7 +76,8 @@ def predicted_vs_measured(rows, network: Network) -> pd.DataFrame:
             continue  # a kernel variant (an option set): the curve is the default kernel's
         strategy = row.get("strategy") if cp_row else "ring"
         backend = inner_kernel(row) if cp_row else row["backend"]
-        if strategy not in STRATEGIES or not backend:
+        network = networks.get(row.get("framework"))
+        if strategy not in STRATEGIES or not backend or network is None:
             continue
         kernel = curve(backend, row, None if cp_row else row)
         if kernel is None:
