@@ -1,7 +1,7 @@
 """What `python -m lcab.experiments` runs when a setting is not given: a
 named sweep's flagfile, the only place its values are written.
 
-Without a GPU it is experiments/cpu_smoke.flags (a two-minute CPU sweep);
+Without a GPU it is experiments/cpu_smoke.flags (a CPU sweep of well under a minute);
 with one, experiments/seed_kernels.flags (the seed blog's kernel sweep). A
 flag given on the command line or in a --flagfile always wins. The files are
 found from this package's location, so any working directory will do.
