@@ -26,6 +26,7 @@ import math
 import multiprocessing
 import os
 import pathlib
+import statistics
 import time
 import traceback
 import warnings
@@ -38,6 +39,90 @@ from lcab.status import Status
 from lcab.workloads import Workload
 
 _REASON_CHARS = 600
+
+# The backward is timed as the fwd+bwd samples minus the forward's median.
+# Its time stands only when it is clear of the noise: every fwd+bwd sample
+# above the forward's median (so no sample of it is zero or negative), and
+# the difference of the medians more than RESOLVE_SIGMAS standard errors.
+# A pair short of that is measured once more, with more samples (at least
+# REMEASURE_FACTOR times as many and REMEASURE_MIN_S of sampling, at most
+# REMEASURE_MAX_S or REMEASURE_MAX_ITERS); one still short gets no time.
+RESOLVE_SIGMAS = 3.0
+REMEASURE_FACTOR = 4
+REMEASURE_MIN_S = 1.0
+REMEASURE_MAX_S = 20.0
+REMEASURE_MAX_ITERS = 1000
+# Standard error of a median: sqrt(pi / 2) sigma / sqrt(n) for normal
+# samples, sigma taken robustly as the median absolute deviation times this.
+_MAD_TO_SIGMA = 1.4826
+_MEDIAN_ERROR = math.sqrt(math.pi / 2)
+
+
+@dataclasses.dataclass(frozen=True)
+class BackwardGap:
+    """The fwd+bwd median minus the forward's median (ms), its standard
+    error, and how many fwd+bwd samples fell at or below the forward's median."""
+
+    ms: float
+    error_ms: float
+    samples: int
+    below: int
+
+    @property
+    def resolved(self) -> bool:
+        return self.below == 0 and self.ms > RESOLVE_SIGMAS * self.error_ms
+
+    def reason(self) -> str:
+        """Why the backward gets no time ("not measurable: ...")."""
+        told = (f"not measurable: fwd+bwd median minus fwd median is {self.ms:.3g} ms "
+                f"± {self.error_ms:.2g} ms over {self.samples} samples")
+        if self.ms <= 0:
+            return f"{told} (noise exceeds the backward)"
+        if self.below:
+            return (f"{told}; {self.below} fwd+bwd samples at or below the fwd median "
+                    f"(noise exceeds the backward)")
+        return f"{told} (within {RESOLVE_SIGMAS:g} standard errors of the noise)"
+
+
+def median_error_ms(timing: Timing) -> float:
+    """The standard error of a Timing's median (ms), from its samples' spread."""
+    samples = timing.samples_ms
+    middle = statistics.median(samples)
+    sigma = _MAD_TO_SIGMA * statistics.median(abs(s - middle) for s in samples)
+    return _MEDIAN_ERROR * sigma / math.sqrt(len(samples))
+
+
+def backward_gap(forward: Timing, both: Timing) -> BackwardGap:
+    """How far the fwd+bwd samples stand above the forward's."""
+    return BackwardGap(
+        ms=both.median_ms - forward.median_ms,
+        error_ms=math.hypot(median_error_ms(forward), median_error_ms(both)),
+        samples=len(both.samples_ms),
+        below=sum(s <= forward.median_ms for s in both.samples_ms),
+    )
+
+
+def backward_timing(forward: Timing, both: Timing) -> Timing:
+    """The backward's samples: each fwd+bwd sample minus the forward's median."""
+    return Timing(
+        tuple(s - forward.median_ms for s in both.samples_ms),
+        compile_s=both.compile_s,
+        peak_mem_bytes=both.peak_mem_bytes,
+        calls_per_sample=both.calls_per_sample,
+    )
+
+
+def remeasure_iters(forward: Timing, both: Timing, iters: int) -> int | None:
+    """Samples for a second measurement of an unresolved pair, or None when
+    the time limits leave no more than it had."""
+    pair_ms = (forward.median_ms * forward.calls_per_sample
+               + max(both.median_ms, 0.0) * both.calls_per_sample)
+    if pair_ms <= 0:
+        return None
+    wanted = max(REMEASURE_FACTOR * iters, math.ceil(REMEASURE_MIN_S * 1e3 / pair_ms))
+    allowed = min(REMEASURE_MAX_ITERS, math.floor(REMEASURE_MAX_S * 1e3 / pair_ms))
+    chosen = min(wanted, allowed)
+    return chosen if chosen > iters else None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -151,6 +236,30 @@ def describe(exc: BaseException) -> str:
     text = f"{type(exc).__name__}: {exc}".strip()
     text = " ".join(text.split())
     return text if len(text) <= _REASON_CHARS else text[: _REASON_CHARS - 3] + "..."
+
+
+def probe_as_check(workload: Workload, verdict: validation.Verdict | None,
+                   directions: Sequence[str]) -> dict[str, fullcheck.CheckResult]:
+    """{direction: CheckResult} of a probe that ran `workload` itself (a short
+    one, with few heads, is its own probe): it compared every batch row, head
+    and query row with the float64 reference, more than the full-size check
+    would, so its errors stand for that check. Empty when the probe was
+    another workload or did not cover every direction."""
+    if verdict is None or verdict.workload != workload:
+        return {}
+    covered = ("out", "dq", "dk", "dv") if "bwd" in directions else ("out",)
+    if not all(name in verdict.errors for name in covered):
+        return {}
+    heads = f"{fullcheck.selection(workload).describe(workload)} (the probe: float64 reference)"
+
+    def result(errors: dict[str, float]) -> fullcheck.CheckResult:
+        return fullcheck.CheckResult(errors, verdict.tolerance, heads, workload.seqlen_q,
+                                     verdict.seconds or 0.0)
+
+    # The fwd row's check is the forward run alone, as it is timed.
+    return {direction: result({"out": verdict.fwd_err} if direction == "fwd"
+                              else dict(verdict.errors))
+            for direction in directions}
 
 
 class Runner:
@@ -330,7 +439,8 @@ class Runner:
             return self.failed(case, directions, exc, runtime, context, "build")
         checked = {}
         if self.settings.full_check:
-            checked, failure = self._full_check(case, backend, runtime, fn, directions, context)
+            checked, failure = self._full_check(case, backend, runtime, fn, directions, context,
+                                                verdict)
             if failure is not None:  # the directions it left unchecked get no number
                 unchecked = [d for d in directions if d not in checked]
                 rows += self.failed(case, unchecked, failure, runtime, context,
@@ -370,7 +480,7 @@ class Runner:
         try:
             if "bwd" in directions:  # both from one warm state, samples in turn
                 try:
-                    forward, both = runtime.measure_pair(fn, inputs, **measure)
+                    forward, both = self._measure_pair(runtime, fn, inputs, measure)
                 except Exception as exc:  # noqa: BLE001 - the forward may still stand
                     runtime.cleanup()
                     failure = exc
@@ -391,17 +501,30 @@ class Runner:
         if failure is not None:
             return rows + self.failed(case, ["bwd"], failure, runtime, context, "backward")
         if both is not None:
-            backward = Timing(
-                tuple(s - forward.median_ms for s in both.samples_ms),
-                compile_s=both.compile_s,
-                peak_mem_bytes=both.peak_mem_bytes,
-                calls_per_sample=both.calls_per_sample,
-            )
-            rows.append(self._measured(case, "bwd", backward, verdict, context, golden,
-                                       checked.get("bwd")))
+            gap = backward_gap(forward, both)
+            rows.append(self._measured(
+                case, "bwd", backward_timing(forward, both), verdict, context, golden,
+                checked.get("bwd"), unmeasurable=None if gap.resolved else gap.reason()))
         del inputs, fn
         runtime.cleanup()
         return rows
+
+    @staticmethod
+    def _measure_pair(runtime: Runtime, fn, inputs, measure: dict) -> tuple[Timing, Timing]:
+        """(forward, fwd+bwd) Timings, measured again with more samples when
+        the backward's gap is not clear of the noise (backward_gap). Every
+        process of a multi-process run decides alike: runtimes hand each the
+        same samples (the slowest process's)."""
+        forward, both = runtime.measure_pair(fn, inputs, **measure)
+        if backward_gap(forward, both).resolved:
+            return forward, both
+        iters = remeasure_iters(forward, both, measure["iters"])
+        if iters is None:
+            return forward, both
+        again = runtime.measure_pair(fn, inputs, **{**measure, "iters": iters})
+        # The first call's time (compile_s) is the first measurement's.
+        return tuple(dataclasses.replace(timing, compile_s=first.compile_s)
+                     for timing, first in zip(again, (forward, both)))
 
     @staticmethod
     def _non_finite(runtime: Runtime, fn, inputs, directions) -> tuple[dict, Exception | None]:
@@ -426,11 +549,16 @@ class Runner:
             return {"bwd": "non-finite output or gradient (NaN or inf) at the timed inputs"}, None
         return {}, None
 
-    def _full_check(self, case, backend, runtime: Runtime, fn, directions, context):
+    def _full_check(self, case, backend, runtime: Runtime, fn, directions, context,
+                    verdict: validation.Verdict | None = None):
         """lcab.fullcheck at the timed workload, before any timing: ({direction:
         CheckResult}, the exception that stopped it or None). A backward that
         fails leaves the forward checked alone; a runtime without a reference
-        (Runtime.has_full_check) leaves a note and no check."""
+        (Runtime.has_full_check) leaves a note and no check. A workload that
+        was its own probe (`verdict`) is not checked again (probe_as_check)."""
+        by_probe = probe_as_check(case.workload, verdict, directions)
+        if by_probe:
+            return by_probe, None
         if not runtime.has_full_check:
             note = f"no full-size check: the {runtime.framework} runtime has no reference"
             context["notes"] = "; ".join(filter(None, [context.get("notes"), note]))
@@ -489,7 +617,10 @@ class Runner:
         return {"error": error}
 
     def _measured(self, case, direction, timing: Timing, verdict, context,
-                  golden: dict | None = None, check=None) -> dict:
+                  golden: dict | None = None, check=None,
+                  unmeasurable: str | None = None) -> dict:
+        """The timed row; `unmeasurable` (a reason) or a median <= 0 makes it
+        an ERROR row without a time."""
         golden = golden or {}
         fields = dict(
             median_ms=timing.median_ms, p20_ms=timing.p20_ms, p80_ms=timing.p80_ms,
@@ -508,16 +639,14 @@ class Runner:
                 fields.pop(timed)
             return self.write(case, direction, Status.MISMATCH, reason=golden["mismatch"],
                              **fields)
-        if timing.median_ms <= 0:
-            # bwd = (fwd+bwd) - fwd came out <= 0: no time of it exists, so
-            # the row carries none (the reason keeps how far off it was).
+        if unmeasurable is None and timing.median_ms <= 0:
+            # bwd = (fwd+bwd) - fwd came out <= 0: no time of it exists.
+            unmeasurable = (f"not measurable: fwd+bwd median minus fwd median is "
+                            f"{timing.median_ms:.3g} ms (noise exceeds the backward)")
+        if unmeasurable is not None:  # no time: the reason keeps how far off it was
             for timed in ("median_ms", "p20_ms", "p80_ms", "spread", "samples_ms"):
                 fields.pop(timed)
-            return self.write(
-                case, direction, Status.ERROR,
-                reason=(f"not measurable: fwd+bwd median minus fwd median is "
-                        f"{timing.median_ms:.3g} ms (noise exceeds the backward)"), **fields,
-            )
+            return self.write(case, direction, Status.ERROR, reason=unmeasurable, **fields)
         tflops = tflops_per_second(
             context["flops_of"][direction], timing.median_ms / 1e3, context["cp_size"]
         )

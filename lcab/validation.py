@@ -23,6 +23,7 @@ far beyond rounding error, instead of by 1/row_length.
 from __future__ import annotations
 
 import dataclasses
+import time
 
 import numpy as np
 
@@ -57,6 +58,13 @@ class Verdict:
     # The probe's backward raised (its forward ran): the bwd row fails with
     # it, the fwd row does not.
     bwd_failure: Exception | None = None
+    # The probe workload, its error per tensor (out, of the forward alone or
+    # of fwd+bwd when the backward ran, then dq, dk, dv) and the seconds it
+    # took: a workload that is its own probe was checked in full by it
+    # (lcab.runner.probe_as_check).
+    workload: Workload | None = None
+    errors: dict[str, float] = dataclasses.field(default_factory=dict)
+    seconds: float | None = None
 
     def ok(self, direction: str) -> bool:
         err = self.error(direction)
@@ -282,6 +290,7 @@ def check_probe(
     seed: int = 0,
 ) -> Verdict:
     """Run the backend on a chosen probe workload and compare with lcab.reference."""
+    start = time.perf_counter()
     rng = np.random.default_rng(seed)
     b, sq, sk, hq, hkv, d = (
         probe.batch, probe.seqlen_q, probe.seqlen_k, probe.heads_q, probe.heads_kv, probe.head_dim
@@ -308,6 +317,7 @@ def check_probe(
         backend.layout,
     )
     fwd_err = normalised_error(got_out, want_out)
+    errors = {"out": fwd_err}
     bwd_err = bwd_failure = None
     if backward:
         try:
@@ -321,12 +331,13 @@ def check_probe(
             wants = reference.attention_grads(
                 rounded["q"], rounded["k"], rounded["v"], probe.mask, rounded["dout"]
             )
-            errors = [
-                normalised_error(_to_layout(runtime.to_numpy(got), backend.layout), want)
-                for got, want in zip(gots, (want_out, *wants))
-            ]
-            bwd_err = max(errors)
+            errors.update(
+                (name, normalised_error(_to_layout(runtime.to_numpy(got), backend.layout), want))
+                for name, got, want in zip(("out", "dq", "dk", "dv"), gots, (want_out, *wants))
+            )
+            bwd_err = max(errors.values())
     description = (
         f"{probe.mask.name} at {sq}x{sk}, b{b}, h{hq}:{hkv}, d{d}, {probe.dtype}"
     )
-    return Verdict(fwd_err, bwd_err, TOLERANCE[probe.dtype], description, note, bwd_failure)
+    return Verdict(fwd_err, bwd_err, TOLERANCE[probe.dtype], description, note, bwd_failure,
+                   workload=probe, errors=errors, seconds=time.perf_counter() - start)

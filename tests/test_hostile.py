@@ -44,9 +44,15 @@ def cli(*args, env=None, timeout=300):
                                                 **(env or {})})
 
 
+def _default_ctrl_c():
+    # A shell's background job ignores SIGINT, and a child would inherit
+    # that: the command under test must see Ctrl-C as a terminal sends it.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def start(*args, **popen):
     return subprocess.Popen(command(*args), cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True,
+                            stderr=subprocess.PIPE, text=True, preexec_fn=_default_ctrl_c,
                             env={**os.environ, "PYTHONPATH": str(ROOT)}, **popen)
 
 
