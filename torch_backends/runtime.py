@@ -52,6 +52,11 @@ class TorchRuntime(Runtime):
         distributed.ensure_process_group()
         self.device_name = device_name()
         self._flush_buffer = None
+        if not self.on_gpu:
+            # CPU timings with one intra-op thread: with one per core, any
+            # other busy process stalls a small kernel's threads and its
+            # samples scatter by tens of times (a backward drowns in that).
+            torch.set_num_threads(1)
 
     @property
     def on_gpu(self) -> bool:
