@@ -65,29 +65,32 @@ def test_the_cp_sweep_has_every_strategy_at_cp_2_and_4_with_one_gpu_beside_it():
                 continue
             cp = int(values["cp_size"])
             assert part.gpus == cp
-            whole = presets.read(ROOT / "experiments" / f"cp_{values['framework']}.flags")
-            assert values["backends"] == whole["backends"]  # every strategy
-            cases |= {(values["framework"], run.launcher, cp, length, mask)
-                      for length in lengths for mask in values["masks"].split(",")}
+            cases |= {(values["framework"], run.launcher, cp, length, mask, strategy)
+                      for length in lengths for mask in values["masks"].split(",")
+                      for strategy in values["backends"].split(",")}
     masks = ("full", "causal", "full_document", "causal_document")
     for framework in ("jax", "torch"):
+        strategies = presets.read(ROOT / "experiments" / f"cp_{framework}.flags")["backends"]
         for cp in (2, 4):
             for tokens in (8, 32):
                 for mask in masks:
-                    assert (framework, defined.PLAIN, cp, f"{tokens * cp}k", mask) in cases
+                    for strategy in strategies.split(","):  # every strategy, once
+                        assert (framework, defined.PLAIN, cp, f"{tokens * cp}k", mask,
+                                strategy) in cases
         # the single-GPU kernels at every global length the strategies run
         assert {length for f, length in singles if f == framework} == {"16k", "32k", "64k",
                                                                          "128k"}
-    # the cluster-style runs repeat the cp-4, 8k-per-GPU parts
-    assert {(f, launcher) for f, launcher, cp, length, _ in cases
-            if launcher != defined.PLAIN} == {("jax", defined.JAX_PROCESSES),
-                                              ("torch", defined.TORCHRUN_NODES)}
+    # the cluster-style runs repeat cp-4 cases at 8k per GPU
+    cluster = {case for case in cases if case[1] != defined.PLAIN}
+    assert {(f, launcher) for f, launcher, *_ in cluster} == {
+        ("jax", defined.JAX_PROCESSES), ("torch", defined.TORCHRUN_NODES)}
+    assert {(cp, length) for _, _, cp, length, *_ in cluster} == {(4, "32k")}
     names = {part.name for part in parts}
     assert all(part.same_as in names for part in parts if part.same_as)
 
 
 def test_launches_of_cluster_style_runs_split_the_gpus_between_processes(tmp_path):
-    jax_part, torch_part = (p for p in defined.parts("cp") if p.same_as)
+    jax_part, _, torch_part = (p for p in defined.parts("cp") if p.same_as)
     # the GPUs this process may use, as CUDA_VISIBLE_DEVICES names them
     gpus = ["4", "5", "6", "7"]
     (run,) = jax_part.runs

@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 
 from lcab.canonical import RERUNS, ROOT, SWEEPS
+from lcab.experiments import presets
 
 PLAIN, JAX_PROCESSES, TORCHRUN_NODES = "plain", "jax_processes", "torchrun_nodes"
 
@@ -139,17 +140,7 @@ def _cp() -> list[Part]:
                               f"{lengths}", _single_gpu_kernels(framework, lengths)))
         for cp in _CP_SIZES:
             for tokens in _CP_TOKENS_PER_GPU:
-                # Long runs take two masks per part: every strategy's check
-                # and timing at cp x 32k tokens do not fit ten minutes.
-                mask_groups = [_CP_MASKS] if tokens * cp <= 32 else _groups(_CP_MASKS, 2)
-                for group in mask_groups:
-                    suffix = "" if group == _CP_MASKS else "-" + "+".join(group)
-                    flags = (_flagfile(f"cp_{framework}.flags"), f"--cp_size={cp}",
-                             f"--seqlens={_k(tokens * cp)}", f"--masks={','.join(group)}")
-                    parts.append(Part(f"{framework}-cp{cp}-{_k(tokens)}{suffix}",
-                                      f"every {framework} strategy at cp {cp}, {_k(tokens)} "
-                                      f"tokens per GPU, {', '.join(group)}",
-                                      (Run(flags),), gpus=cp))
+                parts += _strategy_parts(framework, cp, tokens)
     parts += _multi_process_parts()
     parts.append(Part("comm", "the strategies' collectives alone over 2 and 4 GPUs (the "
                       "model's link fits)",
@@ -158,18 +149,47 @@ def _cp() -> list[Part]:
     return parts
 
 
+def _strategy_parts(framework: str, cp: int, tokens: int) -> list[Part]:
+    """Every strategy of a framework at one cp size and tokens per GPU, cut
+    as measured on 4 x H200 with the full-size check: a JAX CP case takes
+    45-155 s (mostly compiling the strategy at the probe's and the timed
+    sizes, and the check), so one mask of JAX's five strategies is one part
+    at 8k tokens per GPU, and one (mask, strategy) at 32k; a torch mask of
+    every strategy takes about 100 s at 8k (all four masks in one part), one
+    mask a part at 32k."""
+    flagfile = _flagfile(f"cp_{framework}.flags")
+    strategies = presets.read(ROOT / "experiments" / f"cp_{framework}.flags")["backends"]
+    if framework == "torch":
+        groups = [(_CP_MASKS, None)] if tokens <= 8 else [((m,), None) for m in _CP_MASKS]
+    elif tokens <= 8:
+        groups = [((mask,), None) for mask in _CP_MASKS]
+    else:
+        groups = [((mask,), name) for mask in _CP_MASKS for name in strategies.split(",")]
+    parts = []
+    for masks, strategy in groups:
+        suffix = "" if masks == _CP_MASKS else "-" + "+".join(masks)
+        suffix += f"-{strategy.split('.', 1)[1]}" if strategy else ""
+        flags = (flagfile, f"--cp_size={cp}", f"--seqlens={_k(tokens * cp)}",
+                 f"--masks={','.join(masks)}", *((f"--backends={strategy}",) if strategy else ()))
+        parts.append(Part(f"{framework}-cp{cp}-{_k(tokens)}{suffix}",
+                          f"{strategy or f'every {framework} strategy'} at cp {cp}, "
+                          f"{_k(tokens)} tokens per GPU, {', '.join(masks)}",
+                          (Run(flags),), gpus=cp))
+    return parts
+
+
 def _multi_process_parts() -> list[Part]:
     """The cp-4 runs at 8k tokens per GPU once more as a cluster starts
-    them: JAX with one process per GPU (jax.distributed), torch under
-    torchrun with two rendezvous nodes of two GPUs."""
-    jax_flags = (_flagfile("cp_jax.flags"), "--cp_size=4", "--seqlens=32k",
-                 f"--masks={','.join(_CP_MASKS)}")
+    them: JAX with one process per GPU (jax.distributed) on two masks,
+    torch under torchrun with two rendezvous nodes of two GPUs."""
     torch_flags = (_flagfile("cp_torch.flags"), "--cp_size=4", "--seqlens=32k",
                    f"--masks={','.join(_CP_MASKS)}")
     return [
-        Part("jax-cp4-8k-processes", "the jax cp-4 part at 8k tokens per GPU, one JAX process "
-             "per GPU (jax.distributed)", (Run(jax_flags, JAX_PROCESSES, 4),), gpus=4,
-             same_as="jax-cp4-8k"),
+        *(Part(f"jax-cp4-8k-{mask}-processes", f"the jax cp-4 part at 8k tokens per GPU on "
+               f"{mask}, one JAX process per GPU (jax.distributed)",
+               (Run((_flagfile("cp_jax.flags"), "--cp_size=4", "--seqlens=32k",
+                     f"--masks={mask}"), JAX_PROCESSES, 4),), gpus=4,
+               same_as=f"jax-cp4-8k-{mask}") for mask in ("full", "causal_document")),
         Part("torch-cp4-8k-nodes", "the torch cp-4 part at 8k tokens per GPU under torchrun "
              "with two rendezvous nodes of two GPUs", (Run(torch_flags, TORCHRUN_NODES, 2),),
              gpus=4, same_as="torch-cp4-8k"),
