@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import pathlib
 import subprocess
 
-_ROOT = pathlib.Path(__file__).resolve().parent.parent
+from lcab.canonical import ROOT as _ROOT
 
 
 def git_commit() -> str:

@@ -12,11 +12,9 @@ from __future__ import annotations
 import pathlib
 import shutil
 
+from lcab.canonical import ROOT  # experiments/ lives there
 from lcab.experiments import flagfiles
 
-# The repository root: experiments/ lives there (the flagfiles name their
-# includes relative to themselves: --flagfile=common.flags).
-ROOT = pathlib.Path(__file__).resolve().parents[2]
 CPU_FLAGFILE = ROOT / "experiments" / "cpu_smoke.flags"
 GPU_FLAGFILE = ROOT / "experiments" / "seed_kernels.flags"
 
