@@ -262,6 +262,44 @@ def probe_as_check(workload: Workload, verdict: validation.Verdict | None,
             for direction in directions}
 
 
+@dataclasses.dataclass(frozen=True)
+class Claims:
+    """What a loaded backend says of a case before any probe, in the
+    runner's order: the directions it has no pass for, then `supports()`
+    (or the exception it raised), the directions its support refuses, each
+    group with its reason, and the directions left to probe and time. The
+    runner writes the groups as UNSUPPORTED rows; `--dry_run` prints them."""
+
+    missing: tuple[list[str], str] | None
+    support: object | None = None  # lcab.backend.Support; None if no direction reached it
+    failure: Exception | None = None  # what supports() raised
+    refused: tuple[list[str], str] | None = None
+    directions: tuple[str, ...] = ()
+
+
+def claims_of(case: Case, backend) -> Claims:
+    """The checks the runner makes before it probes."""
+    missing = [d for d in case.directions if d not in backend.directions]
+    missing = (missing, f"{case.backend} has no {'/'.join(missing)} pass") if missing else None
+    directions = [d for d in case.directions if d in backend.directions]
+    if not directions:
+        return Claims(missing)
+    try:
+        support = backend.supports(case.workload)
+    except Exception as exc:  # noqa: BLE001 - the caller decides what it becomes
+        return Claims(missing, failure=exc)
+    if not support.ok:
+        return Claims(missing, support, refused=(directions, support.reason))
+    refused = None
+    if support.directions is not None:
+        blocked = [d for d in directions if d not in support.directions]
+        if blocked:
+            refused = (blocked, f"{case.backend} runs {case.workload.mask.name} "
+                                f"{'/'.join(support.directions)} only")
+        directions = [d for d in directions if d in support.directions]
+    return Claims(missing, support, refused=refused, directions=tuple(directions))
+
+
 class Runner:
     def __init__(self, writer: results.Writer, settings: Settings):
         self.writer = writer
@@ -329,34 +367,24 @@ class Runner:
         inner = backend.inner()
         if inner is not None:  # the kernel a strategy runs inside, as columns
             context.update(inner=inner[0], inner_options=inner[1])
-        directions = [d for d in case.directions if d in backend.directions]
-        missing = [d for d in case.directions if d not in backend.directions]
-        if missing:
-            rows += self.write_all(
-                case, Status.UNSUPPORTED, missing,
-                reason=f"{case.backend} has no {'/'.join(missing)} pass", **context,
-            )
+        claims = claims_of(case, backend)
+        if claims.missing:
+            rows += self.write_all(case, Status.UNSUPPORTED, claims.missing[0],
+                                   reason=claims.missing[1], **context)
+        if claims.failure is not None:
+            raise claims.failure
+        support = claims.support
+        if support is None:
+            return
+        if support.ok:
+            context["notes"] = "; ".join(filter(None, [support.how,
+                                                       backend.case_notes(case.workload)]))
+        if claims.refused:
+            rows += self.write_all(case, Status.UNSUPPORTED, claims.refused[0],
+                                   reason=claims.refused[1], **context)
+        directions = list(claims.directions)
         if not directions:
             return
-        support = backend.supports(case.workload)
-        if not support.ok:
-            rows += self.write_all(
-                case, Status.UNSUPPORTED, directions, reason=support.reason, **context
-            )
-            return
-        context["notes"] = "; ".join(filter(None, [support.how, backend.case_notes(case.workload)]))
-        if support.directions is not None:
-            blocked = [d for d in directions if d not in support.directions]
-            if blocked:
-                rows += self.write_all(
-                    case, Status.UNSUPPORTED, blocked,
-                    reason=(f"{case.backend} runs {case.workload.mask.name} "
-                            f"{'/'.join(support.directions)} only"),
-                    **context,
-                )
-            directions = [d for d in directions if d in support.directions]
-            if not directions:
-                return
 
         verdict = self._validate(backend, runtime, case.workload, support, "bwd" in directions)
         if isinstance(verdict, Exception):

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 
 from lcab import registry, results
 from lcab.experiments import launch
-from lcab.runner import Case, describe
+from lcab.runner import Case, claims_of, describe
 from lcab.status import Status
 from lcab.workloads import format_seqlen
 
@@ -46,29 +46,16 @@ def text(jobs: Sequence[launch.Job], resume: bool) -> str:
 
 def attention_claims(case: Case, backend) -> dict[str, tuple[str, str]]:
     """direction -> (decision, why) of a case whose backend loaded: the
-    checks lcab.runner makes before it probes, in its order."""
+    checks lcab.runner makes before it probes (lcab.runner.claims_of)."""
+    claims = claims_of(case, backend)
     decided = {}
-    missing = [d for d in case.directions if d not in backend.directions]
-    for direction in missing:
-        decided[direction] = (Status.UNSUPPORTED.value,
-                              f"{case.backend} has no {'/'.join(missing)} pass")
-    directions = [d for d in case.directions if d in backend.directions]
-    if not directions:
-        return decided
-    try:
-        support = backend.supports(case.workload)
-    except Exception as exc:  # noqa: BLE001 - the runner writes it as an ERROR row
-        return decided | {d: (Status.ERROR.value, f"harness: {describe(exc)}")
-                          for d in directions}
-    if not support.ok:
-        return decided | {d: (Status.UNSUPPORTED.value, support.reason) for d in directions}
-    for direction in directions:
-        if support.directions is not None and direction not in support.directions:
-            only = f"{case.workload.mask.name} {'/'.join(support.directions)} only"
-            decided[direction] = (Status.UNSUPPORTED.value, f"{case.backend} runs {only}")
-        else:
-            decided[direction] = (RUN, support.how)
-    return decided
+    for group in (claims.missing, claims.refused):
+        if group:
+            decided |= {d: (Status.UNSUPPORTED.value, group[1]) for d in group[0]}
+    if claims.failure is not None:  # the runner writes it as an ERROR row
+        return decided | {d: (Status.ERROR.value, f"harness: {describe(claims.failure)}")
+                          for d in case.directions if d not in decided}
+    return decided | {d: (RUN, claims.support.how) for d in claims.directions}
 
 
 def _job_text(job: launch.Job, resume: bool) -> tuple[str, collections.Counter]:
