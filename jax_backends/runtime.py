@@ -26,6 +26,7 @@ maximum over processes.
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.metadata
 import os
 import pathlib
@@ -59,6 +60,10 @@ class JaxRuntime(Runtime):
     def __init__(self):
         distributed.initialize_from_environment()
         self._flush = None
+        # One case compiles each of its functions once: the full-size check,
+        # the non-finite test and the timing share the executables (cleanup()
+        # drops them). {key: (executable, compile seconds, the function)}.
+        self._executables: dict = {}
 
     def device(self) -> DeviceInfo:
         first = jax.devices()[0]
@@ -102,17 +107,37 @@ class JaxRuntime(Runtime):
         # Replicated over every device of every process when there are
         # several processes; one device's arrays otherwise.
         sharding = distributed.replicated_sharding() if distributed.multi_process() else None
-        return [
-            jax.jit(lambda key, shape=shape: jax.random.normal(key, shape, dtype=_DTYPES[dtype]),
-                    out_shardings=sharding)(key)
-            for key, shape in zip(keys, shapes)
-        ]
+        return [_normal_on(sharding)(key, tuple(shape), dtype)
+                for key, shape in zip(keys, shapes)]
 
     def forward(self, fn, q, k, v):
-        return jax.jit(fn)(q, k, v)
+        return self._executable(fn, False, (q, k, v))[0](q, k, v)
 
     def forward_backward(self, fn, q, k, v, dout):
-        return jax.jit(_with_gradients(fn))(q, k, v, dout)
+        return self._executable(fn, True, (q, k, v, dout))[0](q, k, v, dout)
+
+    def _executable(self, fn, backward: bool, inputs, timed: bool = False):
+        """(executable, compile seconds) of fn (backward False) or of fn with
+        its gradients (True), or with `timed` of what fn says to time
+        (fn.timed, fn.timed_fwd_bwd), at these inputs' shapes, dtypes and
+        shardings: compiled on the first request of the case and kept until
+        cleanup(), so the full-size check, the non-finite test and the
+        timing compile each function once."""
+        timed = timed and (hasattr(fn, "timed") or hasattr(fn, "timed_fwd_bwd"))
+        leaves, tree = jax.tree.flatten(tuple(inputs))
+        key = (id(fn), backward, timed, tree,
+               tuple((x.shape, x.dtype, x.sharding) for x in leaves))
+        found = self._executables.get(key)
+        if found is None:
+            target = getattr(fn, "timed", fn) if timed else fn
+            if backward:  # a function may time its own training step (jax.module)
+                own = getattr(fn, "timed_fwd_bwd", None) if timed else None
+                target = own or _with_gradients(target)
+            start = time.perf_counter()
+            compiled = jax.jit(target).lower(*inputs).compile()
+            # fn is kept so its id is not reused while the entry lives.
+            found = self._executables[key] = (compiled, time.perf_counter() - start, fn)
+        return found[:2]
 
     def full_reference(self):
         from jax_backends import reference
@@ -181,12 +206,7 @@ class JaxRuntime(Runtime):
         compile seconds) of fn forward or forward+backward."""
         if hasattr(fn, "timed_inputs"):
             inputs = fn.timed_inputs(list(inputs))
-        target = getattr(fn, "timed", fn)
-        if backward:  # a function may time its own training step (jax.module)
-            target = getattr(fn, "timed_fwd_bwd", None) or _with_gradients(target)
-        start = time.perf_counter()
-        compiled = jax.jit(target).lower(*inputs).compile()
-        compile_s = time.perf_counter() - start
+        compiled, compile_s = self._executable(fn, backward, inputs, timed=True)
         for _ in range(warmup + 1):  # the first call also loads the executable
             single_ms = self._batch_ms(compiled, inputs, 1, flush)
         # Processes run collectives together, so they must agree on the batch.
@@ -260,6 +280,7 @@ class JaxRuntime(Runtime):
                 or "exceeds available shared memory" in text)
 
     def cleanup(self):
+        self._executables.clear()
         super().cleanup()
         jax.clear_caches()
 
@@ -269,6 +290,17 @@ def calls_per_sample(single_call_ms: float) -> int:
     if single_call_ms <= 0:
         return MAX_CALLS_PER_SAMPLE
     return int(min(MAX_CALLS_PER_SAMPLE, max(1, np.ceil(BATCH_TARGET_MS / single_call_ms))))
+
+
+@functools.cache
+def _normal_on(sharding):
+    """A jitted standard-normal generator whose output has `sharding`
+    (None: where JAX puts it); one per sharding, compiled once per shape."""
+
+    def normal(key, shape, dtype):
+        return jax.random.normal(key, shape, dtype=_DTYPES[dtype])
+
+    return jax.jit(normal, static_argnames=("shape", "dtype"), out_shardings=sharding)
 
 
 @jax.jit

@@ -286,3 +286,33 @@ def test_forward_and_backward_are_timed_together_in_turn():
                                          flush_l2=False)
     assert len(forward.samples_ms) == len(both.samples_ms) == 4
     assert forward.compile_s > 0 and both.compile_s > 0 and both.median_ms > 0
+
+
+def test_a_case_compiles_each_function_once():
+    """The full-size check, the non-finite test and the timing of one case
+    share executables: fn is traced once forward and once with gradients;
+    after cleanup() (the case's end) it is compiled afresh."""
+    runtime = registry.load_runtime("jax")
+    workload = Workload(1, 256, 256, 4, 2, 32, "float32", make_mask("causal", 256))
+    attend = registry.load_backend("jax.xla").build(workload)
+    traces = []
+
+    def counted(q, k, v):
+        traces.append(q.shape)
+        return attend(q, k, v)
+
+    inputs = runtime.random_inputs([(1, 256, 4, 32), (1, 256, 2, 32), (1, 256, 2, 32),
+                                    (1, 256, 4, 32)], "float32", 0)
+    first = runtime.forward_backward(counted, *inputs)
+    runtime.forward(counted, *inputs[:3])
+    forward, both = runtime.measure_pair(counted, inputs, warmup=1, iters=2, flush_l2=False)
+    again = runtime.forward_backward(counted, *inputs)
+    assert len(traces) == 2  # one forward, one forward+backward
+    np.testing.assert_array_equal(np.asarray(first[1]), np.asarray(again[1]))
+    assert forward.compile_s > 0 and both.compile_s > 0  # the first compile's seconds
+    other = [x[:, :128] for x in inputs]  # another shape is another executable
+    runtime.forward(counted, *other[:3])
+    assert len(traces) == 3
+    runtime.cleanup()
+    runtime.forward(counted, *inputs[:3])
+    assert len(traces) == 4
