@@ -86,7 +86,10 @@ def attention(q, k, v, dout, chunk_slices, rows: int, backward: bool, chunks=Non
                       rows=rows, backward=backward, key_grads=key_grads)
 
 
-@functools.partial(jax.jit, static_argnames=("rows", "backward", "key_grads"))
+# XLA's GEMM autotuning took 14-17 s of each compile on an H100 (1 s
+# without), for a function run once per workload whose speed does not matter.
+@functools.partial(jax.jit, static_argnames=("rows", "backward", "key_grads"),
+                   compiler_options={"xla_gpu_autotune_level": 0})
 def _attention(q, k, v, dout, chunk_slices, chunk_index, *, rows: int, backward: bool,
                key_grads: bool):
     q, k, v, dout = (x.astype(jnp.float32) for x in (q, k, v, dout))
