@@ -427,15 +427,17 @@ class Runner:
         # or a hand-built mask, is probed as itself (keyed by fingerprint);
         # a probe sized to the timed case (Backend.probe_needs) and run by
         # the backend pinned to it is keyed by both.
+        # The full-size check runs the timed pipelines themselves, so with it
+        # on the probe need not be sized to reach them (Backend.probe_needs).
+        sized = not self.settings.full_check and backend.probe_needs(workload) is not None
         try:
-            probe, note = validation.choose_probe(backend, workload, support.how)
+            probe, note = validation.choose_probe(backend, workload, support.how, sized=sized)
             prober, pinned = backend.pinned_to(workload)
         except Exception as exc:  # noqa: BLE001 - any failure is a row status
             return exc
         family = workload.mask.name
         if probe.mask == workload.mask or family not in validation.FAMILIES_BY_NAME:
             family = f"{family}@{workload.mask.fingerprint()}"
-        sized = backend.probe_needs(workload) is not None
         key = (backend.name, family, support.how, workload.dtype, workload.head_dim,
                workload.gqa_ratio, backward, probe.key() if sized else None, pinned)
         if key not in self._verdicts:

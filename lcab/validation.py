@@ -107,17 +107,19 @@ def probe_workload(workload: Workload, mask, heads_kv: int | None = None) -> Wor
 
 
 def choose_probe(
-    backend: Backend, workload: Workload, timed_how: str | None = None
+    backend: Backend, workload: Workload, timed_how: str | None = None, sized: bool = True
 ) -> tuple[Workload, str]:
     """The probe that runs the same code path (Support.how) as the timed case.
 
     Returns the probe and a note that is empty unless only a probe taking
     another path, or one short of the backend's ProbeNeeds, was possible
-    (the note then says which).
+    (the note then says which). `sized` False leaves the backend's
+    ProbeNeeds aside: where the full-size check (lcab.fullcheck) runs the
+    timed workload itself, a probe sized to reach its pipelines repeats it.
     """
     if timed_how is None:
         timed_how = backend.supports(workload).how
-    needs = backend.probe_needs(workload)
+    needs = backend.probe_needs(workload) if sized else None
     if needs is not None and workload.mask.name in FAMILIES_BY_NAME:
         if max(workload.seqlen_q, workload.seqlen_k) > MAX_SIZED_PROBE:
             return _sized_probe(backend, workload, needs, timed_how)

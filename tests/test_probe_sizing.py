@@ -110,3 +110,31 @@ def test_pallas_flex_declares_its_tilings_and_pins_the_launch_order():
     probe, _ = validation.choose_probe(backend, workload)
     assert pinned.launch_order(probe) == order
     assert backend.pinned_to(workload)[0].set_options == backend.set_options
+
+
+def test_unsized_probes_leave_the_needs_aside():
+    probe, note = validation.choose_probe(Tiled(), timed("causal", 32768, "pile"), sized=False)
+    assert probe.seqlen_q == Tiled.probe_seqlen and note == ""
+
+
+@pytest.mark.parametrize("full_check, sized", [(True, False), (False, True)])
+def test_the_runner_sizes_probes_only_without_the_full_size_check(tmp_path, monkeypatch,
+                                                                  full_check, sized):
+    """The full-size check runs the timed pipelines themselves; a probe
+    sized to reach them would repeat it (and cost a compile per length)."""
+    from lcab import results
+    from lcab.runner import Runner, Settings
+
+    probed = []
+
+    def check_probe(backend, runtime, probe, **_):
+        probed.append(probe)
+        return validation.Verdict(0.0, 0.0, 0.04, probe.mask.name)
+
+    monkeypatch.setattr(validation, "check_probe", check_probe)
+    runner = Runner(results.Writer(tmp_path / "rows.jsonl"),
+                    Settings(warmup=0, iters=1, full_check=full_check))
+    workload = timed("causal", 32768, "pile")
+    backend = Tiled()
+    runner._validate(backend, None, workload, backend.supports(workload), backward=True)
+    assert (probed[0].seqlen_q != Tiled.probe_seqlen) == sized
