@@ -128,15 +128,25 @@ def _attention(q, k, v, dout, chunk_slices, chunk_index, *, rows: int, backward:
 def pick(x, selection, kv: bool):
     """The checked batch rows and heads of one (b, s, h, d) array; `kv`: its
     heads are K/V heads."""
-    heads = selection.kv_heads if kv else selection.q_heads
-    x = jnp.take(x, jnp.asarray(selection.batch_rows), axis=0)
-    return jnp.take(x, jnp.asarray(heads), axis=2)
+    return _pick(x, selection.batch_rows, selection.kv_heads if kv else selection.q_heads)
 
 
 def pick_rows(x, rows):
     """Query rows `rows` (ascending indices) of one (b, s, h, d) array, every
     batch row and head."""
-    return jnp.take(x, jnp.asarray(rows), axis=1)
+    return _pick_rows(x, jnp.asarray(rows))
+
+
+# One compiled gather per shape, where eager takes compiled one per op.
+@functools.partial(jax.jit, static_argnames=("batch_rows", "heads"))
+def _pick(x, batch_rows, heads):
+    x = jnp.take(x, jnp.asarray(batch_rows), axis=0)
+    return jnp.take(x, jnp.asarray(heads), axis=2)
+
+
+@jax.jit
+def _pick_rows(x, rows):
+    return jnp.take(x, rows, axis=1)
 
 
 def normalised_error(got, want) -> float:
