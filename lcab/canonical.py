@@ -31,6 +31,10 @@ SWEEPS = {
 # repeat in RUN.md, never read into tables (they would stand in for it).
 RERUNS = "reruns"
 
+# A run's record of its parts (lcab.experiments.canonical writes it).
+STATE_NAME = "parts.json"
+DONE = "done"
+
 _FOLDER = re.compile(r"^(?P<date>\d{4}-\d{2}-\d{2})-(?P<device>[a-z0-9]+(?:x\d+)?)-(?P<sweep>[a-z]+)$")
 
 

@@ -297,3 +297,65 @@ def test_a_run_with_extra_flags_or_without_a_gpu_needs_its_own_out(tmp_path):
                            "--extra=--seqlens=512"], capture_output=True, text=True, cwd=ROOT)
     assert done.returncode != 0 and "give --out" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+@pytest.mark.slow
+def test_parallel_parts_run_side_by_side_one_per_gpu(tmp_path, plugin_path):
+    """--parallel: one-GPU parts on their own GPU and cores, at the same
+    time; RUN.md says which ran beside which."""
+    parts = [part("a", "--backends=numpy.slow", "--seqlens=64,96,128"),
+             part("b", "--backends=numpy.slow", "--seqlens=64,96,128")]
+    two = [{"name": "NVIDIA H100 80GB HBM3", "serial": "1"},
+           {"name": "NVIDIA H100 80GB HBM3", "serial": "2"}]
+    assert runner.run_sweep("blog", tmp_path, parts, "c", [], None, gpus=two,
+                            parallel=True) == 0
+    first, second = (record["runs"][0] for record in run_states(tmp_path).values())
+    assert "CUDA_VISIBLE_DEVICES=0" in first["command"]
+    assert "CUDA_VISIBLE_DEVICES=1" in second["command"]
+    assert second["beside"] == ["a"]  # started while a ran
+    if len(os.sched_getaffinity(0)) >= 2:
+        assert first["cores"] != second["cores"]
+    run_md = (tmp_path / "RUN.md").read_text()
+    assert "beside `a`" in run_md and "side by side (--parallel)" in run_md
+    assert len(results.read_rows([tmp_path / "a"])) == len(results.read_rows([tmp_path / "b"]))
+
+
+def test_lanes_give_one_gpu_parts_a_gpu_each_and_wider_parts_the_machine():
+    one = defined.Part("one", "", ())
+    wide = defined.Part("wide", "", (), gpus=2)
+
+    class Busy:
+        def __init__(self, part):
+            self.part = part
+
+    lanes = runner._Lanes(["0", "1"], parallel=True)
+    assert lanes.take(one, []) == ["0"]
+    assert lanes.take(wide, [Busy(one)]) is None  # waits until the machine is free
+    assert lanes.take(one, [Busy(one)]) == ["1"]
+    assert lanes.take(one, [Busy(one), Busy(one)]) is None
+    lanes.give_back(["0"])
+    lanes.give_back(["1"])
+    assert lanes.take(wide, []) == ["0", "1"]
+    assert lanes.take(one, [Busy(wide)]) is None
+    sequential = runner._Lanes(["0", "1"], parallel=False)
+    assert sequential.take(one, []) == ["0"] and sequential.take(one, [Busy(one)]) is None
+    assert sequential.cores(["0"]) == []  # no pinning when alone
+
+
+def test_an_unfinished_run_says_how_far_it_got(tmp_path):
+    """Pages and the headline name an unfinished run's progress: a table of
+    a few parts is not the sweep."""
+    from lcab.report import sources
+
+    folder = tmp_path / "2026-11-27-h100-sparsity"
+    names = [p.name for p in defined.parts("sparsity")]
+    state = {"sweep": "sparsity", "calls": [], "parts": {
+        names[0]: {"status": "done"}, names[1]: {"status": "done", "extra": ["--seqlens=1k"]},
+        names[2]: {"status": "stopped"}}}
+    folder.mkdir()
+    (folder / runner.STATE_NAME).write_text(json.dumps(state))
+    assert defined.progress(folder) == (1, len(names))  # done with --extra is not done
+    assert sources._progress(folder) == f"1 of {len(names)} parts done"
+    state["parts"] = {name: {"status": "done"} for name in names}
+    (folder / runner.STATE_NAME).write_text(json.dumps(state))
+    assert sources._progress(folder) == "" and defined.progress(tmp_path) is None

@@ -60,14 +60,20 @@ EXTRA = flags.DEFINE_string(
     "extra", "", "Flags appended to every run, e.g. a small CPU rehearsal: "
     "--extra='--seqlens=512 --heads=4:2 --head_dim=16'.", flag_values=FLAGS)
 RETRY = flags.DEFINE_bool("retry", False, "Rerun parts that failed.", flag_values=FLAGS)
+PARALLEL = flags.DEFINE_bool(
+    "parallel", False, "Run one-GPU parts side by side, one on each visible GPU, each "
+    "pinned to its share of the CPU cores; parts of several GPUs still run alone. RUN.md "
+    "says which GPU and cores each run had and which parts ran beside it.",
+    flag_values=FLAGS)
 LIST = flags.DEFINE_bool("list", False, "Print the parts and their commands, then exit.",
                          flag_values=FLAGS)
 
-STATE_NAME = "parts.json"
+STATE_NAME = canonical.STATE_NAME
 # More than torchrun's own grace for its workers (30 s), so they stop
 # themselves before anything is killed.
 STOP_GRACE_S = 60
-DONE, FAILED, STOPPED = "done", "failed", "stopped"
+DONE, FAILED, STOPPED = canonical.DONE, "failed", "stopped"
+RUNNING = "running"  # a part's state within one call, never saved
 
 
 def _now() -> str:
@@ -102,7 +108,8 @@ def launch_of(run: defined.Run, folder: pathlib.Path, commit: str, extra: list[s
            "--noprogress", "--nosummary"]
     module = [sys.executable, "-m", "lcab.experiments"]
     if run.launcher == defined.PLAIN:
-        return Launch([(module + cli, {})])
+        return Launch([(module + cli, {"CUDA_VISIBLE_DEVICES": ",".join(gpu_ids)}
+                        if gpu_ids else {})])
     port = _free_port()
     count = run.processes
     per_process = max(1, _cp_size(run) // count)
@@ -129,39 +136,59 @@ def _cp_size(run: defined.Run) -> int:
     return run.processes
 
 
+class Processes:
+    """The started processes of one run. poll() them until it returns
+    (exit status: the first non-zero, else 0; stopped at the limit). At the
+    deadline, or when one of them fails while others wait for it (a
+    rendezvous, a collective), the rest are stopped: SIGTERM, which the CLI
+    turns into a resumable stop, then after a grace SIGKILL to every
+    process they started."""
+
+    def __init__(self, launch: Launch, deadline: float | None, cores: Sequence[int] = ()):
+        pin = (lambda: os.sched_setaffinity(0, cores)) if cores else None
+        self.children = [subprocess.Popen(argv, env={**os.environ, **env},
+                                          start_new_session=True, preexec_fn=pin)
+                         for argv, env in launch.commands]
+        self.deadline = deadline
+        self.stopping_since = None
+        self.at_limit = False
+
+    def poll(self) -> tuple[int, bool] | None:
+        children = self.children
+        if all(child.poll() is not None for child in children):
+            codes = [child.wait() for child in children]
+            return next((code for code in codes if code != 0), 0), self.at_limit
+        now = time.monotonic()
+        failed = any(child.poll() not in (None, 0) for child in children)
+        if self.stopping_since is None and (
+                failed or (self.deadline is not None and now > self.deadline)):
+            self.at_limit = not failed
+            self.stopping_since = now
+            # The leaders only: each passes the stop on to its workers,
+            # which finish as stopped. Signalling the whole group would
+            # also kill a compiler (ptxas) mid-case, and that case would
+            # read as an ERROR of the backend.
+            _signal(children, signal.SIGTERM)
+        elif self.stopping_since is not None and now > self.stopping_since + STOP_GRACE_S:
+            _kill_trees(children)
+        return None
+
+    def interrupt(self) -> None:
+        """Ctrl-C: pass it on (each CLI stops resumably), then wait out the grace."""
+        _signal(self.children, signal.SIGINT)
+
+
 def run_processes(launch: Launch, seconds: float | None) -> tuple[int, bool]:
-    """Start a run's processes and wait for them. At the time limit, or
-    when one of them fails while others wait for it (a rendezvous, a
-    collective), stop the rest: SIGTERM, which the CLI turns into a
-    resumable stop, then after a grace SIGKILL to every process they
-    started. (exit status: the first non-zero, else 0; stopped at the limit)."""
-    children = [subprocess.Popen(argv, env={**os.environ, **env}, start_new_session=True)
-                for argv, env in launch.commands]
-    deadline = None if seconds is None else time.monotonic() + seconds
-    stopping_since = None
-    at_limit = False
+    """Start a run's processes and wait for them (Processes)."""
+    running = Processes(launch, None if seconds is None else time.monotonic() + seconds)
     try:
-        while any(child.poll() is None for child in children):
-            now = time.monotonic()
-            failed = any(child.poll() not in (None, 0) for child in children)
-            if stopping_since is None and (failed or (deadline is not None and now > deadline)):
-                at_limit = not failed
-                stopping_since = now
-                # The leaders only: each passes the stop on to its workers,
-                # which finish as stopped. Signalling the whole group would
-                # also kill a compiler (ptxas) mid-case, and that case would
-                # read as an ERROR of the backend.
-                _signal(children, signal.SIGTERM)
-            elif stopping_since is not None and now > stopping_since + STOP_GRACE_S:
-                _kill_trees(children)
-                break
+        while (result := running.poll()) is None:
             time.sleep(0.5)
     except KeyboardInterrupt:
-        _signal(children, signal.SIGINT)
-        _wait_or_kill(children)
+        running.interrupt()
+        _wait_or_kill(running.children)
         raise
-    codes = [child.wait() for child in children]
-    return next((code for code in codes if code != 0), 0), at_limit
+    return result
 
 
 def _signal(children: list[subprocess.Popen], signum: int) -> None:
@@ -228,13 +255,8 @@ def default_out(sweep: str, gpus: list[dict[str, str]]) -> pathlib.Path:
 
 
 def _unfinished(folder: pathlib.Path) -> bool:
-    try:
-        record = json.loads((folder / STATE_NAME).read_text())
-    except (OSError, ValueError):
-        return False
-    done = {name for name, part in record.get("parts", {}).items()
-            if part.get("status") == DONE and not part.get("extra")}
-    return not {part.name for part in defined.parts(record["sweep"])} <= done
+    counts = defined.progress(folder)
+    return counts is not None and counts[0] < counts[1]
 
 
 def _commit() -> str:
@@ -261,9 +283,11 @@ def chosen_parts(sweep: str) -> list[defined.Part]:
 
 def run_sweep(sweep: str, folder: pathlib.Path, parts: list[defined.Part], commit: str,
               extra: list[str], budget_s: float | None, *, retry: bool = False,
-              min_run_s: float = 60, gpus: list[dict[str, str]] | None = None) -> int:
-    """Run the parts that are not done, within the budget; 0 all done,
-    3 some remain, 1 one failed, 130 stopped by a signal."""
+              min_run_s: float = 60, gpus: list[dict[str, str]] | None = None,
+              parallel: bool = False) -> int:
+    """Run the parts that are not done, within the budget (with `parallel`,
+    one-GPU parts side by side, one per GPU); 0 all done, 3 some remain,
+    1 one failed, 130 stopped by a signal."""
     from lcab.experiments.run_record import write_run_md  # pandas: only when running
 
     folder.mkdir(parents=True, exist_ok=True)
@@ -272,32 +296,62 @@ def run_sweep(sweep: str, folder: pathlib.Path, parts: list[defined.Part], commi
     gpu_ids = machine.visible_gpu_ids(found) if found else []
     state.data["calls"].append({"start": _now(), "commit": commit, "gpus": found,
                                 "visible": gpu_ids, "versions": machine.versions(),
-                                "extra": extra, "budget_s": budget_s})
+                                "extra": extra, "budget_s": budget_s,
+                                "parallel": parallel})
     state.save()
-    started = time.monotonic()
-    left = lambda: None if budget_s is None else budget_s - (time.monotonic() - started)  # noqa: E731
-    ran, waiting = [], []
+    deadline = None if budget_s is None else time.monotonic() + budget_s
+    queue, waiting = [], []
+    for part in parts:
+        if gpu_ids and part.gpus > len(gpu_ids):
+            print(f"== {part.name}: needs {part.gpus} GPUs, {len(gpu_ids)} visible here; "
+                  "skipped", flush=True)
+            waiting.append(part)
+            continue
+        record = state.part(part.name)
+        if record.get("extra", []) != extra:
+            # Done with other extra flags (a subset, a rehearsal) is not
+            # done with these: run it again; --resume keeps its rows.
+            record.update(status=None, finished_runs=[], extra=extra)
+        if record["status"] == DONE or (record["status"] == FAILED and not retry):
+            continue
+        queue.append(part)
+    lanes = _Lanes(gpu_ids, parallel)
+    running: list[_Running] = []
+    ran = []
+    stopped = False
     try:
-        for part in parts:
-            if gpu_ids and part.gpus > len(gpu_ids):
-                print(f"== {part.name}: needs {part.gpus} GPUs, {len(gpu_ids)} visible here; "
-                      "skipped", flush=True)
-                waiting.append(part)
-                continue
-            record = state.part(part.name)
-            if record.get("extra", []) != extra:
-                # Done with other extra flags (a subset, a rehearsal) is not
-                # done with these: run it again; --resume keeps its rows.
-                record.update(status=None, finished_runs=[], extra=extra)
-            if record["status"] == DONE or (record["status"] == FAILED and not retry):
-                continue
-            status = _run_part(part, record, state, folder, commit, extra, gpu_ids, left,
-                               min_run_s)
-            write_run_md(folder, state.data, parts)
-            ran.append(part)
-            if status == STOPPED:
-                break
+        while queue or running:
+            while queue and not stopped:
+                ids = lanes.take(queue[0], running)
+                if ids is None:
+                    break  # the next part waits for GPUs: parts start in order
+                part = queue.pop(0)
+                started = _Running(part, state.part(part.name), ids, lanes.cores(ids))
+                status = started.start_next(state, folder, commit, extra, deadline, min_run_s,
+                                            beside=[r.part.name for r in running])
+                if status == RUNNING:
+                    running.append(started)
+                    continue
+                lanes.give_back(ids)
+                stopped = status == STOPPED  # too little time left: nothing starts after it
+            for entry in list(running):
+                status = entry.step(state, folder, commit, extra, deadline, min_run_s,
+                                    beside=[r.part.name for r in running if r is not entry])
+                if status is None:
+                    continue
+                running.remove(entry)
+                lanes.give_back(entry.gpu_ids)
+                ran.append(entry.part)
+                write_run_md(folder, state.data, parts)
+                stopped = stopped or status == STOPPED
+            if running:
+                time.sleep(0.5)
     except KeyboardInterrupt:
+        for entry in running:
+            entry.processes.interrupt()
+        _wait_or_kill([child for entry in running for child in entry.processes.children])
+        for entry in running:
+            entry.interrupted()
         state.save()
         write_run_md(folder, state.data, parts)
         print(f"lcab.experiments.canonical: stopped; run the same command again to go on "
@@ -311,42 +365,115 @@ def run_sweep(sweep: str, folder: pathlib.Path, parts: list[defined.Part], commi
     return 0 if all(status == DONE for status in statuses) and not waiting else 3
 
 
-def _run_part(part, record, state, folder, commit, extra, gpu_ids, left, min_run_s) -> str:
-    """Run what is left of one part; its status (done, failed, stopped)."""
-    status = DONE
-    for index, run in enumerate(part.runs):
-        if index in record.get("finished_runs", []):
-            continue  # this run ended well on an earlier call
-        remaining = left()
+class _Lanes:
+    """Which GPUs (and CPU cores) are free. Without `parallel`, one part at
+    a time on the first GPUs it needs; with it, one-GPU parts one per GPU,
+    each with its share of the cores, and a part of several GPUs alone."""
+
+    def __init__(self, gpu_ids: list[str], parallel: bool):
+        self.gpu_ids = gpu_ids
+        self.free = list(gpu_ids)
+        self.parallel = parallel and len(gpu_ids) > 1
+        cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+        share = len(cores) // len(gpu_ids) if self.parallel else 0
+        self._cores = {gpu: cores[i * share:(i + 1) * share] for i, gpu in enumerate(gpu_ids)}
+
+    def take(self, part: defined.Part, running: list) -> list[str] | None:
+        alone = not self.parallel or part.gpus > 1
+        if running and (alone or any(r.part.gpus > 1 for r in running)):
+            return None
+        if not self.gpu_ids:
+            return []
+        if len(self.free) < part.gpus:
+            return None
+        ids, self.free = self.free[:part.gpus], self.free[part.gpus:]
+        return ids
+
+    def give_back(self, ids: list[str]) -> None:
+        self.free = [gpu for gpu in self.gpu_ids if gpu in self.free or gpu in ids]
+
+    def cores(self, ids: list[str]) -> list[int]:
+        """The cores of a one-GPU part running beside others; [] for no pinning."""
+        return self._cores.get(ids[0], []) if self.parallel and len(ids) == 1 else []
+
+
+class _Running:
+    """One part in progress: its runs, one after the other, on its GPUs."""
+
+    def __init__(self, part: defined.Part, record: dict, gpu_ids: list[str], cores: list[int]):
+        self.part, self.record, self.gpu_ids, self.cores = part, record, gpu_ids, cores
+        self.processes: Processes | None = None
+        self.entry: dict = {}
+        self.index = -1
+
+    def start_next(self, state, folder, commit, extra, deadline, min_run_s, beside) -> str:
+        """Start the part's next unfinished run: RUNNING; else the part's
+        status, DONE when no run is left, STOPPED when too little time is."""
+        part, record = self.part, self.record
+        finished = record.get("finished_runs", [])
+        self.index = next((i for i in range(self.index + 1, len(part.runs))
+                           if i not in finished), None)
+        if self.index is None:
+            record["status"] = DONE
+            state.save()
+            return DONE
         # Keep the stop's grace inside the budget.
-        seconds = None if remaining is None else remaining - STOP_GRACE_S
+        seconds = None if deadline is None else deadline - time.monotonic() - STOP_GRACE_S
         if seconds is not None and seconds < min_run_s:
-            status = STOPPED
-            break
-        launch = launch_of(run, folder / part.folder, commit, extra, gpu_ids)
-        print(f"== {_now()} {part.name} ({index + 1}/{len(part.runs)}): {part.what}\n"
-              f"{launch.text()}", flush=True)
-        entry = {"command": launch.text(), "start": _now()}
-        record["runs"].append(entry)
+            record["status"] = STOPPED
+            state.save()
+            return STOPPED
+        launch = launch_of(part.runs[self.index], folder / part.folder, commit, extra,
+                           self.gpu_ids)
+        print(f"== {_now()} {part.name} ({self.index + 1}/{len(part.runs)}): {part.what}"
+              + (f" [beside {', '.join(beside)}]" if beside else "")
+              + f"\n{launch.text()}", flush=True)
+        self.entry = {"command": launch.text(), "start": _now()}
+        if self.cores:
+            self.entry["cores"] = _ranges(self.cores)
+        if beside:
+            self.entry["beside"] = list(beside)
+        record["runs"].append(self.entry)
         record["status"] = STOPPED  # until it ends
         state.save()
-        try:
-            code, at_limit = run_processes(launch, seconds)
-        except KeyboardInterrupt:
-            entry.update(end=_now(), exit="stopped by a signal")
-            raise
-        entry.update(end=_now(), exit=code, stopped_at_limit=at_limit)
-        print(f"   exit {code}{' (stopped at the time limit)' if at_limit else ''}", flush=True)
-        if at_limit:
-            status = STOPPED
-            break
-        if code != 0:
-            status = FAILED
-            break
-        record.setdefault("finished_runs", []).append(index)
-    record["status"] = status
-    state.save()
-    return status
+        self.processes = Processes(launch, None if seconds is None
+                                   else time.monotonic() + seconds, self.cores)
+        return RUNNING
+
+    def step(self, state, folder, commit, extra, deadline, min_run_s, beside) -> str | None:
+        """Poll the current run; when it ends, record it and start the
+        next. The part's status once it is over, else None."""
+        result = self.processes.poll()
+        if result is None:
+            return None
+        code, at_limit = result
+        self.entry.update(end=_now(), exit=code, stopped_at_limit=at_limit)
+        print(f"   {self.part.name}: exit {code}"
+              f"{' (stopped at the time limit)' if at_limit else ''}", flush=True)
+        record = self.record
+        if at_limit or code != 0:
+            record["status"] = STOPPED if at_limit else FAILED
+            state.save()
+            return record["status"]
+        record.setdefault("finished_runs", []).append(self.index)
+        status = self.start_next(state, folder, commit, extra, deadline, min_run_s, beside)
+        return None if status == RUNNING else status
+
+    def interrupted(self) -> None:
+        if self.entry and "end" not in self.entry:
+            self.entry.update(end=_now(), exit="stopped by a signal")
+
+
+def _ranges(numbers: list[int]) -> str:
+    """[0, 1, 2, 5] -> "0-2,5"."""
+    spans, start = [], None
+    for i, n in enumerate(numbers):
+        if start is None:
+            start = n
+        if i + 1 == len(numbers) or numbers[i + 1] != n + 1:
+            spans.append(f"{start}-{n}" if n != start else f"{n}")
+            start = None
+    return ",".join(spans)
 
 
 def _print_summaries(folder: pathlib.Path, ran: list[defined.Part]) -> None:
@@ -383,7 +510,7 @@ def main(argv: list[str]) -> int:
     # SIGTERM (an outer time limit) stops like Ctrl-C: children told, state saved.
     signal.signal(signal.SIGTERM, _interrupt)
     return run_sweep(sweep, folder, parts, _commit(), extra, BUDGET.value, retry=RETRY.value,
-                     min_run_s=MIN_RUN.value, gpus=found)
+                     min_run_s=MIN_RUN.value, gpus=found, parallel=PARALLEL.value)
 
 
 def _interrupt(signum, frame):

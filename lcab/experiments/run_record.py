@@ -75,6 +75,8 @@ def write_run_md(folder: pathlib.Path, state: dict, parts=()) -> pathlib.Path:
         gpus = call.get("gpus") or []
         budget = f", budget {call['budget_s']} s" if call.get("budget_s") else ""
         extra = f", extra flags `{' '.join(call['extra'])}`" if call.get("extra") else ""
+        if call.get("parallel"):
+            extra += ", one-GPU parts side by side (--parallel)"
         lines.append(f"{number}. {call['start']}, commit `{call['commit']}`{budget}{extra}")
         machine = (gpus, call.get("versions"))
         if machine == machine_before:
@@ -99,7 +101,10 @@ def write_run_md(folder: pathlib.Path, state: dict, parts=()) -> pathlib.Path:
         for run in record["runs"]:
             limit = " (stopped at the time budget; resumed by the next call)" \
                 if run.get("stopped_at_limit") else ""
-            lines += [f"- `{name}`, {run['start']} to {run.get('end', '?')}, exit "
+            where = f", CPU cores {run['cores']}" if run.get("cores") else ""
+            if run.get("beside"):
+                where += ", beside " + ", ".join(f"`{other}`" for other in run["beside"])
+            lines += [f"- `{name}`, {run['start']} to {run.get('end', '?')}{where}, exit "
                       f"{run.get('exit', '?')}{limit}:", "", "  ```bash",
                       *("  " + line for line in _plain(run["command"], folder).splitlines()),
                       "  ```", ""]

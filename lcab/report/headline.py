@@ -141,7 +141,8 @@ def _sections(sweep: str, source: loading.Source, frame: pd.DataFrame, require_c
         title = (f"**{sweep}**: {what} of each framework, {unit} {directions}, {where}; "
                  f"{label.rsplit(' on ', 1)[0]}; rows "
                  f"[{source.folder}]({source.folder}) at {source.commit}, {source.device}, "
-                 f"{source.date}")
+                 f"{source.date}"
+                 + (f"; **unfinished: {source.progress}**" if source.progress else ""))
         group = counted(group, require_check)
         yield title, (best_table(group, frameworks_of(group), by_cp_size=has_cp)
                       if len(group) else None)

@@ -103,6 +103,8 @@ class Page:
             f"- Commit: {source.commit}",
             f"- Device: {source.device}",
             f"- Date (UTC): {source.date}",
+            *([f"- **Unfinished**: {source.progress}; the missing parts' cells are empty "
+               f"(their RUN.md lists the parts)"] if source.progress else []),
             f"- Numbers: {measure.caption(self.frame['device'])}; cells are fwd / bwd; codes "
             "and marks: [legend](#legend)",
         )
@@ -273,7 +275,8 @@ def index_markdown(described: list[sources.Source], out: pathlib.Path,
             parts.append(f"| [{source.sweep}]({source.sweep}.md) | "
                          f"{canonical.SWEEPS.get(source.sweep, '')} | "
                          f"[{source.folder}]({_link(source.folder, out)}) | "
-                         f"{source.commit} | {source.device} | {source.date} | {source.rows} |")
+                         f"{source.commit} | {source.device} | {source.date} | {source.rows}"
+                         + (f" ({source.progress})" if source.progress else "") + " |")
     else:
         parts.append("No canonical sweep has committed rows yet.")
     files = ", ".join(f"[{path.name}]({path.name})" for path in export_files)

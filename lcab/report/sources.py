@@ -30,10 +30,13 @@ class Source:
     device: str  # every device of its rows, ", "-joined
     date: str  # tables.date_range of its rows (UTC)
     rows: int  # measurements (the newest row of each)
+    # "2 of 35 parts done" while the canonical run is unfinished, else "".
+    progress: str = ""
 
     def caption(self) -> str:
+        unfinished = f", {self.progress}" if self.progress else ""
         return (f"{self.sweep}: {self.folder}, commit {self.commit}, {self.device}, "
-                f"{self.date} ({self.rows} rows)")
+                f"{self.date} ({self.rows} rows{unfinished})")
 
 
 def shown_path(path: str | pathlib.Path) -> str:
@@ -110,7 +113,18 @@ def describe(sweep: str, folder: str | pathlib.Path, frame: pd.DataFrame) -> Sou
         return ", ".join(values) or "unknown"
 
     return Source(sweep, shown_path(folder), joined("git_commit"), joined("device"),
-                  tables.date_range(frame), len(frame))
+                  tables.date_range(frame), len(frame), _progress(folder))
+
+
+def _progress(folder: str | pathlib.Path) -> str:
+    """"N of M parts done" for an unfinished canonical run (its RUN.md says
+    which), else ""."""
+    from lcab.experiments.canonical_parts import progress
+
+    counts = progress(pathlib.Path(folder))
+    if counts is None or counts[0] == counts[1]:
+        return ""
+    return f"{counts[0]} of {counts[1]} parts done"
 
 
 def load_sweeps(folders: Folders = None) -> dict[str, tuple[Source, pd.DataFrame]]:
