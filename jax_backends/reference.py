@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from jax_backends import distributed
+from jax_backends import distributed, kept
 
 from lcab.masks.slices import CAUSAL, FULL, INV_CAUSAL
 
@@ -128,33 +128,30 @@ def _attention(q, k, v, dout, chunk_slices, chunk_index, *, rows: int, backward:
 def pick(x, selection, kv: bool):
     """The checked batch rows and heads of one (b, s, h, d) array; `kv`: its
     heads are K/V heads."""
-    return _pick(x, selection.batch_rows, selection.kv_heads if kv else selection.q_heads)
+    return kept.call(_pick, x, batch_rows=selection.batch_rows,
+                     heads=selection.kv_heads if kv else selection.q_heads)
 
 
 def pick_rows(x, rows):
     """Query rows `rows` (ascending indices) of one (b, s, h, d) array, every
     batch row and head."""
-    return _pick_rows(x, jnp.asarray(rows))
+    return kept.call(_pick_rows, x, jnp.asarray(rows))
 
 
-# One compiled gather per shape, where eager takes compiled one per op.
-@functools.partial(jax.jit, static_argnames=("batch_rows", "heads"))
 def _pick(x, batch_rows, heads):
     x = jnp.take(x, jnp.asarray(batch_rows), axis=0)
     return jnp.take(x, jnp.asarray(heads), axis=2)
 
 
-@jax.jit
 def _pick_rows(x, rows):
     return jnp.take(x, rows, axis=1)
 
 
 def normalised_error(got, want) -> float:
     """max |got - want| / max |want|, infinite where got is not finite."""
-    return float(np.asarray(distributed.to_host(_normalised_error(got, want))))
+    return float(np.asarray(distributed.to_host(kept.call(_normalised_error, got, want))))
 
 
-@jax.jit
 def _normalised_error(got, want):
     got = got.astype(jnp.float32)
     scale = jnp.maximum(jnp.max(jnp.abs(want)), 1e-6)

@@ -37,7 +37,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jax_backends import distributed
+from jax_backends import distributed, kept
 from lcab.runtime import L2_FLUSH_BYTES, DeviceInfo, Runtime, Timing, warm_until_steady
 
 # A batch long enough that one dispatch and one sync are under ~1% of it.
@@ -107,7 +107,7 @@ class JaxRuntime(Runtime):
         # Replicated over every device of every process when there are
         # several processes; one device's arrays otherwise.
         sharding = distributed.replicated_sharding() if distributed.multi_process() else None
-        return [_normal_on(sharding)(key, tuple(shape), dtype)
+        return [kept.call(_normal_on(sharding), key, shape=tuple(shape), dtype=dtype)
                 for key, shape in zip(keys, shapes)]
 
     def forward(self, fn, q, k, v):
@@ -146,7 +146,7 @@ class JaxRuntime(Runtime):
 
     def all_finite(self, arrays):
         arrays = tuple(arrays) if isinstance(arrays, (list, tuple)) else (arrays,)
-        return bool(distributed.to_host(_all_finite(arrays))) if arrays else True
+        return bool(distributed.to_host(kept.call(_all_finite, arrays))) if arrays else True
 
     def _flush_buffer(self):
         if self._flush is None:
@@ -295,7 +295,7 @@ def calls_per_sample(single_call_ms: float) -> int:
 @functools.cache
 def _normal_on(sharding):
     """A jitted standard-normal generator whose output has `sharding`
-    (None: where JAX puts it); one per sharding, compiled once per shape."""
+    (None: where JAX puts it); one per sharding, so kept.call keys it."""
 
     def normal(key, shape, dtype):
         return jax.random.normal(key, shape, dtype=_DTYPES[dtype])
@@ -303,7 +303,6 @@ def _normal_on(sharding):
     return jax.jit(normal, static_argnames=("shape", "dtype"), out_shardings=sharding)
 
 
-@jax.jit
 def _all_finite(arrays):
     """One boolean on the device; XLA fuses the test into the reduction, so
     no array of the inputs' size is made."""

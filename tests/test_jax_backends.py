@@ -316,3 +316,25 @@ def test_a_case_compiles_each_function_once():
     runtime.cleanup()
     runtime.forward(counted, *inputs[:3])
     assert len(traces) == 4
+
+
+def test_the_harness_helpers_compile_once_per_shape_for_the_process():
+    """jax_backends.kept: the check's helpers survive the cache clear at
+    every case's end, so each backend of a workload reuses them."""
+    from jax_backends import kept
+
+    traces = []
+
+    def double(x, times):
+        traces.append(x.shape)
+        return x * times
+
+    x = jax.numpy.ones((4, 3))
+    assert float(kept.call(double, x, times=2).sum()) == 24.0
+    runtime = registry.load_runtime("jax")
+    runtime.cleanup()  # jax.clear_caches()
+    assert float(kept.call(double, x, times=2).sum()) == 24.0
+    assert len(traces) == 1
+    kept.call(double, x, times=3)  # another static value, another executable
+    kept.call(double, jax.numpy.ones((2, 3)), times=2)  # another shape
+    assert len(traces) == 3
