@@ -323,3 +323,19 @@ def test_forward_and_backward_are_timed_together_in_turn():
                                          flush_l2=False)
     assert len(forward.samples_ms) == len(both.samples_ms) == 4
     assert both.median_ms > 0 and forward.median_ms > 0
+
+
+def test_compiled_flex_never_falls_back_to_eager_silently(monkeypatch):
+    """A ring case compiles flex once per step and grad mode: the limit
+    covers that, and hitting it raises (an ERROR row) rather than timing
+    the dense eager fallback."""
+    import torch
+
+    from torch_backends.kernels.flex import RECOMPILE_LIMIT, compiled_flex_attention
+
+    config = torch._dynamo.config
+    monkeypatch.setattr(config, "recompile_limit", 8)  # restored after the test
+    monkeypatch.setattr(config, "fail_on_recompile_limit_hit", False)
+    compiled_flex_attention()
+    assert config.recompile_limit >= RECOMPILE_LIMIT >= 2 * 8
+    assert config.fail_on_recompile_limit_hit

@@ -27,8 +27,10 @@ tile tables are 1k x 1k int32. Sequence lengths need not be multiples of 128
 On a GPU, flex_attention runs under torch.compile; each build() resets
 Dynamo first, because every case's mask_mod closes over new tensors and
 would otherwise pile up recompilations until Dynamo's recompile limit
-(torch._dynamo.config.cache_size_limit, 8) sends calls to the dense eager
-path. On a CPU it runs uncompiled (dense scores, forward only: torch has no
+(torch._dynamo.config.recompile_limit, 8) sends calls to the dense eager
+path. A ring case alone compiles once per step and grad mode (a cp-4 ring
+up to 8 times), so the limit is raised and hitting it is an error, never a
+silent eager fallback. On a CPU it runs uncompiled (dense scores, forward only: torch has no
 FlexAttention backward on CPU).
 
 Its ring form (`FlexBackend.ring_kernel`) is flex_attention with return_lse
@@ -237,9 +239,23 @@ def build_block_mask(mask: AttnMask, device, block: int = BLOCK) -> BlockMask:
     )
 
 
+# Compiles one case may need: a ring step's BlockMask has a mask_mod of its
+# own (a Dynamo guard each), times grad on and off, for up to 8 steps.
+RECOMPILE_LIMIT = 64
+
+
 def compiled_flex_attention():
-    # A fresh Dynamo per case: see the module docstring.
+    """flex_attention under torch.compile, with a fresh Dynamo (see the
+    module docstring). Past Dynamo's recompile limit a call would run the
+    dense eager path, an order of magnitude slower but still right; so the
+    limit is raised to what a case may need, and hitting it raises (the row
+    becomes an ERROR that says so) instead of timing that fallback."""
     torch._dynamo.reset()
+    config = torch._dynamo.config
+    limit = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
+    setattr(config, limit, max(getattr(config, limit), RECOMPILE_LIMIT))
+    if hasattr(config, "fail_on_recompile_limit_hit"):
+        config.fail_on_recompile_limit_hit = True
     return torch.compile(flex_attention, dynamic=False)
 
 
