@@ -83,8 +83,10 @@ def write_run_md(folder: pathlib.Path, state: dict, parts=()) -> pathlib.Path:
             lines.append("   - the same GPUs and versions as the call before")
             continue
         machine_before = machine
-        cards = "; ".join(f"{g.get('name')} serial {g.get('serial')} (driver "
-                          f"{g.get('driver_version')})" for g in gpus) or "no GPU (CPU)"
+        # nvidia-smi's order: GPU i is CUDA_VISIBLE_DEVICES=i in the commands.
+        cards = "; ".join(f"{'GPU %d: ' % i if len(gpus) > 1 else ''}{g.get('name')} serial "
+                          f"{g.get('serial')} (driver {g.get('driver_version')})"
+                          for i, g in enumerate(gpus)) or "no GPU (CPU)"
         versions = ", ".join(f"{k} {v}" for k, v in (call.get("versions") or {}).items())
         lines += [f"   - {len(gpus)} GPU(s): {cards}", f"   - {versions}"]
     lines += ["", "## Parts", "", "| part | what | status | rows |", "|---|---|---|---|"]
