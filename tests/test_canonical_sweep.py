@@ -253,7 +253,10 @@ def test_a_call_without_out_goes_on_with_the_unfinished_run(tmp_path, monkeypatc
             part.name: {"status": "done"} for part in defined.parts("sparsity")}}))
     fresh = runner.default_out("sparsity", gpus)
     assert fresh != older and fresh.name.endswith("-h100-sparsity")
-    assert runner.default_out("sparsity", gpus * 4).name.endswith("-h100x4-sparsity")
+    # Its parts each take one GPU: four GPUs run them side by side, still h100.
+    assert runner.default_out("sparsity", gpus * 4).name.endswith("-h100-sparsity")
+    assert runner.default_out("cp", gpus * 4).name.endswith("-h100x4-cp")
+    assert runner.default_out("cp", gpus * 2).name.endswith("-h100x2-cp")
 
 
 def test_tables_leave_out_the_reruns_folder(tmp_path):

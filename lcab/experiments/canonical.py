@@ -245,8 +245,12 @@ class State:
 def default_out(sweep: str, gpus: list[dict[str, str]]) -> pathlib.Path:
     """results/<date>-<device>-<sweep>/: the newest run of this sweep on
     this kind of machine while it has parts left (a call after midnight
-    goes on with it), else a new one dated today."""
-    device = machine.device_label(gpus[:len(machine.visible_gpu_ids(gpus))])  # the usable ones
+    goes on with it), else a new one dated today. The device is the GPUs
+    its widest part uses: a kernel sweep run on four GPUs (--parallel) is
+    still a one-GPU sweep, h100, not h100x4."""
+    widest = max(part.gpus for part in defined.parts(sweep))
+    usable = min(len(machine.visible_gpu_ids(gpus)), widest)
+    device = machine.device_label(gpus[:usable])
     for folder in canonical.folders(sweep):
         if canonical.parse_folder(folder.name)[1] == device and _unfinished(folder):
             return folder
