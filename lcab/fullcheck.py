@@ -39,6 +39,7 @@ import dataclasses
 import numpy as np
 
 from lcab.masks.slices import Q0, Q1
+from lcab.spans import spans_text
 from lcab.validation import PROBE_SPREAD, TOLERANCE
 from lcab.workloads import Workload
 
@@ -59,9 +60,9 @@ class Selection:
 
     def describe(self, workload: Workload) -> str:
         """E.g. "batch 0 of 1; kv 0,7 of 8; q 0-7,56-63 of 64"."""
-        return (f"batch {_ranges(self.batch_rows)} of {workload.batch}; "
-                f"kv {_ranges(self.kv_heads)} of {workload.heads_kv}; "
-                f"q {_ranges(self.q_heads)} of {workload.heads_q}")
+        return (f"batch {spans_text(self.batch_rows)} of {workload.batch}; "
+                f"kv {spans_text(self.kv_heads)} of {workload.heads_kv}; "
+                f"q {spans_text(self.q_heads)} of {workload.heads_q}")
 
     def is_whole(self, workload: Workload) -> bool:
         """Whether it holds every batch row and head (batch <= 2, heads_kv <= 2)."""
@@ -127,7 +128,7 @@ class CheckPlan:
         chosen = self.selection.describe(self.workload)
         if not self.sampled_chunks:
             return chosen
-        rows = _ranges(self.sampled_rows, ", ")
+        rows = spans_text(self.sampled_rows, ", ")
         return f"{chosen}; every batch row and head at query rows {rows}"
 
 
@@ -216,16 +217,3 @@ def result(check: CheckPlan, errors: dict[str, float], seconds: float) -> CheckR
 
 def _finite_or_text(value: float):
     return float(value) if np.isfinite(value) else str(value)
-
-
-def _ranges(values, separator: str = ",") -> str:
-    """(0, 1, 2, 7) -> "0-2,7"."""
-    values = sorted(values)
-    parts, start = [], None
-    for i, value in enumerate(values):
-        if start is None:
-            start = value
-        if i + 1 == len(values) or values[i + 1] != value + 1:
-            parts.append(str(start) if start == value else f"{start}-{value}")
-            start = None
-    return separator.join(parts)

@@ -362,3 +362,11 @@ def test_an_unfinished_run_says_how_far_it_got(tmp_path):
     state["parts"] = {name: {"status": "done"} for name in names}
     (folder / runner.STATE_NAME).write_text(json.dumps(state))
     assert sources._progress(folder) == "" and defined.progress(tmp_path) is None
+
+
+def test_spans_text_writes_runs_of_integers_short():
+    from lcab.spans import spans_text
+
+    assert spans_text([5, 0, 1, 2, 7, 8]) == "0-2,5,7-8"
+    assert spans_text((3,)) == "3" and spans_text([]) == ""
+    assert spans_text([1, 2, 4], ", ") == "1-2, 4"

@@ -36,6 +36,7 @@ from collections.abc import Sequence
 from absl import app, flags
 
 from lcab import canonical, processes
+from lcab.spans import spans_text
 from lcab.experiments import canonical_parts as defined
 from lcab.experiments import machine
 
@@ -434,7 +435,7 @@ class _Running:
               + f"\n{launch.text()}", flush=True)
         self.entry = {"command": launch.text(), "start": _now()}
         if self.cores:
-            self.entry["cores"] = _ranges(self.cores)
+            self.entry["cores"] = spans_text(self.cores)
         if beside:
             self.entry["beside"] = list(beside)
         record["runs"].append(self.entry)
@@ -466,18 +467,6 @@ class _Running:
     def interrupted(self) -> None:
         if self.entry and "end" not in self.entry:
             self.entry.update(end=_now(), exit="stopped by a signal")
-
-
-def _ranges(numbers: list[int]) -> str:
-    """[0, 1, 2, 5] -> "0-2,5"."""
-    spans, start = [], None
-    for i, n in enumerate(numbers):
-        if start is None:
-            start = n
-        if i + 1 == len(numbers) or numbers[i + 1] != n + 1:
-            spans.append(f"{start}-{n}" if n != start else f"{n}")
-            start = None
-    return ",".join(spans)
 
 
 def _print_summaries(folder: pathlib.Path, ran: list[defined.Part]) -> None:
