@@ -111,10 +111,22 @@ class JaxRuntime(Runtime):
                 for key, shape in zip(keys, shapes)]
 
     def forward(self, fn, q, k, v):
+        if hasattr(fn, "restore"):
+            return self._as_timed(fn, False, [q, k, v])[0]
         return self._executable(fn, False, (q, k, v))[0](q, k, v)
 
     def forward_backward(self, fn, q, k, v, dout):
+        if hasattr(fn, "restore"):
+            return self._as_timed(fn, True, [q, k, v, dout])
         return self._executable(fn, True, (q, k, v, dout))[0](q, k, v, dout)
+
+    def _as_timed(self, fn, backward: bool, inputs) -> tuple:
+        """The timed program itself (fn.timed on fn.timed_inputs), its
+        results back in token order (fn.restore): a function that can put
+        its results back is checked exactly as it is timed, compiled once."""
+        placed = fn.timed_inputs(list(inputs))
+        found = self._executable(fn, backward, placed, timed=True)[0](*placed)
+        return tuple(fn.restore(x) for x in (found if backward else (found,)))
 
     def _executable(self, fn, backward: bool, inputs, timed: bool = False):
         """(executable, compile seconds) of fn (backward False) or of fn with

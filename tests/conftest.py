@@ -83,6 +83,7 @@ SLOW_TESTS = {
         "test_eight_ranks",
         "test_every_strategy_and_dispatch_matches_the_reference",
         "test_rows_carry_cp_size_strategy_and_imbalance",
+        "test_the_check_runs_the_timed_program_itself_compiled_once",
         "test_the_double_ring_meets_every_shard_once_and_matches_the_reference",
         "test_the_double_ring_takes_a_ulysses_factor",
         "test_the_ring_runs_every_family_with_the_balanced_dispatch",

@@ -183,3 +183,31 @@ def test_timed_calls_take_inputs_already_dispatched_and_split_over_the_mesh(name
     order = backend.dispatch(workload).order()
     np.testing.assert_allclose(np.asarray(jax.jit(fn.timed)(*placed)),
                                np.asarray(fn(q, k, v))[:, order], atol=1e-5)
+
+
+def test_the_check_runs_the_timed_program_itself_compiled_once():
+    """The runtime's untimed calls (the full-size check, the finite test)
+    run fn.timed on dispatched inputs and put the results back in token
+    order: they agree with the natural-order call, and the timing reuses
+    the executable (the strategy's local program traced once per direction)."""
+    mask = small_mask("causal_document", 64)
+    workload = Workload(1, 64, 64, 4, 4, 16, "float32", mask)
+    backend = registry.load_backend("jax.cp_ring", {"cp_size": "4", "dispatch": "balanced"})
+    fn = backend.build(workload)
+    traces = []
+    local = fn.local
+    fn.local = lambda q, k, v: (traces.append(q.shape), local(q, k, v))[1]
+    runtime = registry.load_runtime("jax")
+    rng = np.random.default_rng(0)
+    q, k, v, dout = (jnp.asarray(rng.normal(size=(1, 64, 4, 16)), jnp.float32)
+                     for _ in range(4))
+    out, dq, dk, dv = runtime.forward_backward(fn, q, k, v, dout)
+    want, pullback = jax.vjp(fn, q, k, v)
+    for got, expected in zip((out, dq, dk, dv), (want, *pullback(dout))):
+        np.testing.assert_allclose(np.asarray(got), np.asarray(expected), atol=1e-5)
+    np.testing.assert_allclose(np.asarray(runtime.forward(fn, q, k, v)), np.asarray(want),
+                               atol=1e-5)
+    traced = len(traces)
+    runtime.measure_pair(fn, [q, k, v, dout], warmup=0, iters=1, flush_l2=False)
+    assert len(traces) == traced  # timing found both executables compiled
+    runtime.cleanup()
