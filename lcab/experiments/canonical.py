@@ -312,12 +312,11 @@ def run_sweep(sweep: str, folder: pathlib.Path, parts: list[defined.Part], commi
                   "skipped", flush=True)
             waiting.append(part)
             continue
-        record = state.part(part.name)
-        if record.get("extra", []) != extra:
-            # Done with other extra flags (a subset, a rehearsal) is not
-            # done with these: run it again; --resume keeps its rows.
-            record.update(status=None, finished_runs=[], extra=extra)
-        if record["status"] == DONE or (record["status"] == FAILED and not retry):
+        # Done with other extra flags (a subset, a rehearsal) is not done
+        # with these: it runs again (--resume keeps its rows).
+        record = state.data["parts"].get(part.name, {})
+        if record.get("extra", []) == extra and (
+                record.get("status") == DONE or (record.get("status") == FAILED and not retry)):
             continue
         queue.append(part)
     lanes = _Lanes(gpu_ids, parallel)
@@ -325,13 +324,16 @@ def run_sweep(sweep: str, folder: pathlib.Path, parts: list[defined.Part], commi
     ran = []
     stopped = False
     try:
-        while queue or running:
+        while running or (queue and not stopped):
             while queue and not stopped:
                 ids = lanes.take(queue[0], running)
                 if ids is None:
                     break  # the next part waits for GPUs: parts start in order
                 part = queue.pop(0)
-                started = _Running(part, state.part(part.name), ids, lanes.cores(ids))
+                record = state.part(part.name)
+                if record.get("extra", []) != extra:
+                    record.update(status=None, finished_runs=[], extra=extra)
+                started = _Running(part, record, ids, lanes.cores(ids))
                 status = started.start_next(state, folder, commit, extra, deadline, min_run_s,
                                             beside=[r.part.name for r in running])
                 if status == RUNNING:
@@ -364,7 +366,8 @@ def run_sweep(sweep: str, folder: pathlib.Path, parts: list[defined.Part], commi
         return 130
     write_run_md(folder, state.data, parts)
     _print_summaries(folder, ran)
-    statuses = [state.part(part.name)["status"] for part in parts if part not in waiting]
+    statuses = [state.data["parts"].get(part.name, {}).get("status") for part in parts
+                if part not in waiting]
     if FAILED in statuses:
         return 1
     return 0 if all(status == DONE for status in statuses) and not waiting else 3
