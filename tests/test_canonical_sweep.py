@@ -290,7 +290,10 @@ def test_when_one_process_fails_the_others_are_stopped(monkeypatch):
     launch = runner.Launch([([sys.executable, "-c", "import sys; sys.exit(3)"], {}),
                             ([sys.executable, "-c", "import time; time.sleep(120)"], {})])
     started = time.monotonic()
-    code, at_limit = runner.run_processes(launch, None)
+    running = runner.Processes(launch, None)
+    while (result := running.poll()) is None:
+        time.sleep(0.2)
+    code, at_limit = result
     assert code == 3 and not at_limit
     assert time.monotonic() - started < 30  # not the sleeper's two minutes
 

@@ -36,9 +36,9 @@ from collections.abc import Sequence
 from absl import app, flags
 
 from lcab import canonical, processes
-from lcab.spans import spans_text
 from lcab.experiments import canonical_parts as defined
 from lcab.experiments import machine
+from lcab.spans import spans_text
 
 # Its own flag set: the experiments CLI's flags (--out, --git_commit) live in
 # the same package and are imported beside these in one process.
@@ -147,8 +147,10 @@ class Processes:
 
     def __init__(self, launch: Launch, deadline: float | None, cores: Sequence[int] = ()):
         pin = (lambda: os.sched_setaffinity(0, cores)) if cores else None
+        # preexec_fn is safe here: the runner starts no threads.
         self.children = [subprocess.Popen(argv, env={**os.environ, **env},
-                                          start_new_session=True, preexec_fn=pin)
+                                          start_new_session=True,
+                                          preexec_fn=pin)  # noqa: PLW1509
                          for argv, env in launch.commands]
         self.deadline = deadline
         self.stopping_since = None
@@ -175,21 +177,9 @@ class Processes:
         return None
 
     def interrupt(self) -> None:
-        """Ctrl-C: pass it on (each CLI stops resumably), then wait out the grace."""
+        """Ctrl-C: pass it on (each CLI stops resumably); the caller waits
+        out the grace (_wait_or_kill)."""
         _signal(self.children, signal.SIGINT)
-
-
-def run_processes(launch: Launch, seconds: float | None) -> tuple[int, bool]:
-    """Start a run's processes and wait for them (Processes)."""
-    running = Processes(launch, None if seconds is None else time.monotonic() + seconds)
-    try:
-        while (result := running.poll()) is None:
-            time.sleep(0.5)
-    except KeyboardInterrupt:
-        running.interrupt()
-        _wait_or_kill(running.children)
-        raise
-    return result
 
 
 def _signal(children: list[subprocess.Popen], signum: int) -> None:

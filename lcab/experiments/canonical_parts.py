@@ -228,4 +228,3 @@ def progress(folder: pathlib.Path) -> tuple[int, int] | None:
     done = {name for name, part in record.get("parts", {}).items()
             if part.get("status") == DONE and not part.get("extra")}
     return len(names & done), len(names)
-

@@ -30,8 +30,8 @@ would otherwise pile up recompilations until Dynamo's recompile limit
 (torch._dynamo.config.recompile_limit, 8) sends calls to the dense eager
 path. A ring case alone compiles once per step and grad mode (a cp-4 ring
 up to 8 times), so the limit is raised and hitting it is an error, never a
-silent eager fallback. On a CPU it runs uncompiled (dense scores, forward only: torch has no
-FlexAttention backward on CPU).
+silent eager fallback. On a CPU it runs uncompiled (dense scores, forward
+only: torch has no FlexAttention backward on CPU).
 
 Its ring form (`FlexBackend.ring_kernel`) is flex_attention with return_lse
 on each ring step's exact BlockMask.
