@@ -6,11 +6,12 @@
 # the last lines compare each side-by-side copy with the lone run, case by
 # case (lcab.experiments.run_record.comparison: within 10 % is the same).
 #
-#   experiments/lab/parallel_check.sh OUT COMMIT
+#   experiments/lab/parallel_check.sh OUT COMMIT [SEQLENS]   (SEQLENS: 4k,8k)
 set -euo pipefail
-out=${1:?usage: $0 OUT COMMIT}
-commit=${2:?usage: $0 OUT COMMIT}
-flags=(--flagfile=experiments/seed_blog.flags --framework=jax --seqlens=4k,8k --masks=causal
+out=${1:?usage: $0 OUT COMMIT [SEQLENS]}
+commit=${2:?usage: $0 OUT COMMIT [SEQLENS]}
+seqlens=${3:-4k,8k}
+flags=(--flagfile=experiments/seed_blog.flags --framework=jax "--seqlens=$seqlens" --masks=causal
        "--git_commit=$commit" --noprogress --nosummary)
 gpus=$(nvidia-smi -L | wc -l)
 cores=$(nproc)
