@@ -11,6 +11,7 @@ working directory will do.
 
 from __future__ import annotations
 
+import json
 import pathlib
 import re
 
@@ -58,15 +59,28 @@ def parse_folder(name: str) -> tuple[str, str, str] | None:
 
 
 def folders(sweep: str, results: pathlib.Path | None = None) -> list[pathlib.Path]:
-    """Every committed GPU run of one canonical sweep, newest first (by
-    date, then name). Runs on a CPU are rehearsals and never count."""
+    """Every committed GPU run of one canonical sweep, newest first: by
+    date, then, among runs of one day (on two kinds of card, say), the one
+    with more parts done, then by name. Runs on a CPU are rehearsals and
+    never count."""
     if sweep not in SWEEPS:
         raise ValueError(f"unknown sweep {sweep!r}; canonical sweeps: {', '.join(SWEEPS)}")
     results = RESULTS if results is None else results  # read when called: tests move it
     found = [path for path in results.glob("*-*-*") if path.is_dir()
              and (parsed := parse_folder(path.name)) and parsed[2] == sweep
              and parsed[1] != "cpu"]
-    return sorted(found, key=lambda path: (parse_folder(path.name)[0], path.name), reverse=True)
+    return sorted(found, key=lambda path: (parse_folder(path.name)[0], parts_done(path),
+                                           path.name), reverse=True)
+
+
+def parts_done(folder: pathlib.Path) -> int:
+    """How many parts its parts.json records as done (0 without one)."""
+    try:
+        record = json.loads((folder / STATE_NAME).read_text())
+    except (OSError, ValueError):
+        return 0
+    return sum(part.get("status") == DONE and not part.get("extra")
+               for part in record.get("parts", {}).values())
 
 
 def is_rerun(path: pathlib.Path, folder: pathlib.Path) -> bool:

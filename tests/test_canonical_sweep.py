@@ -119,6 +119,14 @@ def test_results_folders_are_named_and_found_newest_first(tmp_path):
     assert canonical.newest("paper", tmp_path) is None
     assert {k: v.name for k, v in canonical.newest_all(tmp_path).items()} == {
         "blog": "2026-11-27-h200-blog", "cp": "2026-11-27-h100x4-cp"}
+    # Two runs of one day: the one with more parts done is the newest.
+    (tmp_path / "2026-11-27-h100-blog").mkdir()
+    (tmp_path / "2026-11-27-h100-blog" / canonical.STATE_NAME).write_text(json.dumps(
+        {"sweep": "blog", "parts": {"a": {"status": canonical.DONE},
+                                    "b": {"status": canonical.DONE, "extra": ["--seqlens=1k"]},
+                                    "c": {"status": "stopped"}}}))
+    assert canonical.newest("blog", tmp_path).name == "2026-11-27-h100-blog"
+    assert [canonical.parts_done(p) for p in canonical.folders("blog", tmp_path)] == [1, 0, 0]
 
 
 @pytest.mark.parametrize("gpus, label", [
@@ -232,6 +240,20 @@ def test_a_folder_of_another_sweep_is_refused(tmp_path):
                                                           "parts": {}}))
     with pytest.raises(Exception, match="holds the 'cp' sweep"):
         runner.State(tmp_path, "blog")
+
+
+def test_a_folder_of_rows_from_another_card_is_refused(tmp_path, plugin_path):
+    """An --out that holds H100 rows refuses a call on an H200 before any
+    part resumes there; another count of the same card (a cp sweep's cp 2
+    parts on a two-GPU host) goes on."""
+    h100, h200 = {"name": "NVIDIA H100 80GB HBM3"}, {"name": "NVIDIA H200"}
+    runs = [part("a", "--backends=numpy.reference", "--seqlens=64")]
+    assert runner.run_sweep("blog", tmp_path, runs, "c", [], None, gpus=[h100]) == 0
+    with pytest.raises(Exception, match=r"measured on h100; this machine has h200"):
+        runner.run_sweep("blog", tmp_path, runs, "c", [], None, gpus=[h200, h200])
+    state = json.loads((tmp_path / runner.STATE_NAME).read_text())
+    assert len(state["calls"]) == 1  # the refused call left no record
+    assert runner.run_sweep("blog", tmp_path, runs, "c", [], None, gpus=[h100] * 2) == 0
 
 
 def test_cpu_folders_are_rehearsals_and_never_the_newest(tmp_path):
@@ -361,10 +383,10 @@ def test_an_unfinished_run_says_how_far_it_got(tmp_path):
     folder.mkdir()
     (folder / runner.STATE_NAME).write_text(json.dumps(state))
     assert defined.progress(folder) == (1, len(names))  # done with --extra is not done
-    assert sources._progress(folder) == f"1 of {len(names)} parts done"
+    assert sources.progress_text(folder) == f"1 of {len(names)} parts done"
     state["parts"] = {name: {"status": "done"} for name in names}
     (folder / runner.STATE_NAME).write_text(json.dumps(state))
-    assert sources._progress(folder) == "" and defined.progress(tmp_path) is None
+    assert sources.progress_text(folder) == "" and defined.progress(tmp_path) is None
 
 
 def test_spans_text_writes_runs_of_integers_short():

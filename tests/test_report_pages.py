@@ -171,3 +171,22 @@ def test_the_loaded_rows_keep_their_files(tmp_path):
     frame = pages.sources.load([folder])
     assert [s.rsplit("/", 1)[-1] for s in frame["source"]] == ["a.jsonl", "b.jsonl", "b.jsonl"]
     assert list(frame["backend"]) == list(results.load([folder])["backend"])
+
+
+def test_the_index_names_the_runs_no_page_shows(tmp_path, monkeypatch):
+    """Two runs of the blog sweep on one day (two kinds of card): the page
+    shows the one with more parts done, and the index names the other."""
+    import json
+
+    from lcab import canonical
+
+    monkeypatch.setattr(canonical, "RESULTS", tmp_path / "results")
+    shown = _canonical_folder(tmp_path, _kernel_rows(), name=f"{DATE}-h100-blog")
+    (shown / canonical.STATE_NAME).write_text(json.dumps(
+        {"sweep": "blog", "parts": {"jax-1k-8k-full": {"status": canonical.DONE}}}))
+    _canonical_folder(tmp_path, _kernel_rows()[:2], name=f"{DATE}-h200-blog")
+    pages.write_pages(None, tmp_path / "docs")
+    index = (tmp_path / "docs" / "index.md").read_text()
+    assert "| [blog](blog.md) |" in index and f"{DATE}-h100-blog" in index.split("Other")[0]
+    assert (f"Other committed runs, not on the pages: [{tmp_path}/results/{DATE}-h200-blog]"
+            f"(../results/{DATE}-h200-blog) (h200).") in index

@@ -227,6 +227,19 @@ class State:
     def part(self, name: str) -> dict:
         return self.data["parts"].setdefault(name, {"status": None, "runs": []})
 
+    def check_card(self, folder: pathlib.Path, found: list[dict[str, str]]) -> None:
+        """A sweep's rows come from one model of GPU: a call on another card
+        (a machine that came as an H200 where the folder holds H100 rows)
+        is refused before it adds a row, since its resumed parts would mix
+        the two cards in one table."""
+        here = _card(found)
+        before = {_card(call.get("gpus") or []) for call in self.data["calls"]} - {"cpu"}
+        if here != "cpu" and before and before != {here}:
+            raise app.UsageError(
+                f"{folder} holds rows measured on {', '.join(sorted(before))}; this machine "
+                f"has {here}: give another --out (without --out, the folder is chosen "
+                "for this machine's card)")
+
     def save(self) -> None:
         temporary = self.path.with_suffix(".tmp")
         temporary.write_text(json.dumps(self.data, indent=1))
@@ -247,6 +260,11 @@ def default_out(sweep: str, gpus: list[dict[str, str]]) -> pathlib.Path:
             return folder
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
     return canonical.RESULTS / canonical.folder_name(date, device, sweep)
+
+
+def _card(found: list[dict[str, str]]) -> str:
+    """The GPU model (h100, h200; cpu without a GPU), whatever the count."""
+    return machine.device_label(found[:1])
 
 
 def _unfinished(folder: pathlib.Path) -> bool:
@@ -288,6 +306,7 @@ def run_sweep(sweep: str, folder: pathlib.Path, parts: list[defined.Part], commi
     folder.mkdir(parents=True, exist_ok=True)
     state = State(folder, sweep)
     found = machine.gpus() if gpus is None else gpus
+    state.check_card(folder, found)
     gpu_ids = machine.visible_gpu_ids(found) if found else []
     state.data["calls"].append({"start": _now(), "commit": commit, "gpus": found,
                                 "visible": gpu_ids, "versions": machine.versions(),

@@ -31,6 +31,7 @@ import os
 import pathlib
 import re
 import shutil
+from collections.abc import Sequence
 
 import pandas as pd
 
@@ -258,7 +259,8 @@ def _with_swept_columns(rows: pd.DataFrame, names: list[str]) -> pd.DataFrame:
 
 
 def index_markdown(described: list[sources.Source], out: pathlib.Path,
-                   export_files: list[pathlib.Path]) -> str:
+                   export_files: list[pathlib.Path],
+                   others: Sequence[pathlib.Path] = ()) -> str:
     parts = [
         "# LCAB results",
         "",
@@ -279,6 +281,14 @@ def index_markdown(described: list[sources.Source], out: pathlib.Path,
                          + (f" ({source.progress})" if source.progress else "") + " |")
     else:
         parts.append("No canonical sweep has committed rows yet.")
+    if others:
+        # Runs a page does not show (older, or another card's run of the same
+        # day with fewer parts done): named, so no committed run is hidden.
+        parts += ["", "Other committed runs, not on the pages: " + "; ".join(
+            f"[{sources.shown_path(folder)}]({_link(sources.shown_path(folder), out)})"
+            f" ({canonical.parse_folder(folder.name)[1]}"
+            + (f", {progress}" if (progress := sources.progress_text(folder)) else "") + ")"
+            for folder in others) + "."]
     files = ", ".join(f"[{path.name}]({path.name})" for path in export_files)
     parts += ["", f"Every row as numbers: {files}; its columns: [export.md](export.md).", "",
               "## Legend", "", legend.markdown(), ""]
@@ -303,5 +313,7 @@ def write_pages(folders: sources.Folders = None, out: str | pathlib.Path = DEFAU
     export_files = export.write(rows, out, EXPORT_STEM)
     written += export_files
     (out / "export.md").write_text(export.columns_markdown(f"{EXPORT_STEM}.csv"))
-    (out / "index.md").write_text(index_markdown(described, out, export_files))
+    others = [] if folders is not None else [
+        folder for sweep in canonical.SWEEPS for folder in canonical.folders(sweep)[1:]]
+    (out / "index.md").write_text(index_markdown(described, out, export_files, others))
     return [*written, out / "export.md", out / "index.md"]

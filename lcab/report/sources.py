@@ -113,10 +113,10 @@ def describe(sweep: str, folder: str | pathlib.Path, frame: pd.DataFrame) -> Sou
         return ", ".join(values) or "unknown"
 
     return Source(sweep, shown_path(folder), joined("git_commit"), joined("device"),
-                  tables.date_range(frame), len(frame), _progress(folder))
+                  tables.date_range(frame), len(frame), progress_text(folder))
 
 
-def _progress(folder: str | pathlib.Path) -> str:
+def progress_text(folder: str | pathlib.Path) -> str:
     """"N of M parts done" for an unfinished canonical run (its RUN.md says
     which), else ""."""
     from lcab.experiments.canonical_parts import progress
