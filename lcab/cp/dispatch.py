@@ -146,8 +146,8 @@ def balanced(mask: AttnMask, cp: int, chunk: int | None = None) -> Dispatch:
     boundaries), so the contiguous and zigzag chunkings compete too and
     the smallest largest-rank area wins (ties: greedy first).
     """
-    chunk, owner = _balanced_owners(mask, cp, chunk, MIN_CHUNKS_PER_RANK, "balanced")
-    return _from_owners("balanced", mask.seqlen_q, cp, chunk, owner)
+    chunk, owner = balanced_owners(mask, cp, chunk, MIN_CHUNKS_PER_RANK, "balanced")
+    return from_owners("balanced", mask.seqlen_q, cp, chunk, owner)
 
 
 def ring_balanced(mask: AttnMask, cp: int, chunk: int | None = None) -> Dispatch:
@@ -162,12 +162,12 @@ def ring_balanced(mask: AttnMask, cp: int, chunk: int | None = None) -> Dispatch
     (RING_SEARCH_SWAPS tries at most). Every rank's total is at most that
     sum, so the ranks stay balanced for the other strategies too.
     """
-    chunk, owner = _balanced_owners(mask, cp, chunk, RING_CHUNKS_PER_RANK, "ring_balanced")
+    chunk, owner = balanced_owners(mask, cp, chunk, RING_CHUNKS_PER_RANK, "ring_balanced")
     starts = np.arange(len(owner), dtype=np.int64) * chunk
     chunk_pairs = intervals.rectangle_areas(mask.slice_table, starts, starts + chunk,
                                             starts, starts + chunk).astype(np.int64)
     owner = _even_ring_steps(chunk_pairs, owner, cp)
-    return _from_owners("ring_balanced", mask.seqlen_q, cp, chunk, owner)
+    return from_owners("ring_balanced", mask.seqlen_q, cp, chunk, owner)
 
 
 def ring_step_areas(areas: np.ndarray) -> np.ndarray:
@@ -230,10 +230,10 @@ def _even_ring_steps(chunk_pairs: np.ndarray, owner: np.ndarray, cp: int) -> np.
     return owner
 
 
-def _balanced_owners(mask: AttnMask, cp: int, chunk: int | None, chunks_per_rank: int,
+def balanced_owners(mask: AttnMask, cp: int, chunk: int | None, chunks_per_rank: int,
                      name: str) -> tuple[int, np.ndarray]:
     """(chunk, rank of every chunk) of balanced's greedy deal."""
-    seqlen = _square_seqlen(mask, name)
+    seqlen = square_seqlen(mask, name)
     _check_cp(cp)
     if chunk is None:
         chunk = default_chunk(seqlen, cp, chunks_per_rank)
@@ -253,11 +253,11 @@ def _balanced_owners(mask: AttnMask, cp: int, chunk: int | None, chunks_per_rank
     if quota % 2 == 0:
         group = np.arange(n_chunks) // (quota // 2)  # zigzag's 2cp chunks
         candidates.append(np.where(group < cp, group, 2 * cp - 1 - group))
-    heaviest = [_loads(owner, areas, cp).max() for owner in candidates]
+    heaviest = [rank_loads(owner, areas, cp).max() for owner in candidates]
     return chunk, candidates[int(np.argmin(heaviest))]
 
 
-def _from_owners(name: str, seqlen: int, cp: int, chunk: int, owner: np.ndarray) -> Dispatch:
+def from_owners(name: str, seqlen: int, cp: int, chunk: int, owner: np.ndarray) -> Dispatch:
     starts = np.arange(len(owner), dtype=np.int64) * chunk
     ranges = tuple(
         _merge([(int(s), int(s) + chunk) for s in starts[owner == r]]) for r in range(cp)
@@ -279,7 +279,7 @@ def _greedy_owners(areas: np.ndarray, cp: int, quota: int) -> np.ndarray:
     return owner
 
 
-def _loads(owner: np.ndarray, areas: np.ndarray, cp: int) -> np.ndarray:
+def rank_loads(owner: np.ndarray, areas: np.ndarray, cp: int) -> np.ndarray:
     load = np.zeros(cp, dtype=np.int64)
     np.add.at(load, owner, areas)
     return load
@@ -296,7 +296,7 @@ def _merge(ranges) -> Ranges:
     return tuple(out)
 
 
-def _square_seqlen(mask: AttnMask, what: str) -> int:
+def square_seqlen(mask: AttnMask, what: str) -> int:
     # Context parallelism splits one token sequence into queries and keys alike.
     if mask.seqlen_q != mask.seqlen_k:
         raise ValueError(
@@ -315,7 +315,7 @@ def make_dispatch(name: str, mask: AttnMask, cp: int, *, chunk: int | None = Non
         return (balanced if name == "balanced" else ring_balanced)(mask, cp, chunk)
     if chunk is not None:
         raise ValueError(f"chunk={chunk} applies to the balanced dispatches only, not {name!r}")
-    seqlen = _square_seqlen(mask, name)
+    seqlen = square_seqlen(mask, name)
     return contiguous(seqlen, cp) if name == "contiguous" else zigzag(seqlen, cp)
 
 
@@ -358,7 +358,7 @@ def imbalance(mask: AttnMask, dispatch: Dispatch) -> float:
 def pair_areas(mask: AttnMask, dispatch: Dispatch) -> np.ndarray:
     """(cp, cp): rank i's query rows against rank j's keys (one ring step's work)."""
     _check_fits(mask, dispatch)
-    _square_seqlen(mask, "pair_areas")
+    square_seqlen(mask, "pair_areas")
     starts, stops = dispatch.flat_ranges()
     per_pair = intervals.rectangle_areas(mask.slice_table, starts, stops, starts, stops)
     owners = dispatch.owners()

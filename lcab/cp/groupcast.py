@@ -1,0 +1,234 @@
+"""Group-cast: the key/value chunks each context-parallel rank must receive.
+
+MagiAttention's zero-redundancy idea: a rank receives exactly the K/V
+chunks its query rows see, from the ranks that hold them, and nothing else
+(group-cast); in the backward it sends the partial dK/dV of those chunks
+back to their owners, which sum them (group-reduce). A ring or an
+all-gather moves every chunk to every rank whatever the mask; on packed
+documents most of those chunks are never looked at.
+
+`plan` makes the plan from the mask's slices (exact; no S x S grid). The
+counts it reports (chunks received and sent per rank, the largest bucket
+of one rank pair, bytes) are what a strategy carrying it out moves: with
+ragged transfers exactly `moved_chunks`, with all_to_all over padded
+buckets `padded_chunks`.
+
+    from lcab.cp import make_dispatch
+    from lcab.cp.groupcast import plan
+    cast = plan(mask, make_dispatch("balanced", mask, cp=4), chunk=512)
+    cast.receives[2][0]     # global chunk indices rank 2 receives from rank 0
+    cast.moved_chunks(), cast.all_gather_chunks()
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+
+from lcab.cp import intervals
+from lcab.cp.dispatch import (
+    MIN_CHUNKS_PER_RANK,
+    Dispatch,
+    balanced_owners,
+    from_owners,
+    rank_loads,
+    square_seqlen,
+)
+from lcab.masks.mask import AttnMask
+
+
+@dataclasses.dataclass(frozen=True)
+class GroupCast:
+    """Per rank pair, the global chunk indices one rank receives from another."""
+
+    dispatch: Dispatch
+    chunk: int  # tokens per chunk
+    # receives[r][s]: ascending global chunk indices rank r receives from
+    # rank s (chunk c holds tokens [c*chunk, (c+1)*chunk)); () for s == r.
+    receives: tuple[tuple[tuple[int, ...], ...], ...]
+
+    @property
+    def cp(self) -> int:
+        return self.dispatch.cp
+
+    def counts(self) -> np.ndarray:
+        """(cp, cp): [r, s] chunks rank r receives from rank s."""
+        return np.array([[len(chunks) for chunks in row] for row in self.receives],
+                        dtype=np.int64).reshape(self.cp, self.cp)
+
+    def received(self) -> np.ndarray:
+        """(cp,) chunks each rank receives."""
+        return self.counts().sum(axis=1)
+
+    def sent(self) -> np.ndarray:
+        """(cp,) chunks each rank sends (one sent to two ranks counts twice)."""
+        return self.counts().sum(axis=0)
+
+    def moved_chunks(self) -> int:
+        """Chunks moved in all, each transfer counted once."""
+        return int(self.counts().sum())
+
+    def bucket(self) -> int:
+        """The most chunks one rank receives from one other: the bucket an
+        all_to_all over padded buckets gives every rank pair."""
+        return int(self.counts().max(initial=0))
+
+    def padded_chunks(self) -> int:
+        """Chunks moved by an all_to_all whose every bucket is `bucket()`."""
+        return self.cp * (self.cp - 1) * self.bucket()
+
+    def all_gather_chunks(self) -> int:
+        """Chunks a ring or an all-gather moves: every rank gets every other
+        rank's K/V, seen or not."""
+        per_rank = self.dispatch.tokens_per_rank // self.chunk
+        return self.cp * (self.cp - 1) * per_rank
+
+    def kv_bytes(self, chunks: int, heads_kv: int, head_dim: int, itemsize: int) -> int:
+        """Bytes of K and V in `chunks` chunks of one batch row."""
+        return 2 * chunks * self.chunk * heads_kv * head_dim * itemsize
+
+
+def coarsest_chunk(dispatch: Dispatch) -> int:
+    """The largest chunk that tiles every rank's ranges: the gcd of all
+    range boundaries."""
+    starts, stops = dispatch.flat_ranges()
+    return math.gcd(dispatch.seqlen, *(int(x) for x in np.concatenate([starts, stops])))
+
+
+def plan(mask: AttnMask, dispatch: Dispatch, chunk: int | None = None) -> GroupCast:
+    """Which chunks every rank receives from every other, from the slices:
+    chunk c of rank s goes to rank r exactly when one of r's query rows sees
+    one of c's keys. `chunk` must divide every range boundary of the
+    dispatch (default: coarsest_chunk); finer chunks move fewer unseen keys
+    in more pieces."""
+    if mask.seqlen_q != mask.seqlen_k or mask.seqlen_q != dispatch.seqlen:
+        raise ValueError(f"a {mask.seqlen_q} x {mask.seqlen_k} mask does not fit a dispatch "
+                         f"of {dispatch.seqlen} tokens (context parallelism splits one "
+                         "sequence into queries and keys alike)")
+    coarsest = coarsest_chunk(dispatch)
+    chunk = coarsest if chunk is None else chunk
+    if int(chunk) != chunk or chunk < 1 or coarsest % chunk:
+        raise ValueError(f"chunk={chunk!r} must be a positive divisor of {coarsest}, the gcd "
+                         f"of the {dispatch.name} dispatch's range boundaries")
+    starts, stops = dispatch.flat_ranges()
+    chunk_starts = np.arange(0, dispatch.seqlen, chunk, dtype=np.int64)
+    # (ranges, chunks) visible pairs, summed into (cp, chunks) by range owner.
+    per_range = intervals.rectangle_areas(mask.slice_table, starts, stops,
+                                          chunk_starts, chunk_starts + chunk)
+    seen = np.zeros((dispatch.cp, len(chunk_starts)), dtype=np.int64)
+    np.add.at(seen, dispatch.owners(), per_range)
+    owner = np.empty(len(chunk_starts), dtype=np.int64)
+    for rank, ranges in enumerate(dispatch.ranges):
+        for start, stop in ranges:
+            owner[start // chunk:stop // chunk] = rank
+    receives = tuple(
+        tuple(() if s == r else tuple(int(c) for c in np.flatnonzero((seen[r] > 0)
+                                                                     & (owner == s)))
+              for s in range(dispatch.cp))
+        for r in range(dispatch.cp))
+    return GroupCast(dispatch, int(chunk), receives)
+
+
+# ----- a dispatch that moves little ---------------------------------------
+SOLVER_NAME = "groupcast"
+# Areas within this fraction of the most even deal count as even: the
+# solver trades no more compute balance than this for fewer transfers.
+AREA_TOLERANCE = 0.02
+# The swap search stops after this many tries (a second or so at cp 8).
+SOLVER_SWAPS = 5_000
+
+
+def solve(mask: AttnMask, cp: int, chunk: int | None = None,
+          tolerance: float = AREA_TOLERANCE) -> Dispatch:
+    """Equal chunks dealt so that every rank's area is even (within
+    `tolerance` of the most even deal found) and, among such deals, the
+    fewest chunks move (deterministic).
+
+    The deal: chunks largest area first, each to the rank that would receive
+    the fewest new key chunks for it (keys its queries see that the rank
+    neither holds nor already needs), among the ranks with room whose load
+    is within `tolerance` of the lightest. balanced's candidates (its
+    greedy, contiguous, zigzag) compete: the smallest largest-rank area,
+    give or take `tolerance`, then the fewest moved chunks, wins; swaps of
+    two chunks between ranks then cut the moved chunks further while every
+    rank stays within that bound. Moves are counted at the dispatch's own
+    chunking (plan with a finer chunk moves less, never more).
+    """
+    seqlen = square_seqlen(mask, SOLVER_NAME)
+    chunk, balanced_owner = balanced_owners(
+        mask, cp, chunk, MIN_CHUNKS_PER_RANK, SOLVER_NAME)
+    starts = np.arange(seqlen // chunk, dtype=np.int64) * chunk
+    pairs = intervals.rectangle_areas(mask.slice_table, starts, starts + chunk,
+                                      starts, starts + chunk)
+    quota = len(starts) // cp
+    candidates = [_local_greedy(pairs, cp, quota, tolerance), balanced_owner,
+                  np.arange(len(starts)) // quota]
+    if quota % 2 == 0:
+        group = np.arange(len(starts)) // (quota // 2)
+        candidates.append(np.where(group < cp, group, 2 * cp - 1 - group))
+    areas = pairs.sum(axis=1)
+    heaviest = np.array([rank_loads(owner, areas, cp).max() for owner in candidates])
+    moved = [_moved(pairs > 0, owner, cp) for owner in candidates]
+    bound = heaviest.min() * (1 + tolerance)
+    even = np.flatnonzero(heaviest <= bound)
+    best = min(even, key=lambda index: (moved[index], index))
+    owner = _fewer_moves(pairs > 0, areas, candidates[best], cp, bound)
+    return from_owners(SOLVER_NAME, seqlen, cp, chunk, owner)
+
+
+def _local_greedy(pairs: np.ndarray, cp: int, quota: int, tolerance: float) -> np.ndarray:
+    sees = pairs > 0  # [i, j]: chunk i's queries see chunk j's keys
+    areas = pairs.sum(axis=1)
+    load = np.zeros(cp, dtype=np.int64)
+    taken = np.zeros(cp, dtype=np.int64)
+    needed = np.zeros((cp, len(areas)), dtype=bool)  # key chunks each rank's queries see
+    held = np.zeros((cp, len(areas)), dtype=bool)
+    owner = np.empty(len(areas), dtype=np.int64)
+    for index in np.argsort(-areas, kind="stable"):
+        room = taken < quota
+        lightest = load[room].min()
+        close = room & (load <= lightest + tolerance * (lightest + areas[index]))
+        # New receptions: keys it sees that the rank neither holds nor needs
+        # yet, less one where the rank's queries already need this chunk.
+        new = (sees[index] & ~needed & ~held).sum(axis=1) - (needed[:, index] & ~held[:, index])
+        rank = min(np.flatnonzero(close), key=lambda r: (new[r], load[r], r))
+        owner[index] = rank
+        load[rank] += areas[index]
+        taken[rank] += 1
+        needed[rank] |= sees[index]
+        held[rank, index] = True
+    return owner
+
+
+def _fewer_moves(sees: np.ndarray, areas: np.ndarray, owner: np.ndarray, cp: int,
+                 bound: float) -> np.ndarray:
+    """Swaps of two chunks between ranks, first improvement, while fewer
+    chunks move and no rank's area passes `bound` (SOLVER_SWAPS at most)."""
+    owner = owner.copy()
+    best = _moved(sees, owner, cp)
+    swaps, improved = 0, True
+    while improved and swaps < SOLVER_SWAPS:
+        improved = False
+        for a in range(len(owner)):
+            for b in range(a + 1, len(owner)):
+                if owner[a] == owner[b] or swaps >= SOLVER_SWAPS:
+                    continue
+                swaps += 1
+                owner[a], owner[b] = owner[b], owner[a]
+                moved = _moved(sees, owner, cp)
+                if moved < best and rank_loads(owner, areas, cp).max() <= bound:
+                    best, improved = moved, True
+                else:
+                    owner[a], owner[b] = owner[b], owner[a]
+    return owner
+
+
+def _moved(sees: np.ndarray, owner: np.ndarray, cp: int) -> int:
+    """Chunks moved by a deal: for every rank, the chunks of others its
+    queries see."""
+    one_hot = np.zeros((len(owner), cp), dtype=bool)
+    one_hot[np.arange(len(owner)), owner] = True
+    seen_by_rank = (one_hot.T.astype(np.int64) @ sees.astype(np.int64)) > 0  # (cp, chunks)
+    return int((seen_by_rank & ~one_hot.T).sum())
