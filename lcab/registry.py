@@ -48,6 +48,7 @@ _BUILTIN_BACKENDS = {
     "jax.cp_ulysses": Entry("jax_backends.cp.ulysses:UlyssesBackend", "cp"),
     "jax.cp_usp": Entry("jax_backends.cp.usp:UspBackend", "cp"),
     "jax.cp_double_ring": Entry("jax_backends.cp.ring:DoubleRingBackend", "cp"),
+    "jax.cp_groupcast": Entry("jax_backends.cp.groupcast:GroupCastBackend", "cp"),
     "jax.module": Entry("jax_backends.module.backend:ModuleBackend", "module"),
     "torch.sdpa_math": Entry("torch_backends.kernels.sdpa:SdpaMathBackend"),
     "torch.sdpa_cudnn": Entry("torch_backends.kernels.sdpa:SdpaCudnnBackend"),

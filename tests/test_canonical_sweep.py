@@ -71,10 +71,11 @@ def test_the_cp_sweep_has_every_strategy_at_cp_2_and_4_with_one_gpu_beside_it():
     masks = ("full", "causal", "full_document", "causal_document")
     for framework in ("jax", "torch"):
         strategies = presets.read(ROOT / "experiments" / f"cp_{framework}.flags")["backends"]
+        strategies = [*strategies.split(","), *defined.ADDED_STRATEGIES[framework]]
         for cp in (2, 4):
             for tokens in (8, 32):
                 for mask in masks:
-                    for strategy in strategies.split(","):  # every strategy, once
+                    for strategy in strategies:  # every strategy, once
                         assert (framework, defined.PLAIN, cp, f"{tokens * cp}k", mask,
                                 strategy) in cases
         # the single-GPU kernels at every global length the strategies run

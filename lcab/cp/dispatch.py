@@ -6,7 +6,9 @@ visible pairs of a rank's query rows. `contiguous` splits the sequence in
 cp pieces, `zigzag` gives rank r chunks r and 2cp-1-r (the head-tail
 balance for causal masks), `balanced` reads the mask and deals equal
 chunks greedily by their exact area, and `ring_balanced` goes on from
-there to even every ring step, not only every rank's total.
+there to even every ring step, not only every rank's total. `groupcast`
+(lcab.cp.groupcast.solve) keeps balanced's even areas and moves few K/V
+chunks under a group-cast plan.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import numpy as np
 from lcab.cp import intervals
 from lcab.masks.mask import AttnMask
 
-DISPATCH_NAMES = ("contiguous", "zigzag", "balanced", "ring_balanced")
+DISPATCH_NAMES = ("contiguous", "zigzag", "balanced", "ring_balanced", "groupcast")
 # balanced's default chunking: at least this many chunks per rank, so the
 # greedy has room to even out the areas.
 MIN_CHUNKS_PER_RANK = 4
@@ -308,11 +310,15 @@ def square_seqlen(mask: AttnMask, what: str) -> int:
 
 def make_dispatch(name: str, mask: AttnMask, cp: int, *, chunk: int | None = None) -> Dispatch:
     """The dispatch called `name` for `mask` over cp ranks (`chunk`: the
-    balanced ones only)."""
+    mask-aware ones only; groupcast: lcab.cp.groupcast.solve)."""
     if name not in DISPATCH_NAMES:
         raise ValueError(f"unknown dispatch {name!r}; choose from {', '.join(DISPATCH_NAMES)}")
     if name in ("balanced", "ring_balanced"):
         return (balanced if name == "balanced" else ring_balanced)(mask, cp, chunk)
+    if name == "groupcast":
+        from lcab.cp.groupcast import solve  # it builds on this module
+
+        return solve(mask, cp, chunk)
     if chunk is not None:
         raise ValueError(f"chunk={chunk} applies to the balanced dispatches only, not {name!r}")
     seqlen = square_seqlen(mask, name)

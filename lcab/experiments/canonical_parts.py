@@ -67,6 +67,10 @@ _FRAMEWORKS = ("jax", "torch")
 _CP_MASKS = ("full", "causal", "full_document", "causal_document")
 _CP_SIZES = (2, 4)
 _CP_TOKENS_PER_GPU = (8, 32)
+# Strategies added after the cp sweep's flagfiles were first run: parts of
+# their own (at 8k tokens per GPU all four masks in one), so that parts
+# already done, whose flagfile lists the strategies they ran, stay done.
+ADDED_STRATEGIES = {"jax": ("jax.cp_groupcast",), "torch": ()}
 
 
 def _groups(items: tuple[str, ...], size: int) -> list[tuple[str, ...]]:
@@ -172,6 +176,9 @@ def _strategy_parts(framework: str, cp: int, tokens: int) -> list[Part]:
         groups = [((mask,), None) for mask in _CP_MASKS]
     else:
         groups = [((mask,), name) for mask in _CP_MASKS for name in strategies.split(",")]
+    for strategy in ADDED_STRATEGIES[framework]:
+        groups += ([(_CP_MASKS, strategy)] if tokens <= 8
+                   else [((mask,), strategy) for mask in _CP_MASKS])
     parts = []
     for masks, strategy in groups:
         suffix = "" if masks == _CP_MASKS else "-" + "+".join(masks)
