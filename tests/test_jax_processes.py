@@ -50,11 +50,12 @@ def assert_checked_cp4_rows(rows) -> None:
 
 @pytest.mark.slow
 def test_two_processes_share_one_cp_mesh_and_write_rows_once(tmp_path):
-    outputs = run_on_two_processes(tmp_path, "--suite=cp", "--backends=jax.cp_ring,jax.cp_allgather",
-                                   "--heads=4:4", "--warmup=1", "--iters=5")
+    outputs = run_on_two_processes(
+        tmp_path, "--suite=cp", "--backends=jax.cp_ring,jax.cp_allgather,jax.cp_groupcast",
+        "--heads=4:4", "--warmup=1", "--iters=5")
     assert "Context parallel" in outputs[0][0] and "Context parallel" not in outputs[1][0]
     rows = results.read_rows([tmp_path / "cp_jax.jsonl"])
-    assert len(rows) == 4  # written by process 0 alone
+    assert len(rows) == 6  # written by process 0 alone
     assert_checked_cp4_rows(rows)
 
 
