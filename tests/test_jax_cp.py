@@ -89,6 +89,18 @@ def test_the_double_ring_takes_a_ulysses_factor():
         support.reason
 
 
+def test_ulysses_repeats_kv_heads_where_cp_exceeds_them():
+    """cp 8 over 2 K/V heads (each repeated 4x) and 8 query heads; the
+    repeated heads' gradients sum back into the two K/V heads."""
+    how = check("jax.cp_ulysses", "causal_document", 8, "zigzag", seqlen=128, heads=(8, 2),
+                inner="jax.xla")
+    assert "each K/V head repeated 4x (cp 8 > 2 K/V heads)" in how
+    # The query heads must still divide.
+    workload = Workload(1, 128, 128, 4, 2, 16, "float32", small_mask("causal", 128))
+    support = registry.load_backend("jax.cp_ulysses", {"cp_size": "8"}).supports(workload)
+    assert not support.ok and "4 query heads do not divide by cp_size 8" in support.reason
+
+
 def test_eight_ranks():
     check("jax.cp_ring", "causal", 8, "zigzag", seqlen=128)
     check("jax.cp_allgather", "causal_document", 8, "balanced", seqlen=128)
@@ -99,7 +111,7 @@ def test_what_cannot_run_says_why():
     workload = Workload(1, 100, 100, 4, 2, 16, "float32", mask)
     cases = {
         ("jax.cp_ring", "16", "zigzag"): "needs 16 devices",
-        ("jax.cp_ulysses", "4", "contiguous"): "2 kv heads do not divide by cp_size 4",
+        ("jax.cp_ulysses", "8", "contiguous"): "4 query heads do not divide by cp_size 8",
         ("jax.cp_allgather", "4", "zigzag"): "100",  # not a multiple of 2 * cp
     }
     for (name, cp, dispatch), reason in cases.items():

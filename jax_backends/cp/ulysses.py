@@ -1,6 +1,9 @@
 """jax.cp_ulysses: all_to_all from sequence- to head-sharded, the inner
 kernel over the whole sequence for the rank's share of the heads, and
-all_to_all back.
+all_to_all back. Where cp exceeds the K/V heads, each K/V head is first
+repeated (lcab.cp.ulysses_kv_repeat) so that every rank holds the K/V head
+of its query heads, as the seed blog runs Ulysses at cp 16-64 with 8 K/V
+heads; the K/V all_to_all then moves that many more bytes.
 
 An inner whose ring kernel runs from tables (any sub-mask from its
 slices) takes the tokens in dispatch order; any other inner gets them back
@@ -10,13 +13,15 @@ mask.
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from jax_backends.cp import base
 from lcab.backend import Support
-from lcab.cp import sub_mask, sub_workload, ulysses_heads_problem
+from lcab.cp import sub_mask, sub_workload, ulysses_heads_problem, ulysses_kv_repeat
 
 
 def is_identity(order) -> bool:
@@ -33,7 +38,7 @@ class UlyssesBackend(base.ContextParallelBackend):
         return min(workload.heads_kv, self.cp_size)  # a smaller count would not split
 
     def strategy_problem(self, workload):
-        return ulysses_heads_problem(workload, self.cp_size, "cp_size")
+        return ulysses_heads_problem(workload, self.cp_size, "cp_size", repeat_kv=True)
 
     def imbalance(self, workload, dispatch) -> float:
         return 1.0  # every rank attends the whole sequence for its share of the heads
@@ -51,21 +56,32 @@ class UlyssesBackend(base.ContextParallelBackend):
 
     def sub_workloads(self, workload, dispatch):
         mask = self.sequence_mask(workload, dispatch)
-        return [("every rank", sub_workload(workload, mask, self.cp_size))]
+        repeated = dataclasses.replace(
+            workload, heads_kv=workload.heads_kv * ulysses_kv_repeat(workload, self.cp_size))
+        return [("every rank", sub_workload(repeated, mask, self.cp_size))]
 
     def inner_support(self, workload, dispatch):
         support = super().inner_support(workload, dispatch)
-        if not support.ok or self.in_dispatch_order() or is_identity(dispatch.order()):
+        if not support.ok:
             return support
-        return Support.yes(f"{support.how}; tokens gathered back to natural order",
-                           support.directions)
+        how = support.how
+        if (repeat := ulysses_kv_repeat(workload, self.cp_size)) > 1:
+            how += f"; each K/V head repeated {repeat}x (cp {self.cp_size} > " \
+                   f"{workload.heads_kv} K/V heads)"
+        if not self.in_dispatch_order() and not is_identity(dispatch.order()):
+            how += "; tokens gathered back to natural order"
+        return Support.yes(how, support.directions)
 
     def local_attention(self, workload, dispatch):
         attend = self.inner_backend.build(self.sub_workloads(workload, dispatch)[0][1])
         if not self.in_dispatch_order():
             attend = natural_order(attend, dispatch.order())
 
+        repeat = ulysses_kv_repeat(workload, self.cp_size)
+
         def per_rank(q, k, v):
+            if repeat > 1:  # copies side by side: head j serves query group j // repeat
+                k, v = (jnp.repeat(x, repeat, axis=2) for x in (k, v))
             # (b, S/cp, h, d) -> (b, S, h/cp, d): a contiguous block of heads
             # keeps every query head with its K/V head.
             q, k, v = (jax.lax.all_to_all(x, base.AXIS, 2, 1, tiled=True) for x in (q, k, v))

@@ -22,7 +22,7 @@ from lcab.cp.dispatch import (
     ring_step_areas,
     zigzag,
 )
-from lcab.cp.ranks import sub_workload, ulysses_heads_problem
+from lcab.cp.ranks import sub_workload, ulysses_heads_problem, ulysses_kv_repeat
 from lcab.cp.submask import sub_mask
 
 __all__ = [
@@ -42,5 +42,6 @@ __all__ = [
     "sub_mask",
     "sub_workload",
     "ulysses_heads_problem",
+    "ulysses_kv_repeat",
     "zigzag",
 ]
