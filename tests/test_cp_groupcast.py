@@ -114,3 +114,16 @@ def test_the_solver_keeps_a_sliding_window_local():
     assert moved == plan(mask, make_dispatch("contiguous", mask, 4), chunk).moved_chunks() == 3
     assert plan(mask, balanced(mask, 4), chunk).moved_chunks() > moved
     assert imbalance(mask, solved) <= imbalance(mask, balanced(mask, 4)) * (1 + AREA_TOLERANCE)
+
+
+def test_a_ppermute_per_shift_pads_each_shift_to_its_own_bucket():
+    mask = make_mask("causal", 1024)
+    cast = plan(mask, make_dispatch("contiguous", mask, 4), chunk=64)
+    # Rank r sends all 4 of its chunks to every later rank: shift d reaches
+    # r + d, full for r + d < 4; the wrap-around pairs (to earlier ranks) send nothing.
+    assert cast.shift_buckets() == (4, 4, 4)
+    assert cast.shifted_chunks() == 48 == cast.padded_chunks()
+    window = make_mask("sliding_window_causal", 1024, window=64)
+    cast = plan(window, make_dispatch("contiguous", window, 4), chunk=64)
+    assert cast.shift_buckets() == (1, 0, 0) and cast.shifted_chunks() == 4
+    assert cast.moved_chunks() == 3 and cast.padded_chunks() == 12

@@ -11,7 +11,8 @@ documents most of those chunks are never looked at.
 counts it reports (chunks received and sent per rank, the largest bucket
 of one rank pair, bytes) are what a strategy carrying it out moves: with
 ragged transfers exactly `moved_chunks`, with all_to_all over padded
-buckets `padded_chunks`.
+buckets `padded_chunks`, with one ppermute per ring shift, each padded to
+its own largest bucket, `shifted_chunks`.
 
     from lcab.cp import make_dispatch
     from lcab.cp.groupcast import plan
@@ -79,6 +80,17 @@ class GroupCast:
         """Chunks moved by an all_to_all whose every bucket is `bucket()`."""
         return self.cp * (self.cp - 1) * self.bucket()
 
+    def shift_buckets(self) -> tuple[int, ...]:
+        """Per ring shift d = 1..cp-1, the most chunks a rank sends to rank
+        + d: the bucket of a ppermute per shift."""
+        counts = self.counts()
+        ranks = np.arange(self.cp)
+        return tuple(int(counts[(ranks + d) % self.cp, ranks].max()) for d in range(1, self.cp))
+
+    def shifted_chunks(self) -> int:
+        """Chunks moved by one ppermute per shift, each padded to its bucket."""
+        return self.cp * sum(self.shift_buckets())
+
     def all_gather_chunks(self) -> int:
         """Chunks a ring or an all-gather moves: every rank gets every other
         rank's K/V, seen or not."""
@@ -136,8 +148,8 @@ SOLVER_NAME = "groupcast"
 # Areas within this fraction of the most even deal count as even: the
 # solver trades no more compute balance than this for fewer transfers.
 AREA_TOLERANCE = 0.02
-# The swap search stops after this many tries (a second or so at cp 8).
-SOLVER_SWAPS = 5_000
+# The swap search stops after this many tries (a few seconds at cp 64).
+SOLVER_SWAPS = 100_000
 
 
 def solve(mask: AttnMask, cp: int, chunk: int | None = None,
@@ -205,23 +217,45 @@ def _local_greedy(pairs: np.ndarray, cp: int, quota: int, tolerance: float) -> n
 def _fewer_moves(sees: np.ndarray, areas: np.ndarray, owner: np.ndarray, cp: int,
                  bound: float) -> np.ndarray:
     """Swaps of two chunks between ranks, first improvement, while fewer
-    chunks move and no rank's area passes `bound` (SOLVER_SWAPS at most)."""
+    chunks move and no rank's area passes `bound` (SOLVER_SWAPS at most).
+
+    A swap of chunk a (rank x) and chunk b (rank y) changes only what x and
+    y see and hold, so a try costs O(chunks): per rank, `count` holds how
+    many of its chunks see each key chunk, and its moves are the key chunks
+    it sees less those it holds."""
     owner = owner.copy()
-    best = _moved(sees, owner, cp)
+    sees = sees.astype(np.int64)
+    count = np.zeros((cp, len(owner)), dtype=np.int64)
+    np.add.at(count, owner, sees)
+    load = rank_loads(owner, areas, cp)
+
+    def moves(row: np.ndarray, held: np.ndarray) -> int:
+        return int(np.count_nonzero(row)) - int(np.count_nonzero(row[held]))
+
     swaps, improved = 0, True
     while improved and swaps < SOLVER_SWAPS:
         improved = False
         for a in range(len(owner)):
             for b in range(a + 1, len(owner)):
-                if owner[a] == owner[b] or swaps >= SOLVER_SWAPS:
+                x, y = int(owner[a]), int(owner[b])
+                if x == y or swaps >= SOLVER_SWAPS:
                     continue
                 swaps += 1
-                owner[a], owner[b] = owner[b], owner[a]
-                moved = _moved(sees, owner, cp)
-                if moved < best and rank_loads(owner, areas, cp).max() <= bound:
-                    best, improved = moved, True
+                change = areas[b] - areas[a]
+                if max(load[x] + change, load[y] - change) > bound:
+                    continue
+                before = moves(count[x], owner == x) + moves(count[y], owner == y)
+                row_x = count[x] + sees[b] - sees[a]
+                row_y = count[y] + sees[a] - sees[b]
+                owner[a], owner[b] = y, x
+                after = moves(row_x, owner == x) + moves(row_y, owner == y)
+                if after < before:
+                    count[x], count[y] = row_x, row_y
+                    load[x] += change
+                    load[y] -= change
+                    improved = True
                 else:
-                    owner[a], owner[b] = owner[b], owner[a]
+                    owner[a], owner[b] = x, y
     return owner
 
 
