@@ -2,6 +2,7 @@
 invariants, its calibration from committed rows, and its error against the
 measured CP rows."""
 
+import dataclasses
 import os
 import pathlib
 import subprocess
@@ -99,8 +100,9 @@ def _logged(curve, seqlen_per_gpu, cp=4):
 
 def test_calls_inside_the_measured_range_warn_of_nothing():
     log = _logged(CURVE, 4096)  # 4k x 4k ring steps up to 16k x 16k calls: all measured
-    # ring 4 x 4 steps, allgather 4 ranks, ulysses 1 call, usp (Ulysses over all 4) 1 call
-    assert log.calls["fwd"].count == 4 * 4 + 4 + 1 + 1
+    # ring 4 x 4 steps, allgather 4 ranks, ulysses 1 call, usp (Ulysses over all 4) 1 call,
+    # groupcast 4 ranks
+    assert log.calls["fwd"].count == 4 * 4 + 4 + 1 + 1 + 4
     assert log.calls["fwd"].outside == 0 and extrapolation_warnings(log) == []
 
 
@@ -174,15 +176,16 @@ def test_the_breakdown_adds_up_and_the_limits_are_stated(direction):
     mask = doc_mask(8192 * 16)
     for strategy in STRATEGIES:
         found = predict(strategy, mask, 16, SHAPE, CURVE, Network(), direction=direction)
-        if strategy == "ulysses":
-            assert "8 K/V heads do not divide by 16" in found.problem
-            assert np.isnan(found.tflops_per_gpu)
-            continue
         assert found.compute_s + found.imbalance_s + found.exposed_comm_s == pytest.approx(
             found.seconds)
         assert found.compute_s > 0 and found.tflops_per_gpu > 0
         assert min(found.imbalance_s, found.exposed_comm_s) >= 0
-    with pytest.raises(ValueError, match="ring, allgather, ulysses, usp"):
+    # Ulysses repeats the 8 K/V heads over 16 ranks; the query heads must divide.
+    odd = dataclasses.replace(SHAPE, heads_q=24)
+    found = predict("ulysses", mask, 16, odd, CURVE, Network(), direction=direction)
+    assert "24 query heads do not divide by 16" in found.problem
+    assert np.isnan(found.tflops_per_gpu)
+    with pytest.raises(ValueError, match="ring, allgather, ulysses, usp, groupcast"):
         predict("magic", mask, 16, SHAPE, CURVE, Network())
 
 
@@ -280,13 +283,13 @@ def test_the_cli_prints_the_model_table_and_writes_its_files(tmp_path, committed
                      f"--validate_against={MEASURED}")
     assert done.returncode == 0, done.stderr[-3000:]
     assert "Model (not a measurement)" in done.stdout
-    assert "| ring" in done.stdout and " X " in done.stdout  # Ulysses at cp 16
+    assert "| ring" in done.stdout and "groupcast" in done.stdout
     assert "MagiAttention" in done.stdout and "median \\|error\\| %" in done.stdout
     for name in ("predictions.csv", "predictions.md", "validation.csv",
                  "simulate_causal_document_fwd.png", "simulate_causal_document_bwd.png"):
         assert (tmp_path / name).stat().st_size > 0
     bad = model_cli("--strategies=ring,magic", timeout=120)
-    assert bad.returncode != 0 and "ring, allgather, ulysses, usp" in bad.stderr
+    assert bad.returncode != 0 and "ring, allgather, ulysses, usp, groupcast" in bad.stderr
 
 
 @pytest.mark.parametrize("flag, message", [

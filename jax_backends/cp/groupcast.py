@@ -19,7 +19,6 @@ the ranks' tokens so that areas are even and few chunks move.
 from __future__ import annotations
 
 import functools
-import math
 
 import jax
 import jax.numpy as jnp
@@ -29,17 +28,12 @@ from jax_backends.cp import base
 from jax_backends.cp.allgather import by_rank
 from lcab.backend import Support
 from lcab.cp import sub_mask, sub_workload
-from lcab.cp.groupcast import GroupCast, coarsest_chunk, plan
+from lcab.cp.groupcast import GroupCast, plan, transfer_chunk
 from lcab.masks.mask import AttnMask
-
-# The transfer granule's default upper bound, in tokens.
-DEFAULT_CHUNK = 512
-
 
 @functools.lru_cache(maxsize=16)
 def cast_of(mask: AttnMask, dispatch, chunk: int | None) -> GroupCast:
-    coarsest = coarsest_chunk(dispatch)
-    return plan(mask, dispatch, math.gcd(coarsest, DEFAULT_CHUNK) if chunk is None else chunk)
+    return plan(mask, dispatch, transfer_chunk(dispatch) if chunk is None else chunk)
 
 
 # How the chunks travel: one all_to_all of cp buckets padded to the largest

@@ -102,6 +102,17 @@ class GroupCast:
         return 2 * chunks * self.chunk * heads_kv * head_dim * itemsize
 
 
+# The transfer granule's default upper bound, in tokens.
+TRANSFER_CHUNK = 512
+
+
+def transfer_chunk(dispatch: Dispatch, upper: int = TRANSFER_CHUNK) -> int:
+    """The default transfer granule: the largest divisor of coarsest_chunk
+    that divides `upper` (a power of two up to 512 tokens where the ranges
+    allow)."""
+    return math.gcd(coarsest_chunk(dispatch), upper)
+
+
 def coarsest_chunk(dispatch: Dispatch) -> int:
     """The largest chunk that tiles every rank's ranges: the gcd of all
     range boundaries."""

@@ -1,6 +1,6 @@
 """python -m lcab.model: predicted CP scaling beyond the GPUs we have.
 
-    python -m lcab.model --strategies=ring,allgather,ulysses,usp \\
+    python -m lcab.model --strategies=ring,allgather,ulysses,usp,groupcast \\
         --cp=8,16,32,64,96 --masks=causal_document,full --seqlen_per_gpu=8k --out=out/sim
 
 Prints, per mask, dispatch and direction, the predicted per-GPU TFLOP/s of

@@ -21,11 +21,17 @@ network's alpha-beta model. How the strategies overlap, as the real ones do:
   key in one call. Backward: the dK/dV reduce-scatter (as many bytes,
   exposed) and the backward call.
 - ulysses: all-to-all q, k, v to head shards (exposed), the whole sequence
-  for heads/cp heads in one call, all-to-all back. Needs K/V heads divisible
-  by cp (as jax.cp_ulysses does). Backward: the gradients travel the same
-  way (the same bytes).
+  for heads/cp heads in one call, all-to-all back. Needs query heads
+  divisible by cp; K/V heads fewer than cp are repeated first (as
+  jax.cp_ulysses does), and the K/V all-to-all carries the copies.
+  Backward: the gradients travel the same way (the same bytes).
 - usp: Ulysses inside groups of `ulysses_size` ranks, a ring of cp /
   ulysses_size steps between groups on heads/ulysses_size heads.
+- groupcast: as jax.cp_groupcast runs it: one all_to_all of the K/V chunks
+  each rank's queries see (lcab.cp.groupcast.plan at the default transfer
+  chunk), every bucket padded to the largest (exposed), then each rank's
+  rows against its own and the received keys in one call. Backward: the
+  dK/dV all_to_all back (the same bytes, exposed) and the backward call.
 
 The breakdown adds up to the total: compute (the mean rank's kernel time),
 imbalance (the slowest rank's extra kernel time), exposed communication
@@ -36,16 +42,18 @@ copies and launch gaps between steps.
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import numpy as np
 
 from lcab.cp import cached_dispatch, pair_areas, rank_areas, ring_step_areas
+from lcab.cp.groupcast import plan, transfer_chunk
 from lcab.flops import attention_flops
 from lcab.masks.mask import AttnMask
 from lcab.model.kernel_curve import KernelCurve
 from lcab.model.network import Network
 
-STRATEGIES = ("ring", "allgather", "ulysses", "usp")
+STRATEGIES = ("ring", "allgather", "ulysses", "usp", "groupcast")
 _BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 # An H100 SXM's HBM3 moves 3.35 TB/s (NVIDIA's figure); streaming
 # elementwise kernels reach about 90 % of it.
@@ -175,10 +183,22 @@ def predict(strategy: str, mask: AttnMask, cp: int, shape: Shape, curve: KernelC
         gather = network.seconds("all_gather", 2 * seqlen * shape.token_bytes(shape.heads_kv), cp)
         return done(gather + compute.max(), compute.mean(), compute.max())
     if strategy == "ulysses":
-        if shape.heads_kv % cp:
-            return refuse(f"Ulysses splits heads over cp: {shape.heads_kv} K/V heads do not "
+        if shape.heads_q % cp:
+            return refuse(f"Ulysses splits heads over cp: {shape.heads_q} query heads do not "
                           f"divide by {cp}")
         return done(*_ulysses_part(mask, cp, cp, shape, curve, network, direction, grad))
+    if strategy == "groupcast":
+        try:
+            split = cached_dispatch(dispatch, mask, cp)
+            cast = plan(mask, split, transfer_chunk(split))
+        except ValueError as exc:
+            return refuse(str(exc))
+        received = int(cast.received().max()) * cast.chunk
+        compute = _call_seconds(curve, shape, rank_areas(mask, split), local, local + received,
+                                shape.heads_q, direction)
+        bucket_bytes = 2 * cast.bucket() * cast.chunk * shape.token_bytes(shape.heads_kv)
+        exchange = network.seconds("all_to_all", cp * bucket_bytes, cp)
+        return done(exchange + compute.max(), compute.mean(), compute.max())
     # usp
     size = ulysses_size or _default_ulysses(cp, shape.heads_kv, network.gpus_per_node)
     if cp % size or shape.heads_kv % size:
@@ -204,8 +224,10 @@ def _default_ulysses(cp: int, heads_kv: int, gpus_per_node: int) -> int:
 def _all_to_all_seconds(local: int, shape: Shape, network: Network, ranks: int,
                         grad: int) -> float:
     """q, k, v to head shards and the output back (the backward's gradients
-    travel the same bytes), for `local` tokens per rank."""
-    there = local * shape.token_bytes(shape.heads_q + 2 * shape.heads_kv)
+    travel the same bytes), for `local` tokens per rank; K/V heads fewer
+    than the ranks travel repeated (lcm(heads_kv, ranks) of them)."""
+    kv_heads = math.lcm(shape.heads_kv, ranks)
+    there = local * shape.token_bytes(shape.heads_q + 2 * kv_heads)
     back = local * shape.token_bytes(shape.heads_q)
     return grad * (network.seconds("all_to_all", there, ranks)
                    + network.seconds("all_to_all", back, ranks))
