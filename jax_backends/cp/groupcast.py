@@ -31,6 +31,7 @@ from lcab.cp import sub_mask, sub_workload
 from lcab.cp.groupcast import GroupCast, plan, transfer_chunk
 from lcab.masks.mask import AttnMask
 
+
 @functools.lru_cache(maxsize=16)
 def cast_of(mask: AttnMask, dispatch, chunk: int | None) -> GroupCast:
     return plan(mask, dispatch, transfer_chunk(dispatch) if chunk is None else chunk)
