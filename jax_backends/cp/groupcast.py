@@ -123,8 +123,9 @@ def send_table(cast: GroupCast, transfer: str) -> np.ndarray:
 class GroupCastBackend(base.ContextParallelBackend):
     name = "jax.cp_groupcast"
     strategy = "groupcast"
-    description = ("each rank receives only the K/V chunks its queries see (one all_to_all "
-                   "of padded buckets), then attends; the backward returns partial dK/dV")
+    description = ("each rank receives only the K/V chunks its queries see (padded buckets: "
+                   "one all_to_all or a ppermute per ring shift), then attends; the backward "
+                   "returns partial dK/dV to their owners")
     options = {**base.ContextParallelBackend.options, "chunk": int, "transfer": str}
 
     def __init__(self, cp_size: int = 2, dispatch: str = "zigzag",
