@@ -49,14 +49,10 @@ def by_rank(inner: Backend, workloads: Sequence[Workload], axis) -> Callable:
     return attend
 
 
-class AllGatherBackend(base.ContextParallelBackend):
-    name = "jax.cp_allgather"
-    strategy = "allgather"
-    description = "all-gather K/V over cp, then attend the local queries (inner kernel inside)"
-
-    def sub_workloads(self, workload, dispatch):
-        return [(f"rank {r}", sub_workload(workload, mask))
-                for r, mask in enumerate(gathered_masks(workload.mask, dispatch))]
+class RankSubMasks:
+    """For a strategy whose ranks each run their own sub-mask in one call:
+    without a tabled kernel, each rank's branch is chosen by lax.switch
+    (by_rank), and the support says so."""
 
     def inner_support(self, workload, dispatch):
         support = super().inner_support(workload, dispatch)
@@ -64,6 +60,16 @@ class AllGatherBackend(base.ContextParallelBackend):
             return support
         return Support.yes(f"{support.how}; each rank's own sub-mask (lax.switch on the rank)",
                            support.directions)
+
+
+class AllGatherBackend(RankSubMasks, base.ContextParallelBackend):
+    name = "jax.cp_allgather"
+    strategy = "allgather"
+    description = "all-gather K/V over cp, then attend the local queries (inner kernel inside)"
+
+    def sub_workloads(self, workload, dispatch):
+        return [(f"rank {r}", sub_workload(workload, mask))
+                for r, mask in enumerate(gathered_masks(workload.mask, dispatch))]
 
     def local_attention(self, workload, dispatch):
         kernel = self.tabled_kernel()

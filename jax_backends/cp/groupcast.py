@@ -25,8 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jax_backends.cp import base
-from jax_backends.cp.allgather import by_rank
-from lcab.backend import Support
+from jax_backends.cp.allgather import RankSubMasks, by_rank
 from lcab.cp import sub_mask, sub_workload
 from lcab.cp.groupcast import GroupCast, plan, transfer_chunk
 from lcab.masks.mask import AttnMask
@@ -120,7 +119,7 @@ def send_table(cast: GroupCast, transfer: str) -> np.ndarray:
     return table
 
 
-class GroupCastBackend(base.ContextParallelBackend):
+class GroupCastBackend(RankSubMasks, base.ContextParallelBackend):
     name = "jax.cp_groupcast"
     strategy = "groupcast"
     description = ("each rank receives only the K/V chunks its queries see (padded buckets: "
@@ -151,13 +150,6 @@ class GroupCastBackend(base.ContextParallelBackend):
     def sub_workloads(self, workload, dispatch):
         masks = received_masks(workload.mask, self.cast(workload, dispatch), self.transfer)
         return [(f"rank {r}", sub_workload(workload, mask)) for r, mask in enumerate(masks)]
-
-    def inner_support(self, workload, dispatch):
-        support = super().inner_support(workload, dispatch)
-        if not support.ok or self.tabled_kernel() is not None:
-            return support
-        return Support.yes(f"{support.how}; each rank's own sub-mask (lax.switch on the rank)",
-                           support.directions)
 
     def sent_chunks(self, cast: GroupCast) -> int:
         """Chunks the transfer moves, padding included."""
