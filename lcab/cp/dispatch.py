@@ -233,7 +233,7 @@ def _even_ring_steps(chunk_pairs: np.ndarray, owner: np.ndarray, cp: int) -> np.
 
 
 def balanced_owners(mask: AttnMask, cp: int, chunk: int | None, chunks_per_rank: int,
-                     name: str) -> tuple[int, np.ndarray]:
+                    name: str) -> tuple[int, np.ndarray]:
     """(chunk, rank of every chunk) of balanced's greedy deal."""
     seqlen = square_seqlen(mask, name)
     _check_cp(cp)
