@@ -280,6 +280,16 @@ def test_a_call_without_out_goes_on_with_the_unfinished_run(tmp_path, monkeypatc
     assert runner.default_out("sparsity", gpus * 4).name.endswith("-h100-sparsity")
     assert runner.default_out("cp", gpus * 4).name.endswith("-h100x4-cp")
     assert runner.default_out("cp", gpus * 2).name.endswith("-h100x2-cp")
+    # Another root (a copy of results/ on a borrowed machine): the card picks its run there.
+    elsewhere = tmp_path / "copy"
+    (elsewhere / "2026-11-26-h200-sparsity").mkdir(parents=True)
+    (elsewhere / "2026-11-26-h200-sparsity" / runner.STATE_NAME).write_text(json.dumps(
+        {"sweep": "sparsity", "calls": [], "parts": {}}))
+    h200 = [{"name": "NVIDIA H200"}]
+    assert runner.default_out("sparsity", h200, elsewhere) == \
+        elsewhere / "2026-11-26-h200-sparsity"
+    assert runner.default_out("sparsity", gpus, elsewhere).parent == elsewhere
+    assert runner.default_out("sparsity", gpus, elsewhere).name.endswith("-h100-sparsity")
 
 
 def test_tables_leave_out_the_reruns_folder(tmp_path):

@@ -46,6 +46,12 @@ FLAGS = flags.FlagValues()
 OUT = flags.DEFINE_string(
     "out", None, "Where the rows go (default: results/<date>-<device>-<SWEEP>/ in the "
     "repository; the same folder on a later call resumes it).", flag_values=FLAGS)
+RESULTS_ROOT = flags.DEFINE_string(
+    "results_root", None, "Without --out, the folder that holds the sweep's runs (default: "
+    "the repository's results/): the call goes on with the newest unfinished run of this "
+    "sweep on this machine's card there, or starts <date>-<device>-<SWEEP>/ in it. On a "
+    "borrowed machine, point it at a copy of results/ so the card picks the folder.",
+    flag_values=FLAGS)
 PARTS = flags.DEFINE_list("parts", None, "Only these parts, in this order (default: all).",
                           flag_values=FLAGS)
 BUDGET = flags.DEFINE_integer(
@@ -246,20 +252,22 @@ class State:
         temporary.replace(self.path)
 
 
-def default_out(sweep: str, gpus: list[dict[str, str]]) -> pathlib.Path:
-    """results/<date>-<device>-<sweep>/: the newest run of this sweep on
-    this kind of machine while it has parts left (a call after midnight
-    goes on with it), else a new one dated today. The device is the GPUs
-    its widest part uses: a kernel sweep run on four GPUs (--parallel) is
-    still a one-GPU sweep, h100, not h100x4."""
+def default_out(sweep: str, gpus: list[dict[str, str]],
+                root: pathlib.Path | None = None) -> pathlib.Path:
+    """<root>/<date>-<device>-<sweep>/ (root: results/): the newest run of
+    this sweep on this kind of machine while it has parts left (a call
+    after midnight goes on with it), else a new one dated today. The device
+    is the GPUs its widest part uses: a kernel sweep run on four GPUs
+    (--parallel) is still a one-GPU sweep, h100, not h100x4."""
+    root = canonical.RESULTS if root is None else pathlib.Path(root)
     widest = max(part.gpus for part in defined.parts(sweep))
     usable = min(len(machine.visible_gpu_ids(gpus)), widest)
     device = machine.device_label(gpus[:usable])
-    for folder in canonical.folders(sweep):
+    for folder in canonical.folders(sweep, root):
         if canonical.parse_folder(folder.name)[1] == device and _unfinished(folder):
             return folder
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
-    return canonical.RESULTS / canonical.folder_name(date, device, sweep)
+    return root / canonical.folder_name(date, device, sweep)
 
 
 def _card(found: list[dict[str, str]]) -> str:
@@ -507,11 +515,12 @@ def main(argv: list[str]) -> int:
                 print("  " + launch_of(run, folder / part.folder, COMMIT.value or "COMMIT",
                                        extra, ids).text().replace("\n", "\n  "))
         return 0
-    if OUT.value is None and (extra or not found):
+    if OUT.value is None and RESULTS_ROOT.value is None and (extra or not found):
         # results/ holds the published runs: a subset or a CPU rehearsal goes elsewhere.
         raise app.UsageError("give --out: a run with --extra, or without a GPU, is not a "
                              "canonical run and does not go into results/")
-    folder = pathlib.Path(OUT.value) if OUT.value else default_out(sweep, found)
+    root = pathlib.Path(RESULTS_ROOT.value) if RESULTS_ROOT.value else None
+    folder = pathlib.Path(OUT.value) if OUT.value else default_out(sweep, found, root)
     # SIGTERM (an outer time limit) stops like Ctrl-C: children told, state saved.
     signal.signal(signal.SIGTERM, _interrupt)
     return run_sweep(sweep, folder, parts, _commit(), extra, BUDGET.value, retry=RETRY.value,
