@@ -79,8 +79,14 @@ def parts_done(folder: pathlib.Path) -> int:
         record = json.loads((folder / STATE_NAME).read_text())
     except (OSError, ValueError):
         return 0
-    return sum(part.get("status") == DONE and not part.get("extra")
-               for part in record.get("parts", {}).values())
+    return len(done_parts(record))
+
+
+def done_parts(record: dict) -> set[str]:
+    """The names of a parts.json record's parts that are done; a part done
+    with --extra flags (a subset) is not."""
+    return {name for name, part in record.get("parts", {}).items()
+            if part.get("status") == DONE and not part.get("extra")}
 
 
 def is_rerun(path: pathlib.Path, folder: pathlib.Path) -> bool:

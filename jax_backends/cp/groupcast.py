@@ -70,10 +70,10 @@ def received_masks(mask: AttnMask, cast: GroupCast, transfer: str) -> tuple[Attn
     width, starts = slot_starts(cast, transfer)
     masks = []
     for rank, rows in enumerate(dispatch.ranges):
-        columns, places = [], []  # global key ranges, and where each lands locally
-        for lo, hi in rows:  # own keys first, in the rank's local order
-            columns.append((lo, hi))
-            places.append(sum(b - a for a, b in rows[:len(places)]))
+        # Global key ranges, and where each lands locally: own keys first,
+        # in the rank's local order.
+        columns = list(rows)
+        places = list(np.cumsum([0] + [hi - lo for lo, hi in rows[:-1]]))
         for sender, chunks in enumerate(cast.receives[rank]):
             for index, global_chunk in enumerate(chunks):
                 columns.append((global_chunk * chunk, (global_chunk + 1) * chunk))

@@ -250,13 +250,20 @@ def balanced_owners(mask: AttnMask, cp: int, chunk: int | None, chunks_per_rank:
         mask.slice_table, starts, starts + chunk, np.array([0]), np.array([seqlen])
     )[:, 0]
 
-    quota = n_chunks // cp
-    candidates = [_greedy_owners(areas, cp, quota), np.arange(n_chunks) // quota]
-    if quota % 2 == 0:
-        group = np.arange(n_chunks) // (quota // 2)  # zigzag's 2cp chunks
-        candidates.append(np.where(group < cp, group, 2 * cp - 1 - group))
+    candidates = [_greedy_owners(areas, cp, n_chunks // cp), *fixed_owners(n_chunks, cp)]
     heaviest = [rank_loads(owner, areas, cp).max() for owner in candidates]
     return chunk, candidates[int(np.argmin(heaviest))]
+
+
+def fixed_owners(n_chunks: int, cp: int) -> list[np.ndarray]:
+    """Rank of every chunk under the contiguous layout, and under zigzag's
+    where a rank's chunks split in two halves (an even count per rank)."""
+    quota = n_chunks // cp
+    layouts = [np.arange(n_chunks) // quota]
+    if quota % 2 == 0:
+        group = np.arange(n_chunks) // (quota // 2)  # zigzag's 2cp chunks
+        layouts.append(np.where(group < cp, group, 2 * cp - 1 - group))
+    return layouts
 
 
 def from_owners(name: str, seqlen: int, cp: int, chunk: int, owner: np.ndarray) -> Dispatch:

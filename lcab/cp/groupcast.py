@@ -33,6 +33,7 @@ from lcab.cp.dispatch import (
     MIN_CHUNKS_PER_RANK,
     Dispatch,
     balanced_owners,
+    fixed_owners,
     from_owners,
     rank_loads,
     square_seqlen,
@@ -185,25 +186,21 @@ def solve(mask: AttnMask, cp: int, chunk: int | None = None,
     starts = np.arange(seqlen // chunk, dtype=np.int64) * chunk
     pairs = intervals.rectangle_areas(mask.slice_table, starts, starts + chunk,
                                       starts, starts + chunk)
-    quota = len(starts) // cp
-    candidates = [_local_greedy(pairs, cp, quota, tolerance), balanced_owner,
-                  np.arange(len(starts)) // quota]
-    if quota % 2 == 0:
-        group = np.arange(len(starts)) // (quota // 2)
-        candidates.append(np.where(group < cp, group, 2 * cp - 1 - group))
+    sees = pairs > 0  # [i, j]: chunk i's queries see chunk j's keys
     areas = pairs.sum(axis=1)
+    candidates = [_local_greedy(sees, areas, cp, len(starts) // cp, tolerance),
+                  balanced_owner, *fixed_owners(len(starts), cp)]
     heaviest = np.array([rank_loads(owner, areas, cp).max() for owner in candidates])
-    moved = [_moved(pairs > 0, owner, cp) for owner in candidates]
+    moved = [_moved(sees, owner, cp) for owner in candidates]
     bound = heaviest.min() * (1 + tolerance)
     even = np.flatnonzero(heaviest <= bound)
     best = min(even, key=lambda index: (moved[index], index))
-    owner = _fewer_moves(pairs > 0, areas, candidates[best], cp, bound)
+    owner = _fewer_moves(sees, areas, candidates[best], cp, bound)
     return from_owners(SOLVER_NAME, seqlen, cp, chunk, owner)
 
 
-def _local_greedy(pairs: np.ndarray, cp: int, quota: int, tolerance: float) -> np.ndarray:
-    sees = pairs > 0  # [i, j]: chunk i's queries see chunk j's keys
-    areas = pairs.sum(axis=1)
+def _local_greedy(sees: np.ndarray, areas: np.ndarray, cp: int, quota: int,
+                  tolerance: float) -> np.ndarray:
     load = np.zeros(cp, dtype=np.int64)
     taken = np.zeros(cp, dtype=np.int64)
     needed = np.zeros((cp, len(areas)), dtype=bool)  # key chunks each rank's queries see

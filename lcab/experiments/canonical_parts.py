@@ -18,7 +18,7 @@ import dataclasses
 import json
 import pathlib
 
-from lcab.canonical import DONE, RERUNS, ROOT, STATE_NAME, SWEEPS
+from lcab.canonical import RERUNS, ROOT, STATE_NAME, SWEEPS, done_parts
 from lcab.experiments import presets
 
 PLAIN, JAX_PROCESSES, TORCHRUN_NODES = "plain", "jax_processes", "torchrun_nodes"
@@ -232,6 +232,4 @@ def progress(folder: pathlib.Path) -> tuple[int, int] | None:
         names = {part.name for part in parts(record["sweep"])}
     except (OSError, ValueError, KeyError):
         return None
-    done = {name for name, part in record.get("parts", {}).items()
-            if part.get("status") == DONE and not part.get("extra")}
-    return len(names & done), len(names)
+    return len(names & done_parts(record)), len(names)
