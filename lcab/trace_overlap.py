@@ -4,8 +4,9 @@ communication its compute hides, read from a profiler trace.
 Both frameworks write the Chrome trace-event format: JAX's
 `jax.profiler.trace(..., create_perfetto_trace=True)` (perfetto_trace.json.gz)
 and torch.profiler's `export_chrome_trace`. Per GPU, the kernels are split
-into communication (NCCL kernels and XLA's collectives, by name) and
-compute (every other kernel); the busy time of each is the union of its
+into communication (NCCL kernels, XLA's collectives and peer-to-peer
+copies, by name) and compute (every other kernel; copies and memsets
+within one GPU count as neither); the busy time of each is the union of its
 kernels' intervals, and the hidden communication is the part of it during
 which a compute kernel also ran. A ring that overlaps well hides most of its
 transfers; an all-gather strategy hides none by design.
@@ -24,7 +25,11 @@ import numpy as np
 
 COMMUNICATION = re.compile(
     r"nccl|sendrecv|allgather|all-gather|all_gather|alltoall|all-to-all|all_to_all|"
-    r"collective-permute|ppermute|reducescatter|reduce-scatter", re.IGNORECASE)
+    r"collective-permute|ppermute|reducescatter|reduce-scatter|memcpyp2p", re.IGNORECASE)
+# The copy engine's other work (a copy within one GPU, a memset) is neither:
+# counted as compute it made a rank whose inputs were placed from it look
+# busier than the others.
+LOCAL_COPY = re.compile(r"^mem(?:cpy(?!p2p)|set)", re.IGNORECASE)
 # Processes that hold device activity: JAX/XLA's "/device:GPU:0", torch's
 # GPU streams (their kernels carry cat "kernel" instead).
 _DEVICE_PROCESS = re.compile(r"/device:(?:GPU|TPU):(\d+)")
@@ -102,6 +107,8 @@ def overlap(events: list[dict]) -> list[Overlap]:
     for device, kernels in sorted(device_kernels(events).items()):
         spans = {True: [], False: []}
         for kernel in kernels:
+            if LOCAL_COPY.search(kernel.get("name", "")):
+                continue
             start = float(kernel["ts"])
             spans[bool(COMMUNICATION.search(kernel.get("name", "")))].append(
                 (start, start + float(kernel["dur"])))
