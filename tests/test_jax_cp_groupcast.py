@@ -34,26 +34,68 @@ def test_the_tabled_kernel_serves_every_rank_at_cp_2_4_and_8(cp, dispatch, trans
 
 
 @pytest.mark.parametrize("transfer", ["all_to_all", "shifts"])
-def test_the_received_layout_is_the_mask_exactly(transfer):
-    """Rank r's sub-mask, column by column, is the global mask's rows of r
-    against the key each column holds (own keys, then each sender's slot
-    where the transfer puts it; padding columns see nothing)."""
-    from jax_backends.cp.groupcast import cast_of, received_masks, slot_starts
+@pytest.mark.parametrize("stages", [1, 2, 3])
+def test_each_calls_layout_is_the_mask_exactly(transfer, stages):
+    """Rank r's sub-mask of each kernel call, column by column, is the
+    global mask's rows of r against the key that column holds (call 0: own
+    keys, then with one stage every hop's piece; later calls: their hops'
+    pieces where the transfer puts them; padding columns see nothing), and
+    every visible pair lies in exactly one call."""
+    from jax_backends.cp.groupcast import call_masks, cast_of, layout
 
     mask = small_mask("causal_document", 256, seed=3)
     dispatch = make_dispatch("zigzag", mask, 4)
     cast = cast_of(mask, dispatch, 16)
-    width, starts = slot_starts(cast, transfer)
+    plan = layout(cast, transfer, stages)
+    own = dispatch.tokens_per_rank
+    widths, offsets = plan.widths(own, 16), plan.hop_offsets(own, 16)
+    calls = call_masks(mask, cast, transfer, stages)
+    assert len(calls) == plan.stages == len(widths)
     dense = mask.to_dense()
-    for rank, sub in enumerate(received_masks(mask, cast, transfer)):
+    for rank in range(4):
         rows = dispatch.rank_rows(rank)
-        keys = [*rows] + [None] * (width - len(rows))
-        for sender, chunks in enumerate(cast.receives[rank]):
-            for index, token in enumerate(t for c in chunks for t in range(c * 16, c * 16 + 16)):
-                keys[starts[rank][sender] + index] = token
-        want = np.array([[key is not None and dense[row, key] for key in keys]
-                         for row in rows])
-        np.testing.assert_array_equal(sub.to_dense(), want)
+        seen = 0
+        for call, width in enumerate(widths):
+            keys = [None] * width
+            if call == 0:
+                keys[:own] = list(rows)
+            for h, hop in enumerate(plan.hops):
+                if plan.stages == 1 or hop.stage == call:
+                    for global_chunk, place in plan.landing[rank][h]:
+                        for i in range(16):
+                            keys[offsets[h] + place * 16 + i] = global_chunk * 16 + i
+            want = np.array([[key is not None and dense[row, key] for key in keys]
+                             for row in rows])
+            np.testing.assert_array_equal(calls[call][rank].to_dense(), want)
+            seen += want.sum()
+        assert seen == dense[rows].sum()
+
+
+@pytest.mark.parametrize("transfer", ["all_to_all", "shifts"])
+def test_the_send_table_feeds_each_hop_what_its_receivers_land(transfer):
+    """Simulating the collectives on the send table delivers, to every
+    rank and hop, exactly the chunks the layout says land there."""
+    from jax_backends.cp.groupcast import cast_of, layout
+
+    mask = small_mask("full_document", 256, seed=5)
+    dispatch = make_dispatch("balanced", mask, 4)
+    cast = cast_of(mask, dispatch, 16)
+    plan = layout(cast, transfer, 3)
+    owned = [dispatch.rank_rows(r)[::16] // 16 for r in range(4)]  # local index -> global chunk
+    at = 0
+    for h, hop in enumerate(plan.hops):
+        sent = plan.sends[:, at:at + hop.size]
+        at += hop.size
+        for receiver in range(4):
+            if hop.pairs is None:
+                width = hop.size // 4
+                got = np.concatenate([owned[s][sent[s, receiver * width:(receiver + 1) * width]]
+                                      for s in range(4)])
+            else:
+                (sender,) = [s for s, t in hop.pairs if t == receiver]
+                got = owned[sender][sent[sender]]
+            for global_chunk, place in plan.landing[receiver][h]:
+                assert got[place] == global_chunk
 
 
 @pytest.mark.parametrize("mask_name", ["causal_document", "full_document", "sliding_window"])
@@ -70,6 +112,46 @@ def test_shifts_deliver_the_same_keys_with_less_padding(mask_name):
     assert cast.moved_chunks() <= shifted.sent_chunks(cast) <= backend.sent_chunks(cast)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("mask_name", MASK_NAMES)
+def test_stages_match_the_reference_for_every_family(mask_name):
+    """The own keys first, the received ones in two more calls, merged by
+    log-sum-exp; the backward through the custom_vjp (the dense ring kernel)."""
+    how = check("jax.cp_groupcast", mask_name, 4, "groupcast", seqlen=128, heads=(4, 2),
+                inner="jax.xla", stages="3")
+    assert how.startswith("groupcast; dispatch=groupcast; inner jax.xla")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cp, transfer, stages", [
+    (2, "all_to_all", 2), (4, "all_to_all", 3), (4, "shifts", 2), (8, "shifts", 8)])
+def test_stages_with_the_tabled_kernel(cp, transfer, stages):
+    for mask_name in ("causal_document", "full_document"):
+        how = check("jax.cp_groupcast", mask_name, cp, "balanced", seqlen=128, heads=(4, 2),
+                    transfer=transfer, stages=str(stages))
+        assert "inner jax.pallas_flex" in how
+
+
+def test_stages_need_a_kernel_with_a_log_sum_exp():
+    backend = registry.load_backend("jax.cp_groupcast", {
+        "cp_size": "2", "dispatch": "zigzag", "stages": "2", "inner": "jax.pallas_triton"})
+    mask = small_mask("causal", 128)
+    support = backend.supports(Workload(1, 128, 128, 4, 4, 16, "float32", mask))
+    assert not support.ok and "stages=2 merge the calls' partial results by log-sum-exp" \
+        in support.reason
+    with pytest.raises(registry.Unavailable, match="stages=0 must be 1"):
+        registry.load_backend("jax.cp_groupcast", {"stages": "0"})
+
+
+def test_the_notes_give_the_calls_made():
+    mask = make_mask("causal_document", 128, doc_lens=(32, 32, 64))
+    notes = {stages: registry.load_backend("jax.cp_groupcast", {
+        "cp_size": "4", "dispatch": "contiguous", "stages": str(stages)}).case_notes(
+            Workload(1, 128, 128, 4, 4, 16, "float32", mask)) for stages in (1, 2, 5)}
+    assert "stages=1;" in notes[1] and "stages=2;" in notes[2]
+    assert "stages=2;" in notes[5]  # one chunk moves: one call for it
+
+
 def test_documents_cut_at_rank_boundaries_move_nothing_and_still_match():
     mask = make_mask("causal_document", 128, doc_lens=(32, 32, 64))
     how = check("jax.cp_groupcast", mask, 4, "contiguous", seqlen=128, inner="jax.xla")
@@ -78,8 +160,8 @@ def test_documents_cut_at_rank_boundaries_move_nothing_and_still_match():
                                     {"cp_size": "4", "dispatch": "contiguous"})
     notes = backend.case_notes(Workload(1, 128, 128, 4, 4, 16, "float32", mask))
     # Rank 3's queries (96-127) see the document starting at 64: rank 2's two chunks.
-    assert ("chunk=32; transfer=all_to_all; K/V chunks seen 1, moved 12 with padding, where a "
-            "ring moves 12") in notes
+    assert ("chunk=32; transfer=all_to_all; stages=1; K/V chunks seen 1, moved 12 with "
+            "padding, where a ring moves 12") in notes
 
 
 def test_a_chunk_that_does_not_tile_the_dispatch_is_unsupported_with_the_reason():

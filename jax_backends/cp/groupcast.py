@@ -10,15 +10,27 @@ backward is JAX's transpose of the same program: the transfer returns each
 received chunk's partial dK/dV to its owner and the gather sums them there
 (group-reduce). A chunk nobody needs never moves.
 
+With `stages` > 1 the work is split so the transfer can hide under the
+kernel (MagiAttention's overlap): the own keys' kernel call needs nothing
+from the transfer and runs first; the received keys follow in stages - 1
+calls (the all_to_all cut into as many smaller ones, or the shifts'
+ppermutes dealt out in ring order), the calls' results merged by
+log-sum-exp; the backward (a custom_vjp) takes each call's gradients from
+the final out and lse, the received keys' first. This needs the inner's
+ring kernel (out and lse).
+
 Options: `chunk`, the transfer granule (default: the largest power of two
 up to 512 tokens that tiles the dispatch); `transfer` (TRANSFERS), one
-all_to_all or one ppermute per ring shift. `--dispatch=groupcast` picks
-the ranks' tokens so that areas are even and few chunks move.
+all_to_all or one ppermute per ring shift; `stages` (default 1: one call
+after the transfer). `--dispatch=groupcast` picks the ranks' tokens so
+that areas are even and few chunks move.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import itertools
 
 import jax
 import jax.numpy as jnp
@@ -26,6 +38,8 @@ import numpy as np
 
 from jax_backends.cp import base
 from jax_backends.cp.allgather import RankSubMasks, by_rank
+from jax_backends.cp.ring import merge
+from lcab.backend import Support
 from lcab.cp import sub_mask, sub_workload
 from lcab.cp.groupcast import GroupCast, plan, transfer_chunk
 from lcab.masks.mask import AttnMask
@@ -43,102 +57,184 @@ def cast_of(mask: AttnMask, dispatch, chunk: int | None) -> GroupCast:
 TRANSFERS = ("all_to_all", "shifts")
 
 
-def slot_starts(cast: GroupCast, transfer: str) -> tuple[int, tuple[tuple[int, ...], ...]]:
-    """(keys a rank attends, [r][s] the local key where sender s's chunks
-    begin on rank r): own keys first, then the received slots in the order
-    the transfer delivers them."""
-    cp, chunk, own = cast.cp, cast.chunk, cast.dispatch.tokens_per_rank
-    if transfer == "all_to_all":
-        bucket = cast.bucket()
-        return (own + cp * bucket * chunk,
-                tuple(tuple(own + s * bucket * chunk for s in range(cp)) for _ in range(cp)))
-    buckets = cast.shift_buckets()
-    offsets = own + chunk * (np.cumsum(buckets) - np.asarray(buckets, dtype=np.int64))
-    starts = [[own] * cp for _ in range(cp)]  # [r][r]: nothing lands there
-    for d in range(1, cp):
-        for r in range(cp):
-            starts[r][(r - d) % cp] = int(offsets[d - 1])
-    return own + chunk * sum(buckets), tuple(map(tuple, starts))
+@dataclasses.dataclass(frozen=True)
+class Hop:
+    """One collective of the transfer: `size` chunks leave each rank (an
+    all_to_all's cp buckets of size / cp, or one ppermute's bucket to
+    `pairs`), read by kernel call `stage`."""
+
+    size: int
+    pairs: tuple[tuple[int, int], ...] | None  # None: an all_to_all
+    stage: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """Where every moved chunk goes, and what each kernel call attends.
+
+    With one stage, rank r attends [own keys | every hop's piece] in one
+    call once the transfer is done. With more, call 0 attends the own keys
+    alone (it needs nothing from the transfer, so the transfer runs under
+    it) and call g >= 1 the pieces of the hops of stage g, concatenated;
+    the calls' results merge by log-sum-exp.
+    """
+
+    hops: tuple[Hop, ...]
+    stages: int  # kernel calls
+    # landing[r][h]: (global chunk, place in hop h's piece) of what rank r receives.
+    landing: tuple[tuple[tuple[tuple[int, int], ...], ...], ...]
+    # sends[s]: the local chunk indices rank s sends, hop after hop
+    # (padding sends chunk 0, whose copy no query sees).
+    sends: np.ndarray
+
+    def widths(self, own: int, chunk: int) -> tuple[int, ...]:
+        """Keys of each kernel call."""
+        if self.stages == 1:
+            return (own + chunk * sum(h.size for h in self.hops),)
+        return (own,) + tuple(chunk * sum(h.size for h in self.hops if h.stage == g)
+                              for g in range(1, self.stages))
+
+    def hop_offsets(self, own: int, chunk: int) -> tuple[int, ...]:
+        """Where each hop's piece starts among its call's keys."""
+        offsets, at = [], {}
+        for hop in self.hops:
+            start = at.get(hop.stage, own if self.stages == 1 else 0)
+            offsets.append(start)
+            at[hop.stage] = start + hop.size * chunk
+        return tuple(offsets)
+
+
+def _split(total: int, parts: int) -> list[tuple[int, int]]:
+    """[lo, hi) ranges of `parts` near-equal pieces of range(total), none empty."""
+    parts = max(1, min(parts, total))
+    edges = [round(i * total / parts) for i in range(parts + 1)]
+    return list(itertools.pairwise(edges))
 
 
 @functools.lru_cache(maxsize=16)
-def received_masks(mask: AttnMask, cast: GroupCast, transfer: str) -> tuple[AttnMask, ...]:
-    """Per rank: its queries against [own keys | the received slots]
-    (slot_starts), each slot padded at its end; padding is never visible."""
-    dispatch, chunk = cast.dispatch, cast.chunk
-    own = dispatch.tokens_per_rank
-    width, starts = slot_starts(cast, transfer)
-    masks = []
-    for rank, rows in enumerate(dispatch.ranges):
-        # Global key ranges, and where each lands locally: own keys first,
-        # in the rank's local order.
-        columns = list(rows)
-        places = list(np.cumsum([0] + [hi - lo for lo, hi in rows[:-1]]))
-        for sender, chunks in enumerate(cast.receives[rank]):
-            for index, global_chunk in enumerate(chunks):
-                columns.append((global_chunk * chunk, (global_chunk + 1) * chunk))
-                places.append(starts[rank][sender] + index * chunk)
-        packed = sub_mask(mask, rows, columns)
-        # sub_mask packs the columns range after range; each slice piece lies
-        # in one range, so moving a range's pieces to its place is exact.
-        lengths = np.array([hi - lo for lo, hi in columns])
-        packed_starts = np.cumsum(lengths) - lengths
-        table = np.array(packed.slice_table)
-        which = np.searchsorted(packed_starts, table[:, 2], side="right") - 1
-        shift = np.asarray(places)[which] - packed_starts[which]
-        table[:, 2] += shift
-        table[:, 3] += shift
-        masks.append(AttnMask(own, width, table, name=f"{mask.name}:groupcast",
-                              params={"parent": mask.fingerprint()}))
-    return tuple(masks)
-
-
-def send_table(cast: GroupCast, transfer: str) -> np.ndarray:
-    """(cp, sent chunks) int32: row s, the local chunk indices rank s sends,
-    destination after destination (all_to_all: rank 0, 1, ..., each padded
-    to `bucket`; shifts: rank s + 1, s + 2, ..., each padded to its shift's
-    bucket); padding sends chunk 0, whose copy no query sees."""
-    dispatch, chunk, cp = cast.dispatch, cast.chunk, cast.cp
+def layout(cast: GroupCast, transfer: str, stages: int = 1) -> Layout:
+    """The hops of `transfer` for `stages` kernel calls: the all_to_all's
+    buckets cut into stages - 1 pieces (one all_to_all each), the shifts'
+    ppermutes dealt to stages - 1 calls in ring order; fewer where there is
+    less to cut."""
+    cp, dispatch = cast.cp, cast.dispatch
     local = {}
     for rank in range(cp):
-        for index, token in enumerate(dispatch.rank_rows(rank)[::chunk]):
-            local[int(token) // chunk] = index
+        for index, token in enumerate(dispatch.rank_rows(rank)[::cast.chunk]):
+            local[int(token) // cast.chunk] = index
+    # Per hop: its size, pairs, and per (receiver, sender) the slice of
+    # receives[receiver][sender] it carries and where that lands.
+    hops, routes = [], []
     if transfer == "all_to_all":
-        sizes = [[cast.bucket()] * cp] * cp
-        targets = [list(range(cp)) for _ in range(cp)]
+        pieces = _split(cast.bucket(), stages - 1 if stages > 1 else 1) if cast.bucket() else []
+        for index, (lo, hi) in enumerate(pieces):
+            hops.append(Hop(cp * (hi - lo), None, 1 + index if stages > 1 else 1))
+            routes.append({(r, s): (lo, hi, s * (hi - lo)) for r in range(cp) for s in range(cp)})
     else:
-        sizes = [list(cast.shift_buckets())] * cp
-        targets = [[(s + d) % cp for d in range(1, cp)] for s in range(cp)]
-    table = np.zeros((cp, max(sum(sizes[0]), 1)), np.int32)
-    for sender in range(cp):
-        at = 0
-        for size, receiver in zip(sizes[sender], targets[sender]):
-            chunks = cast.receives[receiver][sender]
-            table[sender, at:at + len(chunks)] = [local[c] for c in chunks]
-            at += size
-    return table
+        shifts = [(d, size) for d, size in enumerate(cast.shift_buckets(), 1) if size]
+        groups = _split(len(shifts), stages - 1 if stages > 1 else 1)
+        for group, (lo, hi) in enumerate(groups):
+            for d, size in shifts[lo:hi]:
+                hops.append(Hop(size, tuple((s, (s + d) % cp) for s in range(cp)),
+                                1 + group if stages > 1 else 1))
+                routes.append({(r, (r - d) % cp): (0, size, 0) for r in range(cp)})
+    landing = [[[] for _ in hops] for _ in range(cp)]
+    sends = np.zeros((cp, max(sum(h.size for h in hops), 1)), np.int32)
+    at = [0] * cp
+    for h, (hop, route) in enumerate(zip(hops, routes)):
+        for (receiver, sender), (lo, hi, place) in route.items():
+            chunks = cast.receives[receiver][sender][lo:hi]
+            landing[receiver][h].extend((c, place + i) for i, c in enumerate(chunks))
+        for sender in range(cp):
+            # Destination after destination, as the collective reads them.
+            width = hop.size if hop.pairs is not None else hop.size // cp
+            targets = ([t for s, t in hop.pairs if s == sender] if hop.pairs is not None
+                       else list(range(cp)))
+            for target in targets:
+                lo, hi, _ = route.get((target, sender), (0, 0, 0))
+                chunks = cast.receives[target][sender][lo:hi]
+                sends[sender, at[sender]:at[sender] + len(chunks)] = [local[c] for c in chunks]
+                at[sender] += width
+    called = max((h.stage for h in hops), default=0)
+    return Layout(tuple(hops), 1 if stages == 1 else 1 + called,
+                  tuple(tuple(map(tuple, rank)) for rank in landing), sends)
+
+
+def _placed(mask: AttnMask, rows, columns, places, width: int) -> AttnMask:
+    """Rows against key ranges `columns` (global), each placed at its local
+    key `places[i]` in a call of `width` keys; other keys are padding."""
+    if not columns:
+        empty = np.zeros((0, np.asarray(mask.slice_table).shape[1]), np.int64)
+        return AttnMask(sum(hi - lo for lo, hi in rows), width, empty,
+                        name=f"{mask.name}:groupcast", params={"parent": mask.fingerprint()})
+    packed = sub_mask(mask, rows, columns)
+    # sub_mask packs the columns range after range; each slice piece lies in
+    # one range, so moving a range's pieces to its place is exact.
+    lengths = np.array([hi - lo for lo, hi in columns])
+    packed_starts = np.cumsum(lengths) - lengths
+    table = np.array(packed.slice_table)
+    which = np.searchsorted(packed_starts, table[:, 2], side="right") - 1
+    shift = np.asarray(places)[which] - packed_starts[which]
+    table[:, 2] += shift
+    table[:, 3] += shift
+    return AttnMask(packed.seqlen_q, width, table, name=f"{mask.name}:groupcast",
+                    params={"parent": mask.fingerprint()})
+
+
+@functools.lru_cache(maxsize=16)
+def call_masks(mask: AttnMask, cast: GroupCast, transfer: str,
+               stages: int = 1) -> tuple[tuple[AttnMask, ...], ...]:
+    """[call][rank]: what rank r's queries attend in each kernel call of
+    layout(cast, transfer, stages); padding is never visible."""
+    plan_ = layout(cast, transfer, stages)
+    chunk, own = cast.chunk, cast.dispatch.tokens_per_rank
+    widths, offsets = plan_.widths(own, chunk), plan_.hop_offsets(own, chunk)
+    calls = []
+    for call, width in enumerate(widths):
+        masks = []
+        for rank, rows in enumerate(cast.dispatch.ranges):
+            columns, places = [], []
+            if call == 0:  # own keys, in the rank's local order
+                columns = list(rows)
+                places = list(np.cumsum([0] + [hi - lo for lo, hi in rows[:-1]]))
+            for h, hop in enumerate(plan_.hops):
+                if (plan_.stages == 1) or hop.stage == call:
+                    for global_chunk, place in plan_.landing[rank][h]:
+                        columns.append((global_chunk * chunk, (global_chunk + 1) * chunk))
+                        places.append(offsets[h] + place * chunk)
+            masks.append(_placed(mask, rows, columns, places, width))
+        calls.append(tuple(masks))
+    return tuple(calls)
 
 
 class GroupCastBackend(RankSubMasks, base.ContextParallelBackend):
     name = "jax.cp_groupcast"
     strategy = "groupcast"
     description = ("each rank receives only the K/V chunks its queries see (padded buckets: "
-                   "one all_to_all or a ppermute per ring shift), then attends; the backward "
-                   "returns partial dK/dV to their owners")
-    options = {**base.ContextParallelBackend.options, "chunk": int, "transfer": str}
+                   "one all_to_all or a ppermute per ring shift), then attends; with stages > 1 "
+                   "the own keys' kernel runs while they travel; the backward returns partial "
+                   "dK/dV to their owners")
+    options = {**base.ContextParallelBackend.options, "chunk": int, "transfer": str,
+               "stages": int}
 
     def __init__(self, cp_size: int = 2, dispatch: str = "zigzag",
                  inner: str = base.DEFAULT_INNER, inner_options=None, chunk: int | None = None,
-                 transfer: str = "all_to_all"):
+                 transfer: str = "all_to_all", stages: int = 1):
         super().__init__(cp_size, dispatch, inner, inner_options)
         if chunk is not None and chunk < 1:
             raise ValueError(f"chunk={chunk} must be a positive number of tokens")
         if transfer not in TRANSFERS:
             raise ValueError(f"transfer={transfer!r} is not one of {', '.join(TRANSFERS)}")
-        self.chunk, self.transfer = chunk, transfer
+        if stages < 1:
+            raise ValueError(f"stages={stages} must be 1 (one kernel call after the transfer) "
+                             "or more (the own keys first, the received keys in stages - 1 calls)")
+        self.chunk, self.transfer, self.stages = chunk, transfer, stages
 
     def cast(self, workload, dispatch) -> GroupCast:
         return cast_of(workload.mask, dispatch, self.chunk)
+
+    def layout(self, workload, dispatch) -> Layout:
+        return layout(self.cast(workload, dispatch), self.transfer, self.stages)
 
     def strategy_problem(self, workload):
         try:
@@ -147,9 +243,33 @@ class GroupCastBackend(RankSubMasks, base.ContextParallelBackend):
             return str(exc)
         return None
 
+    def calls(self, workload, dispatch) -> tuple[tuple[AttnMask, ...], ...]:
+        return call_masks(workload.mask, self.cast(workload, dispatch), self.transfer,
+                          self.stages)
+
     def sub_workloads(self, workload, dispatch):
-        masks = received_masks(workload.mask, self.cast(workload, dispatch), self.transfer)
-        return [(f"rank {r}", sub_workload(workload, mask)) for r, mask in enumerate(masks)]
+        calls = self.calls(workload, dispatch)
+        return [(f"rank {r}" + (f" call {c}" if len(calls) > 1 else ""), sub_workload(workload, m))
+                for c, masks in enumerate(calls) for r, m in enumerate(masks)]
+
+    def inner_support(self, workload, dispatch):
+        if self.stages == 1:
+            return super().inner_support(workload, dispatch)
+        kernel = self.inner_backend.ring_kernel()
+        if kernel is None:
+            return Support.no(f"stages={self.stages} merge the calls' partial results by "
+                              f"log-sum-exp; inner {self.inner_name}: "
+                              f"{self.inner_backend.no_ring_kernel}")
+        support = base.sub_support(self.inner_name, self.inner_backend,
+                                   self.sub_workloads(workload, dispatch))
+        if not support.ok:
+            return support
+        calls = self.calls(workload, dispatch)
+        for rank in range(dispatch.cp):
+            problem = kernel.problem([masks[rank] for masks in calls])
+            if problem:
+                return Support.no(problem)
+        return Support.yes(kernel.how or support.how, support.directions)
 
     def sent_chunks(self, cast: GroupCast) -> int:
         """Chunks the transfer moves, padding included."""
@@ -159,61 +279,110 @@ class GroupCastBackend(RankSubMasks, base.ContextParallelBackend):
         dispatch = self.dispatch(workload)
         cast = self.cast(workload, dispatch)
         return (f"{super().case_notes(workload)}; chunk={cast.chunk}; transfer={self.transfer}; "
+                f"stages={self.layout(workload, dispatch).stages}; "
                 f"K/V chunks seen {cast.moved_chunks()}, moved {self.sent_chunks(cast)} with "
                 f"padding, where a ring moves {cast.all_gather_chunks()}")
 
     def local_attention(self, workload, dispatch):
         cast = self.cast(workload, dispatch)
+        plan_ = self.layout(workload, dispatch)
         cp, chunk = cast.cp, cast.chunk
-        masks = received_masks(workload.mask, cast, self.transfer)
-        # Per collective: (sizes in chunks, ppermute pairs or None for all_to_all).
-        if self.transfer == "all_to_all":
-            hops = [(cp * cast.bucket(), None)] if cast.bucket() else []
-        else:
-            hops = [(size, [(s, (s + d) % cp) for s in range(cp)])
-                    for d, size in enumerate(cast.shift_buckets(), 1) if size]
 
-        def received(k, v, sends):
-            """[own | received slots] of k and v on this rank."""
-            if not hops:  # nothing moves: every rank sees only its own keys
-                return k, v
-            batch, tokens, heads, dim = k.shape
+        def pieces(x, sends):
+            """Each hop's received piece of x on this rank, in hop order."""
+            batch, tokens, heads, dim = x.shape
+            chunks = x.reshape(batch, tokens // chunk, chunk, heads, dim)
+            picked = jnp.take(chunks, sends, axis=1)
+            out, at = [], 0
+            for hop in plan_.hops:
+                piece = picked[:, at:at + hop.size]
+                at += hop.size
+                if hop.pairs is None:
+                    piece = piece.reshape(batch, cp, hop.size // cp * chunk, heads, dim)
+                    piece = jax.lax.all_to_all(piece, base.AXIS, 1, 1, tiled=True)
+                else:
+                    piece = jax.lax.ppermute(piece, base.AXIS, hop.pairs)
+                out.append(piece.reshape(batch, hop.size * chunk, heads, dim))
+            return out
 
-            def cast_one(x):
-                chunks = x.reshape(batch, tokens // chunk, chunk, heads, dim)
-                picked = jnp.take(chunks, sends, axis=1)
-                pieces, at = [x], 0
-                for size, pairs in hops:
-                    piece = picked[:, at:at + size]
-                    at += size
-                    if pairs is None:
-                        piece = piece.reshape(batch, cp, size // cp * chunk, heads, dim)
-                        piece = jax.lax.all_to_all(piece, base.AXIS, 1, 1, tiled=True)
-                    else:
-                        piece = jax.lax.ppermute(piece, base.AXIS, pairs)
-                    pieces.append(piece.reshape(batch, size * chunk, heads, dim))
-                return jnp.concatenate(pieces, axis=1)
+        def call_keys(x, sends):
+            """The keys (or values) of each kernel call on this rank."""
+            received = pieces(x, sends)
+            if plan_.stages == 1:
+                return (jnp.concatenate([x, *received], axis=1),)
+            return (x,) + tuple(
+                jnp.concatenate([p for p, hop in zip(received, plan_.hops) if hop.stage == g],
+                                axis=1) for g in range(1, plan_.stages))
 
-            return cast_one(k), cast_one(v)
+        calls = self.calls(workload, dispatch)
+        if plan_.stages > 1:
+            bound = [self.inner_backend.ring_kernel().bind(masks, workload) for masks in calls]
+            kernels = tuple(kernel for kernel, _ in bound)
 
-        sends = send_table(cast, self.transfer)
+            def per_rank_staged(q, k, v, both):
+                call_tables, sends = both
+                sends = base.own(sends)
+                return _staged(kernels, q, call_keys(k, sends), call_keys(v, sends),
+                               base.own(call_tables))
+
+            return base.with_tables(per_rank_staged, self.mesh(),
+                                    (tuple(tables for _, tables in bound), plan_.sends))
+
         kernel = self.tabled_kernel()
         if kernel is None:
             attend = by_rank(self.inner_backend,
                              [w for _, w in self.sub_workloads(workload, dispatch)], base.AXIS)
 
-            def per_rank(q, k, v, tables):
-                k, v = received(k, v, base.own(tables))
+            def per_rank(q, k, v, sends):
+                sends = base.own(sends)
+                (k,), (v,) = call_keys(k, sends), call_keys(v, sends)
                 return attend(q, k, v)
 
-            return base.with_tables(per_rank, self.mesh(), sends)
+            return base.with_tables(per_rank, self.mesh(), plan_.sends)
 
-        kernel, tables = kernel.bind(masks, workload)
+        kernel, tables = kernel.bind(calls[0], workload)
 
         def per_rank_tabled(q, k, v, both):
-            kernel_tables, own_sends = both
-            k, v = received(k, v, base.own(own_sends))
+            kernel_tables, sends = both
+            sends = base.own(sends)
+            (k,), (v,) = call_keys(k, sends), call_keys(v, sends)
             out, _ = kernel.attend(q, k, v, base.own(kernel_tables))
             return out
 
-        return base.with_tables(per_rank_tabled, self.mesh(), (tables, sends))
+        return base.with_tables(per_rank_tabled, self.mesh(), (tables, plan_.sends))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _staged(kernels, q, ks, vs, tables):
+    """Attention of q over the calls' keys, merged by log-sum-exp."""
+    return _staged_forward(kernels, q, ks, vs, tables)[0]
+
+
+def _staged_forward(kernels, q, ks, vs, tables):
+    out = lse = None
+    for kernel, k, v, call_tables in zip(kernels, ks, vs, tables):
+        out, lse = merge(out, lse, *kernel.attend(q, k, v, call_tables))
+    return out.astype(q.dtype), lse
+
+
+def _staged_fwd(kernels, q, ks, vs, tables):
+    out, lse = _staged_forward(kernels, q, ks, vs, tables)
+    return out, (q, ks, vs, out, lse, tables)
+
+
+def _staged_bwd(kernels, residuals, dout):
+    """Each call's share of the gradients from the final out and lse; the
+    received keys' first, so their dK/dV can travel home while the own
+    keys' gradients run."""
+    q, ks, vs, out, lse, tables = residuals
+    dq = jnp.zeros(q.shape, jnp.float32)
+    dks, dvs = [None] * len(ks), [None] * len(vs)
+    for call in reversed(range(len(kernels))):
+        call_dq, dk, dv = kernels[call].gradients(q, ks[call], vs[call], out, lse, dout,
+                                                  tables[call])
+        dq = dq + call_dq
+        dks[call], dvs[call] = dk.astype(ks[call].dtype), dv.astype(vs[call].dtype)
+    return dq.astype(q.dtype), tuple(dks), tuple(dvs), base.no_gradients(tables)
+
+
+_staged.defvjp(_staged_fwd, _staged_bwd)

@@ -208,7 +208,7 @@ def _step(tables, s):
     return jax.tree.map(lambda t: t[s], tables)
 
 
-def _merge(out, lse, step_out, step_lse):
+def merge(out, lse, step_out, step_lse):
     """Combine two partial attentions of the same rows by their log-sum-exp."""
     if out is None:
         return step_out.astype(jnp.float32), step_lse
@@ -232,7 +232,7 @@ def _ring_forward(axis, schedule, kernel, q, k, v, tables):
         arriving = jax.lax.ppermute(kv, axis, schedule.moves[s]) if s < len(schedule.moves) \
             else None
         step_out, step_lse = kernel.attend(q, *kv, _step(tables, s))
-        out, lse = _merge(out, lse, step_out, step_lse)
+        out, lse = merge(out, lse, step_out, step_lse)
         kv = arriving
     return out.astype(q.dtype), lse
 
