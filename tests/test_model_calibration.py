@@ -102,6 +102,22 @@ def test_the_blog_run_gives_the_curve_where_it_has_the_kernel(tmp_path):
         (root / "2026-11-30-h100-blog" / "single" / "kernel_jax.jsonl").unlink()
 
 
+def test_the_curve_comes_from_the_cp_runs_card(tmp_path):
+    """A newer blog run on another card than the cp run (which gives the
+    links and the validation) is passed over: one model, one card; naming
+    the card takes it."""
+    root = tmp_path / "results"
+    cp_run = write_run(root, "2026-11-28", "h100x4", "cp", commit="cp00001", speed=300.0)
+    blog = write_run(root, "2026-11-29", "h200", "blog", commit="blog001", speed=500.0)
+    assert calibration.cp_card(root) == "NVIDIA H100"
+    found, source = curve(root)
+    assert source.paths == (cp_run,) and found.device == "NVIDIA H100"
+    assert found.tflops(1e15, 1.0, "fwd") == pytest.approx(300.0)
+    found, source = curve(root, device="NVIDIA H200")
+    assert source.paths == (blog,) and found.tflops(1e15, 1.0, "fwd") == pytest.approx(500.0)
+    assert calibration.cp_card(tmp_path / "empty") is None
+
+
 def test_rows_that_lack_the_kernel_name_what_they_lack(tmp_path):
     write_run(tmp_path, "2026-11-29", "h100x4", "cp", commit="c", directions=("fwd",))
     with pytest.raises(calibration.CalibrationError, match="has no bwd rows of jax.pallas_flex"):

@@ -91,8 +91,9 @@ _KERNEL_RESULTS = flags.DEFINE_list(
     "kernel_results", [],
     "Result files or directories holding --kernel's kernel rows (default: the newest "
     "canonical blog run, else the newest cp run's single-GPU rows).")
-_DEVICE = flags.DEFINE_string("device", None, "Device of the kernel rows (default: the one "
-                              "with most rows of --kernel).")
+_DEVICE = flags.DEFINE_string("device", None, "Device of the kernel rows (default: the card of "
+                              "the newest canonical cp run; with --kernel_results, the one with "
+                              "most rows of --kernel).")
 _COMM_RESULTS = flags.DEFINE_list(
     "comm_results", [],
     "Comm-suite rows the intra-node links are fitted to, those of --kernel's framework only "

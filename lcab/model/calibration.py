@@ -6,7 +6,9 @@ package, so any working directory will do):
 - the kernel curve: the newest blog run, whose lengths (1k-64k) span the
   per-rank calls a strategy makes at any GPU count; where that run has no
   rows of the kernel at the workload's head_dim and dtype in every
-  direction asked for, the single-GPU rows of the newest cp run;
+  direction asked for, the single-GPU rows of the newest cp run. Both on
+  the card of the newest cp run, which the links and the validation come
+  from, so that one model never joins two cards' speeds;
 - the links inside a node: the newest cp run's comm rows of the modelled
   kernel's framework (each framework times its own collectives);
 - the validation: the newest cp run's CP and single-GPU rows.
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import pathlib
+from collections import Counter
 
 from lcab import canonical, results
 from lcab.comm import AlphaBeta
@@ -78,6 +81,8 @@ def kernel_curve(backend: str, *, head_dim: int, dtype: str, directions, device=
     root = root or canonical.RESULTS
     groups = [tuple(map(pathlib.Path, paths))] if paths else [
         (folder,) for sweep in KERNEL_SWEEPS if (folder := canonical.newest(sweep, root))]
+    if device is None and not paths:
+        device = cp_card(root)
     if not groups:
         raise NoCanonicalRun(KERNEL_SWEEPS, root)
     lacking = []
@@ -96,6 +101,17 @@ def kernel_curve(backend: str, *, head_dim: int, dtype: str, directions, device=
         lacking.append(f"{where(group)} has {what} of {backend} with its default options{on} "
                        f"at d={head_dim}, {dtype}")
     raise CalibrationError("; ".join(lacking))
+
+
+def cp_card(root: pathlib.Path | None = None) -> str | None:
+    """The card of the newest cp run's rows (the one most of them ran on),
+    or None where there is no such run."""
+    folder = canonical.newest(CP_SWEEP, root or canonical.RESULTS)
+    if folder is None:
+        return None
+    devices = Counter(row.get("device") for row in read((folder,))
+                      if row.get("status") == "OK" and row.get("device"))
+    return devices.most_common(1)[0][0] if devices else None
 
 
 def links(*, framework: str, gpus_per_node: int, inter: AlphaBeta = INFINIBAND_NDR, paths=(),
