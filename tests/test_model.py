@@ -101,8 +101,8 @@ def _logged(curve, seqlen_per_gpu, cp=4):
 def test_calls_inside_the_measured_range_warn_of_nothing():
     log = _logged(CURVE, 4096)  # 4k x 4k ring steps up to 16k x 16k calls: all measured
     # ring 4 x 4 steps, allgather 4 ranks, ulysses 1 call, usp (Ulysses over all 4) 1 call,
-    # groupcast 4 ranks
-    assert log.calls["fwd"].count == 4 * 4 + 4 + 1 + 1 + 4
+    # groupcast 4 ranks, magi 4 ranks' own keys and 4 ranks' share of the received ones
+    assert log.calls["fwd"].count == 4 * 4 + 4 + 1 + 1 + 4 + 4 + 4
     assert log.calls["fwd"].outside == 0 and extrapolation_warnings(log) == []
 
 
@@ -205,6 +205,58 @@ def test_each_ring_step_pays_its_merge_at_memory_speed(direction, element_bytes)
     one = [predict("ring", make_mask("full", 4096), 1, SHAPE, CURVE, fast_links,
                    direction=direction, memory_bytes_per_s=b).seconds for b in (1e12, 1e30)]
     assert one[0] == one[1]
+
+
+@pytest.mark.parametrize("direction", ["fwd", "bwd"])
+def test_groupcast_stages_hide_the_transfer_under_the_own_keys(direction):
+    """One stage: the transfer, then one call. Stages: the own keys' call
+    runs while the transfer arrives, so on documents (most of a rank's work
+    is its own keys) the exposed transfer shrinks, never the compute."""
+    mask = doc_mask(4 * 8192)
+    slow = Network().with_bandwidth(0.05)  # a transfer worth hiding
+    one = predict("groupcast", mask, 4, SHAPE, CURVE, slow, direction=direction)
+    staged = [predict("groupcast", mask, 4, SHAPE, CURVE, slow, direction=direction,
+                      stages=n) for n in (2, 3)]
+    assert one.exposed_comm_s > 0
+    for found in staged:
+        assert found.exposed_comm_s < one.exposed_comm_s
+        assert found.seconds < one.seconds
+        assert found.flops == one.flops
+
+
+def test_magi_moves_what_is_seen_and_crosses_nodes_only_for_it():
+    """magi's ragged transfer moves no padding: no slower than group-cast's
+    padded one on one node, and across nodes a packed-document mask's
+    neighbours mostly share a node."""
+    from lcab.cp import cached_dispatch
+    from lcab.cp.groupcast import plan, transfer_chunk
+    from lcab.model.strategies import _ragged_seconds
+
+    mask = doc_mask(16 * 8192)
+    split = cached_dispatch("balanced", mask, 16)
+    cast = plan(mask, split, transfer_chunk(split))
+    network = Network()
+    ragged = _ragged_seconds(cast, SHAPE, network)
+    bucket_bytes = 2 * cast.bucket() * cast.chunk * SHAPE.token_bytes(SHAPE.heads_kv)
+    padded = network.seconds("all_to_all", 16 * bucket_bytes, 16)
+    assert 0 < ragged < padded
+    # Everything over the inter-node links would take longer.
+    chunk_bytes = 2 * cast.chunk * SHAPE.token_bytes(SHAPE.heads_kv)
+    worst = int(cast.received().max()) * chunk_bytes / network.inter.beta_bytes_per_s
+    assert ragged < worst
+    found = predict("magi", mask, 16, SHAPE, CURVE, network)
+    assert found.tflops_per_gpu > predict("groupcast", mask, 16, SHAPE, CURVE,
+                                          network).tflops_per_gpu
+
+
+def test_the_published_magiattention_figures_face_magi_and_our_best():
+    from lcab.model.validation import against_published
+
+    table = against_published(CURVE, Network(), SHAPE)
+    magi = table[table["published"] == "MagiAttention"]
+    assert set(magi["model"].str.split(",").str[0]) - {"magi"} <= {
+        "ring", "allgather", "ulysses", "usp", "groupcast"}
+    assert (magi["model"].str.startswith("magi")).sum() == len(magi) // 2
 
 
 def test_the_network_crosses_nodes_at_the_network_rate():

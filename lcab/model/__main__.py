@@ -78,6 +78,10 @@ _PROGRAM = "python -m lcab.model"
 
 _STRATEGIES = flags.DEFINE_list("strategies", list(STRATEGIES),
                                 f"CP strategies: {', '.join(STRATEGIES)}.")
+_GROUPCAST_STAGES = flags.DEFINE_integer(
+    "groupcast_stages", 1, "Kernel calls of groupcast (jax.cp_groupcast's stages option): 1, "
+    "the transfer then one call; N > 1, the own keys while the transfer arrives in N - 1 "
+    "pieces. magi always runs in lcab.model.strategies.MAGI_STAGES calls.", lower_bound=1)
 _CP = flags.DEFINE_list("cp", ["1", "2", "4", "8", "16", "32", "64", "96"], "GPU counts.")
 _SEQLEN_PER_GPU = flags.DEFINE_string("seqlen_per_gpu", "8k", "Tokens per GPU, e.g. 8k.")
 # The kernel the JAX strategies run inside: the model's strategies are theirs.
@@ -168,6 +172,7 @@ def _predictions(curve, network, shape, seqlen_per_gpu) -> pd.DataFrame:
                         found = predict(strategy, mask, cp, shape, curve, network,
                                         dispatch=dispatch, direction=direction,
                                         ulysses_size=_ULYSSES_SIZE.value,
+                                        stages=_GROUPCAST_STAGES.value,
                                         memory_bytes_per_s=_HBM_GBPS.value * 1e9)
                         records.append({
                             "mask": mask_name, "dispatch": dispatch, "direction": direction,
