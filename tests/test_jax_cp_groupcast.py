@@ -41,12 +41,12 @@ def test_each_calls_layout_is_the_mask_exactly(transfer, stages):
     keys, then with one stage every hop's piece; later calls: their hops'
     pieces where the transfer puts them; padding columns see nothing), and
     every visible pair lies in exactly one call."""
-    from jax_backends.cp.groupcast import call_masks, cast_of, layout
+    from jax_backends.cp.groupcast import call_masks, cast_of, transfer_layout
 
     mask = small_mask("causal_document", 256, seed=3)
     dispatch = make_dispatch("zigzag", mask, 4)
     cast = cast_of(mask, dispatch, 16)
-    plan = layout(cast, transfer, stages)
+    plan = transfer_layout(cast, transfer, stages)
     own = dispatch.tokens_per_rank
     widths, offsets = plan.widths(own, 16), plan.hop_offsets(own, 16)
     calls = call_masks(mask, cast, transfer, stages)
@@ -75,12 +75,12 @@ def test_each_calls_layout_is_the_mask_exactly(transfer, stages):
 def test_the_send_table_feeds_each_hop_what_its_receivers_land(transfer):
     """Simulating the collectives on the send table delivers, to every
     rank and hop, exactly the chunks the layout says land there."""
-    from jax_backends.cp.groupcast import cast_of, layout
+    from jax_backends.cp.groupcast import cast_of, transfer_layout
 
     mask = small_mask("full_document", 256, seed=5)
     dispatch = make_dispatch("balanced", mask, 4)
     cast = cast_of(mask, dispatch, 16)
-    plan = layout(cast, transfer, 3)
+    plan = transfer_layout(cast, transfer, 3)
     owned = [dispatch.rank_rows(r)[::16] // 16 for r in range(4)]  # local index -> global chunk
     at = 0
     for h, hop in enumerate(plan.hops):
@@ -150,6 +150,28 @@ def test_the_notes_give_the_calls_made():
             Workload(1, 128, 128, 4, 4, 16, "float32", mask)) for stages in (1, 2, 5)}
     assert "stages=1;" in notes[1] and "stages=2;" in notes[2]
     assert "stages=2;" in notes[5]  # one chunk moves: one call for it
+
+
+@pytest.mark.slow
+def test_the_gate_passes_stages_on_unaligned_documents(tmp_path):
+    """Through the runner, as a sweep runs it: the correctness probe and the
+    timing, on documents whose edges fall inside chunks (the 256-token probe
+    of a 2048-token magi_pack mask once read the backend's array layout
+    wrongly and saw an infinite error)."""
+    from lcab import results
+    from lcab.runner import Case, Settings, run_cases
+
+    mask = make_mask("causal_document", 256, doc_lens=(33, 19, 9, 64, 64, 64, 3))
+    case = Case("jax.cp_groupcast", Workload(1, 256, 256, 4, 2, 16, "bfloat16", mask))
+    settings = Settings(warmup=1, iters=2, git_commit="t", backend_options=tuple(
+        ("jax.cp_groupcast", key, value) for key, value in
+        {"cp_size": "4", "dispatch": "balanced", "stages": "3"}.items()))
+    path = tmp_path / "rows.jsonl"
+    run_cases([case], results.Writer(path), settings)
+    rows = results.read_rows([path])
+    assert [r["status"] for r in rows] == ["OK", "OK"], [r["reason"] for r in rows]
+    assert all("stages=3;" in r["notes"] for r in rows)
+    assert registry.load_backend("jax.cp_groupcast", {"stages": "2"}).layout == "bshd"
 
 
 def test_documents_cut_at_rank_boundaries_move_nothing_and_still_match():

@@ -112,7 +112,7 @@ def _split(total: int, parts: int) -> list[tuple[int, int]]:
 
 
 @functools.lru_cache(maxsize=16)
-def layout(cast: GroupCast, transfer: str, stages: int = 1) -> Layout:
+def transfer_layout(cast: GroupCast, transfer: str, stages: int = 1) -> Layout:
     """The hops of `transfer` for `stages` kernel calls: the all_to_all's
     buckets cut into stages - 1 pieces (one all_to_all each), the shifts'
     ppermutes dealt to stages - 1 calls in ring order; fewer where there is
@@ -185,8 +185,8 @@ def _placed(mask: AttnMask, rows, columns, places, width: int) -> AttnMask:
 def call_masks(mask: AttnMask, cast: GroupCast, transfer: str,
                stages: int = 1) -> tuple[tuple[AttnMask, ...], ...]:
     """[call][rank]: what rank r's queries attend in each kernel call of
-    layout(cast, transfer, stages); padding is never visible."""
-    plan_ = layout(cast, transfer, stages)
+    transfer_layout(cast, transfer, stages); padding is never visible."""
+    plan_ = transfer_layout(cast, transfer, stages)
     chunk, own = cast.chunk, cast.dispatch.tokens_per_rank
     widths, offsets = plan_.widths(own, chunk), plan_.hop_offsets(own, chunk)
     calls = []
@@ -233,8 +233,10 @@ class GroupCastBackend(RankSubMasks, base.ContextParallelBackend):
     def cast(self, workload, dispatch) -> GroupCast:
         return cast_of(workload.mask, dispatch, self.chunk)
 
-    def layout(self, workload, dispatch) -> Layout:
-        return layout(self.cast(workload, dispatch), self.transfer, self.stages)
+    # Not `layout`: that is Backend's array layout (bshd), which the
+    # correctness gate reads.
+    def transfer_layout(self, workload, dispatch) -> Layout:
+        return transfer_layout(self.cast(workload, dispatch), self.transfer, self.stages)
 
     def strategy_problem(self, workload):
         try:
@@ -279,13 +281,13 @@ class GroupCastBackend(RankSubMasks, base.ContextParallelBackend):
         dispatch = self.dispatch(workload)
         cast = self.cast(workload, dispatch)
         return (f"{super().case_notes(workload)}; chunk={cast.chunk}; transfer={self.transfer}; "
-                f"stages={self.layout(workload, dispatch).stages}; "
+                f"stages={self.transfer_layout(workload, dispatch).stages}; "
                 f"K/V chunks seen {cast.moved_chunks()}, moved {self.sent_chunks(cast)} with "
                 f"padding, where a ring moves {cast.all_gather_chunks()}")
 
     def local_attention(self, workload, dispatch):
         cast = self.cast(workload, dispatch)
-        plan_ = self.layout(workload, dispatch)
+        plan_ = self.transfer_layout(workload, dispatch)
         cp, chunk = cast.cp, cast.chunk
 
         def pieces(x, sends):
