@@ -183,6 +183,38 @@ def _dense_ring_lockstep_area(mask, dispatch):
                for s in range(cp))
 
 
+@pytest.mark.parametrize("name", ["causal_document", "full_document", "sliding_window_causal"])
+def test_a_ranks_tiles_are_its_chunks_tiles_and_tile_balanced_evens_them(name):
+    """chunk_tiles is exact: the tiles of a rank's all-gather and group-cast
+    sub-masks are its chunks' tiles in the global mask (chunks are whole
+    tiles); tile_balanced's most-loaded rank holds no more tiles than the
+    fixed layouts' or balanced's at its chunking."""
+    from jax_backends.cp.allgather import gathered_masks
+    from jax_backends.cp.groupcast import call_masks, cast_of
+    from lcab.cp.dispatch import EMPTY, chunk_tiles, fixed_owners, rank_loads
+
+    mask = small_mask(name, 2048, seed=1)
+    split = make_dispatch("tile_balanced", mask, 4)
+    chunk = 2048 // (16 * 4)  # tile_balanced's 16 chunks a rank
+    tiles = chunk_tiles(mask, chunk)
+    owner = np.concatenate([split.rank_rows(r)[::chunk] // chunk for r in range(4)])
+    ranks = np.repeat(np.arange(4), len(owner) // 4)
+    mine = np.zeros(4, np.int64)
+    np.add.at(mine, ranks, tiles[owner])
+    for subs in (gathered_masks(mask, split),
+                 call_masks(mask, cast_of(mask, split, None), "all_to_all")[0]):
+        found = [int((np.asarray(s.block_schedule(32, 32).state) != EMPTY).sum()) for s in subs]
+        assert found == list(mine)
+    by_rank = np.empty(len(tiles), np.int64)
+    by_rank[owner] = ranks
+    loads = [rank_loads(o, tiles, 4).max() for o in fixed_owners(len(tiles), 4)]
+    balanced = make_dispatch("balanced", mask, 4, chunk=chunk)
+    area_owner = np.empty(len(tiles), np.int64)
+    for r in range(4):
+        area_owner[balanced.rank_rows(r)[::chunk] // chunk] = r
+    assert rank_loads(by_rank, tiles, 4).max() <= min(*loads, rank_loads(area_owner, tiles, 4).max())
+
+
 @settings(max_examples=30, deadline=None)
 @given(name=st.sampled_from(MASK_NAMES), cp=st.sampled_from([2, 3, 4]), seed=st.integers(0, 5))
 def test_ring_balanced_never_lengthens_the_ring_and_its_search_counts_exactly(name, cp, seed):
