@@ -21,7 +21,8 @@ def test_the_committed_h100_ring_profile():
         f"{profile}/jax.cp_ring_causal_document_65536_cp2.gpu_trace.json.gz"))
     assert [round(o.hidden_fraction * 100) for o in full] == [29, 52]
     assert all(3e3 < o.communication_us < 13e3 and 2.7e6 < o.compute_us < 2.8e6 for o in full)
-    assert [round(o.communication_us / 1e3) for o in documents] == [39, 55]  # GPU 0: +7 ms placing inputs
+    # GPU 0's 39 ms include about 7 ms of copies placing the inputs.
+    assert [round(o.communication_us / 1e3) for o in documents] == [39, 55]
     assert all(o.hidden_fraction < 0.07 for o in documents)
 
 

@@ -278,17 +278,16 @@ def _ragged_seconds(cast, shape: Shape, network: Network) -> float:
     counts = cast.counts() * chunk_bytes  # [r, s]: bytes r receives from s
     node = np.arange(cp) // per_node
     same = node[:, None] == node[None, :]
+    link, inter = network.intra["all_to_all"], network.inter
     slowest = 0.0
     for moved in (counts, counts.T):  # received, sent
         inside = np.where(same, moved, 0).sum(axis=1)
         outside = np.where(same, 0, moved).sum(axis=1)
-        link = network.intra["all_to_all"]
-        for rank in range(cp):
-            if not inside[rank] and not outside[rank]:
-                continue
-            alpha = network.inter.alpha_s if outside[rank] else link.alpha_s
-            slowest = max(slowest, alpha + max(inside[rank] / link.beta_bytes_per_s,
-                                               outside[rank] / network.inter.beta_bytes_per_s))
+        alpha = np.where(outside > 0, inter.alpha_s, link.alpha_s)
+        seconds = alpha + np.maximum(inside / link.beta_bytes_per_s,
+                                     outside / inter.beta_bytes_per_s)
+        busy = (inside + outside) > 0  # a rank that moves nothing pays no latency
+        slowest = max(slowest, float(seconds[busy].max(initial=0.0)))
     return slowest
 
 
