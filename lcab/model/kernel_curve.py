@@ -69,6 +69,13 @@ class KernelCurve:
         # A hair of slack: a call the size of a measured row may differ in the last bit.
         return bool(x[0] * (1 - 1e-9) <= flops <= x[-1] * (1 + 1e-9))
 
+    def has_density(self, density: float, direction: str) -> bool:
+        """Whether some measured point lies within a factor of two of
+        `density` (else every point stands in, and the speed is a guess)."""
+        dens = self._points(direction)[1]
+        return bool((np.abs(np.log2(np.maximum(dens, 1e-12) / max(density, 1e-12))) <= 1.0)
+                    .any())
+
     def _points(self, direction: str):
         if direction not in self.points:
             raise ValueError(f"{self.backend}: no {direction} rows; has {sorted(self.points)}")

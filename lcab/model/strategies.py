@@ -297,6 +297,21 @@ def _default_ulysses(cp: int, heads_kv: int, gpus_per_node: int) -> int:
                if cp % u == 0 and heads_kv % u == 0)
 
 
+def layout(strategy: str, cp: int, heads_kv: int, gpus_per_node: int,
+           ulysses_size: int | None = None) -> str:
+    """How `strategy` lays cp GPUs out, in words: "Ulysses 8 inside a node x
+    ring 8 across" (USP's group as predict() picks it where not given)."""
+    nodes = -(-cp // gpus_per_node)
+    across = f" GPUs on {nodes} nodes" if nodes > 1 else " GPUs"
+    if strategy == "usp":
+        size = ulysses_size or _default_ulysses(cp, heads_kv, gpus_per_node)
+        where = "inside a node" if size <= gpus_per_node else "across nodes"
+        return f"Ulysses {size} {where} x ring {cp // size}" + (" across" if nodes > 1 else "")
+    words = {"ring": "ring of", "allgather": "all-gather over", "ulysses": "Ulysses (heads) over",
+             "groupcast": "group-cast over", "magi": "MagiAttention group-cast over"}
+    return f"{words[strategy]} {cp}{across}"
+
+
 def _all_to_all_seconds(local: int, shape: Shape, network: Network, ranks: int,
                         grad: int) -> float:
     """q, k, v to head shards and the output back (the backward's gradients

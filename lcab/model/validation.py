@@ -44,12 +44,14 @@ def mask_of(row) -> AttnMask:
     return mask
 
 
-def _dispatch(notes: str) -> str:
+def dispatch_of(notes: str) -> str:
+    """The dispatch a CP row's notes name (contiguous where they name none)."""
     found = re.search(r"dispatch=(\w+)", notes or "")
     return found.group(1) if found else "contiguous"
 
 
-def _stages(notes: str) -> int:
+def stages_of(notes: str) -> int:
+    """The group-cast stages a CP row's notes name (1 where they name none)."""
     found = re.search(r"stages=(\d+)", notes or "")
     return int(found.group(1)) if found else 1
 
@@ -94,10 +96,10 @@ def predicted_vs_measured(rows, networks: Mapping[str, Network]) -> pd.DataFrame
         shape = Shape(row["heads_q"], row["heads_kv"], row["head_dim"], row["dtype"],
                       row["batch"])
         cp = int(row["cp_size"] or 1) if cp_row else 1
-        dispatch = _dispatch(row.get("notes")) if cp_row else "contiguous"
+        dispatch = dispatch_of(row.get("notes")) if cp_row else "contiguous"
         found = predict(strategy, mask_of(row), cp, shape, kernel, network,
                         dispatch=dispatch, direction=row["direction"],
-                        stages=_stages(row.get("notes")) if cp_row else 1)
+                        stages=stages_of(row.get("notes")) if cp_row else 1)
         if found.problem:
             continue
         measured = float(row["tflops"])
