@@ -203,7 +203,8 @@ def markdown(root: pathlib.Path | None = None) -> str:
          f"{MAX_MODEL_ERROR_PCT:.0f} % of the nearest measured point of the same backend; "
          "\"none ranked\" means no candidate passed. Blank: fewer than "
          f"{MIN_TOKENS_PER_GPU} tokens a GPU. Ranking is by the attention step's time, "
-         "forward plus backward; memory is not modelled."),
+         "forward plus backward. Memory is not modelled: a one-GPU cell past the longest "
+         "length a kernel ran on the card is not ranked."),
         "",
     ]
     for mask in MASKS:

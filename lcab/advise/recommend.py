@@ -37,6 +37,7 @@ from lcab.model.network import INFINIBAND_NDR
 from lcab.model.strategies import STRATEGIES, Shape, layout, predict
 from lcab.model.validation import dispatch_of
 from lcab.results import default_options, json_field, options_key
+from lcab.status import Status
 from lcab.workloads import format_seqlen
 
 FRAMEWORKS = ("jax", "torch")
@@ -245,6 +246,7 @@ def _model_kernel(question, evidence, mask, framework, backend) -> dict:
         candidate["note"] = problem
         return _finish(candidate)
     curve = evidence.curve(backend, question.head_dim, question.dtype)
+    memory = _memory_problem(evidence.family_rows(backend, mask.name), question.seqlen)
     area = mask.area()
     density = area / float(mask.seqlen_q * mask.seqlen_k)
     outside = []
@@ -259,7 +261,21 @@ def _model_kernel(question, evidence, mask, framework, backend) -> dict:
         if not (curve.covers(flops, density, direction)
                 and curve.has_density(density, direction)):
             outside.append(direction)
-    return _judged(candidate, question, evidence, backend, mask, curve, outside)
+    return _judged(candidate, question, evidence, backend, mask, curve, outside, memory)
+
+
+def _memory_problem(rows: list[dict], seqlen: int) -> str:
+    """Why one GPU may not hold `seqlen` (memory is not modelled): an OOM
+    row at that length or shorter, or a length past the longest it ran."""
+    short_oom = [int(r["seqlen"]) for r in rows if r.get("status") == Status.OOM.value
+                 and int(r["seqlen"]) <= seqlen]
+    if short_oom:
+        return f"it ran out of memory at {format_seqlen(min(short_oom))} on this card"
+    longest = max((int(r["seqlen"]) for r in rows if counted(r)), default=0)
+    if seqlen > longest:
+        return (f"longer than the {format_seqlen(longest)} it ran on this card, and memory is "
+                "not modelled")
+    return ""
 
 
 def _model_cp(question, evidence, mask, backend: CpBackend) -> dict:
@@ -308,15 +324,19 @@ def _model_cp(question, evidence, mask, backend: CpBackend) -> dict:
     return _judged(candidate, question, evidence, backend.backend, mask, curve, outside)
 
 
-def _judged(candidate, question, evidence, backend, mask, curve, outside) -> dict:
+def _judged(candidate, question, evidence, backend, mask, curve, outside,
+            memory: str = "") -> dict:
     """The model's figures with their evidence and error: ranked only where
-    the nearest measured point holds the model within MAX_MODEL_ERROR_PCT."""
+    the nearest measured point holds the model within MAX_MODEL_ERROR_PCT
+    (and, on one GPU, where the length is one it held)."""
     if curve is None:
         candidate["note"] = f"no counted rows of {backend} on {evidence.device} to model it"
         return _finish(candidate)
     errors = [_nearest_error(evidence, backend, direction, question, mask.name)
               for direction in DIRECTIONS]
     notes = []
+    if memory:
+        notes.append(f"not ranked: {memory}")
     if any(e is None for e in errors):
         notes.append("not ranked: no measured point of this backend validates the model")
     else:
