@@ -114,8 +114,9 @@ def test_the_model_is_not_ranked_where_its_nearest_point_is_off():
     assert not ulysses["ranked"] and "not ranked: the model is off" in ulysses["note"]
 
 
+@pytest.mark.slow
 def test_ulysses_beyond_the_query_heads_is_refused_with_the_reason():
-    frame = recommend(Question("full", 1024 * 1024, gpus=128, framework="jax"))
+    frame = recommend(Question("full", 256 * 1024, gpus=128, framework="jax"))
     ulysses = _line(frame, "jax.cp_ulysses")
     assert not ulysses["ranked"] and "64 query heads do not divide by 128" in ulysses["note"]
 
@@ -142,6 +143,7 @@ def _cli(*args, cwd=None):
                           capture_output=True, text=True, cwd=cwd or ROOT, timeout=300)
 
 
+@pytest.mark.slow
 def test_cli_answers_from_any_directory(tmp_path):
     done = _cli("--mask=causal_document", "--seqlen=32k", "--gpus=4", "--framework=jax",
                 cwd=tmp_path)
@@ -190,6 +192,7 @@ def test_evidence_reads_only_the_cards_canonical_runs():
         "NVIDIA H100 80GB HBM3"}
 
 
+@pytest.mark.slow
 def test_the_readme_example_is_the_commands_output():
     text = (ROOT / "README.md").read_text()
     found = re.search(r"<!-- advise example: python -m lcab.advise ([^>]*) -->\n```\n(.*?)```\n",

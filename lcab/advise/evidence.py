@@ -19,10 +19,10 @@ import pandas as pd
 from lcab import canonical, results
 from lcab.comm import AlphaBeta
 from lcab.model import calibration
-from lcab.model.kernel_curve import KernelCurve
+from lcab.model.kernel_curve import KernelCurve, curve_rows
 from lcab.model.network import INFINIBAND_NDR, Network, networks_from_comm
 from lcab.model.strategies import HBM_H100, STRATEGIES
-from lcab.model.validation import predicted_vs_measured
+from lcab.model.validation import against_published, predicted_vs_measured
 from lcab.report.tables import inner_kernel
 from lcab.results import default_options, json_field
 from lcab.status import Status
@@ -125,11 +125,32 @@ class Evidence:
     def network(self, framework: str, gpus_per_node: int, inter: AlphaBeta) -> Network:
         """Links inside a node fitted to the newest cp run's comm rows of
         `framework` on this card, `inter` between nodes."""
+        return self.links(framework, gpus_per_node, inter)[0]
+
+    def links(self, framework: str, gpus_per_node: int, inter: AlphaBeta):
+        """(Network, calibration.Source) of network()."""
         if not self.cp_folders:
             raise NoEvidence(f"no canonical cp run on {self.device} to fit the links to")
-        return self._cached(("network", framework, gpus_per_node, inter), lambda: (
+        return self._cached(("links", framework, gpus_per_node, inter), lambda: (
             calibration.links(framework=framework, gpus_per_node=gpus_per_node, inter=inter,
-                              paths=self.cp_folders[:1])[0]))
+                              paths=self.cp_folders[:1])))
+
+    def curve_folders(self, backend: str, head_dim: int, dtype: str) -> list[str]:
+        """The runs the kernel's curve rows came from."""
+        rows = curve_rows(self.rows, backend, self.card(), head_dim=head_dim, dtype=dtype)
+        return sorted({shown(r.get("_source", "")) for r in rows})
+
+    def published(self, gpus_per_node: int, inter: AlphaBeta, shape) -> pd.DataFrame:
+        """The model on JAX's kernel against published CP figures
+        (lcab.model.validation.against_published); empty without that kernel."""
+        def build():
+            kernels = {c.inner for c in self.cp_backends("jax")}
+            curve = next((self.curve(k, shape.head_dim, shape.dtype) for k in sorted(kernels)),
+                         None)
+            if curve is None:
+                return pd.DataFrame()
+            return against_published(curve, self.network("jax", gpus_per_node, inter), shape)
+        return self._cached(("published", gpus_per_node, inter, shape), build)
 
     @functools.cached_property
     def validation(self) -> pd.DataFrame:
@@ -148,6 +169,11 @@ class Evidence:
             mine = [r for r in self.rows if _inside(r, folder)]
             lines.append(f"{calibration.where([folder])}: {calibration.about(mine)}")
         return "\n".join(lines)
+
+
+def shown(folder: str | pathlib.Path) -> str:
+    """A run's folder as the docs name it: results/<name>."""
+    return f"results/{pathlib.Path(folder).name}"
 
 
 def own_options(row: dict) -> dict:

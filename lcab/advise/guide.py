@@ -24,11 +24,11 @@ from lcab.advise.recommend import (
     recommend,
 )
 from lcab.advise.text import figures
+from lcab.masks import MASK_NAMES
 from lcab.report.tables import to_markdown
 from lcab.workloads import format_seqlen
 
 DEVICE = "H100"
-MASKS = ("full", "causal", "full_document", "causal_document")
 LENGTHS = tuple(n * 1024 for n in (8, 32, 128, 512, 1024))
 GPUS = (1, 4, 8, 32, 128)
 GPUS_PER_NODE = 8
@@ -37,11 +37,17 @@ MIN_TOKENS_PER_GPU = 2048
 _NAMES = {"jax": "JAX", "torch": "PyTorch"}
 
 
+def masks(evidence) -> list[str]:
+    """The families with a counted row on the card, in the registry's order."""
+    seen = {row.get("mask") for row in evidence.rows if evidence_lib.counted(row)}
+    return [name for name in MASK_NAMES if name in seen]
+
+
 def answers(root: pathlib.Path | None = None) -> dict[tuple, pd.DataFrame]:
     """(mask, length, gpus) -> recommend()'s frame, for every sensible cell."""
     evidence = evidence_lib.load(DEVICE, root)
     found = {}
-    for mask in MASKS:
+    for mask in masks(evidence):
         for length in LENGTHS:
             for gpus in GPUS:
                 if length // gpus >= MIN_TOKENS_PER_GPU:
@@ -92,8 +98,11 @@ def _best(frame: pd.DataFrame, framework: str | None = None, strategy: str | Non
 def _said(row) -> str:
     """"jax.cp_allgather 356 / 343 (measured: results/...)"."""
     where = row["evidence"].split("; ")[0].removeprefix("fwd ")
+    folder, _, rest = where.partition(", ")
+    where = f"[{folder}](../{folder}), {rest}"
     how = f"measured, {where}" if row["source"] == MEASURED else (
-        f"modelled{', extrapolated' if EXTRAPOLATED in row['note'] else ''}; the model's "
+        f"modelled by [lcab.model](model.md)"
+        f"{', extrapolated' if EXTRAPOLATED in row['note'] else ''}; the model's "
         f"error at the nearest measured point: {row['model_error']}")
     return f"{row['backend']} {figures(row)} TFLOP/s per GPU ({how})"
 
@@ -126,8 +135,9 @@ def _dispatch_effect(evidence, root) -> list[str]:
 def findings(found: dict, evidence=None, root=None) -> list[str]:
     """Sentences from the answers, each naming the figures it stands on."""
     said = []
+    families = list(dict.fromkeys(mask for mask, _, _ in found))
     beaten = []
-    for mask in MASKS:
+    for mask in families:
         for length in LENGTHS:
             here = found.get((mask, length, 4))
             if here is None:
@@ -149,7 +159,7 @@ def findings(found: dict, evidence=None, root=None) -> list[str]:
                     + ", ".join(ring_wins) + ".")
     for (mask, length, gpus), frame in found.items():
         refused = frame[frame["note"].str.contains("query heads do not divide", regex=False)]
-        if len(refused) and mask == MASKS[0] and length == LENGTHS[-1]:
+        if len(refused) and mask == families[0] and length == LENGTHS[-1]:
             said.append(f"- **Ulysses runs out of heads** past 64 GPUs with 64 query heads: "
                         f"{refused.iloc[0]['backend']} at {gpus} GPUs: "
                         f"{refused.iloc[0]['note']}. USP (Ulysses inside a node, a ring "
@@ -162,7 +172,7 @@ def findings(found: dict, evidence=None, root=None) -> list[str]:
             said.append(f"- **Across nodes**, {mask} at {format_seqlen(LENGTHS[-1])} on "
                         f"{GPUS[-1]} GPUs ({GPUS[-1] // GPUS_PER_NODE} nodes): {_said(best)}, "
                         f"{best['layout']}.")
-    for mask in MASKS:
+    for mask in families:
         frame = found.get((mask, LENGTHS[1], 1))
         ranked = None if frame is None else frame[frame["ranked"]]
         if ranked is None or len(ranked) < 2:
@@ -207,7 +217,12 @@ def markdown(root: pathlib.Path | None = None) -> str:
          "length a kernel ran on the card is not ranked."),
         "",
     ]
-    for mask in MASKS:
+    shown = masks(evidence)
+    missing = [name for name in MASK_NAMES if name not in shown]
+    if missing:
+        lines += [(f"Families with no counted row on {DEVICE} yet, so neither measured nor "
+                   f"modelled here: {', '.join(missing)}."), ""]
+    for mask in shown:
         lines += [f"## {mask}", ""]
         for framework in FRAMEWORKS:
             lines += [f"**{_NAMES[framework]}**", "", to_markdown(table(found, mask, framework)),

@@ -27,7 +27,7 @@ import math
 import numpy as np
 import pandas as pd
 
-from lcab.advise.evidence import CpBackend, Evidence, counted, load, own_options
+from lcab.advise.evidence import CpBackend, Evidence, counted, load, own_options, shown
 from lcab.comm import AlphaBeta
 from lcab.flops import attention_flops
 from lcab.masks import canonical_name, make_mask, taken_params
@@ -204,9 +204,8 @@ def _dispatch(row: dict) -> str:
 
 
 def _where(row: dict) -> str:
-    folder = str(row.get("_source", "")).rsplit("/", 1)[-1]
-    return (f"results/{folder}, {row.get('device')}, {str(row.get('timestamp'))[:10]}, "
-            f"commit {row.get('git_commit')}")
+    return (f"{shown(row.get('_source', ''))}, {row.get('device')}, "
+            f"{str(row.get('timestamp'))[:10]}, commit {row.get('git_commit')}")
 
 
 # ----- modelled -----------------------------------------------------------
@@ -354,8 +353,17 @@ def _judged(candidate, question, evidence, backend, mask, curve, outside,
                      f"{question.inter_gbps:.0f} GB/s per GPU (--inter_node_gbps), which no "
                      "measured row here checks")
     lengths = ", ".join(format_seqlen(n) for n in curve.lengths)
+    folders = ", ".join(evidence.curve_folders(curve.backend, question.head_dim,
+                                               question.dtype))
     candidate["evidence"] = (f"lcab.model on {curve.backend}'s curve ({curve.device}, "
-                             f"{sum(curve.counts().values())} rows at {lengths})")
+                             f"{sum(curve.counts().values())} rows at {lengths} from {folders})")
+    if candidate["strategy"] != "-":
+        _, links = evidence.links(candidate["framework"], question.gpus_per_node,
+                                  question.inter())
+        candidate["evidence"] += (f"; links inside a node fitted to {len(links.rows)} "
+                                  f"{candidate['framework']} comm rows" if links.rows else
+                                  "; links inside a node: lcab.model's NVLink constants (no "
+                                  f"{candidate['framework']} comm rows on this card)")
     candidate["note"] = "; ".join(notes)
     candidate["ranked"] = not notes[0].startswith("not ranked") if notes else True
     candidate["ranked"] = candidate["ranked"] and _complete(candidate)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pandas as pd
 
 from lcab.advise.evidence import Evidence
@@ -69,8 +70,33 @@ def answer(question: Question, frame: pd.DataFrame, evidence: Evidence) -> str:
             shown = figures(row)
             shown = f" ({row['source']} {shown} TFLOP/s)" if shown else ""
             lines.append(f"- {choice(row)}{shown}: {row['note']}")
+    lines += _published(question, evidence)
     lines += ["", f"Committed runs read on {evidence.device}:", evidence.describe(),
               ("Modelled figures are lcab.model's (a model, not a measurement): per-GPU "
                "TFLOP/s from exact mask areas, the kernel's measured curve and alpha-beta "
                "links (docs/model.md).")]
     return "\n".join(lines)
+
+
+def _published(question: Question, evidence: Evidence) -> list[str]:
+    """The model against published figures of the question's mask at the
+    GPU count nearest it: how far the model goes astray in that regime."""
+    if question.gpus == 1 or "jax" not in question.frameworks():
+        return []
+    frame = evidence.published(question.gpus_per_node, question.inter(), question.shape())
+    if frame.empty or not (frame["mask"] == question.mask).any():
+        return []
+    mine = frame[frame["mask"] == question.mask]
+    distance = np.log2(mine["cp"] / question.gpus).abs()
+    closest = distance.groupby(mine["published"]).transform("min")
+    nearest = mine[distance == closest]
+    lines = ["", (f"The model against published figures ({question.mask}, forward, 8k tokens "
+                  "per GPU, H100s; other implementations than LCAB's, so this checks the "
+                  "model's regime, not these backends):")]
+    for _, row in nearest.sort_values(["published", "cp"], kind="stable").iterrows():
+        error = 100.0 * (row["model TFLOP/s"] - row["published TFLOP/s"]) / row[
+            "published TFLOP/s"]
+        lines.append(f"- {row['published']} at {row['cp']} GPUs: {row['published TFLOP/s']} "
+                     f"published; the model ({row['model']}) {row['model TFLOP/s']} "
+                     f"({error:+.0f} %)")
+    return lines
