@@ -223,3 +223,13 @@ def test_the_check_runs_the_timed_program_itself_compiled_once():
     runtime.measure_pair(fn, [q, k, v, dout], warmup=0, iters=1, flush_l2=False)
     assert len(traces) == traced  # timing found both executables compiled
     runtime.cleanup()
+
+
+def test_usp_rows_name_their_ulysses_group():
+    from lcab.model.validation import ulysses_size_of
+
+    workload = Workload(1, 128, 128, 4, 2, 16, "float32", small_mask("causal", 128))
+    backend = registry.load_backend("jax.cp_usp", {"cp_size": "4", "ulysses_size": "2"})
+    notes = backend.case_notes(workload)
+    assert ulysses_size_of(notes) == 2
+    assert ulysses_size_of("usp; dispatch=balanced; imbalance=1.000") is None

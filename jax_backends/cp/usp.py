@@ -22,3 +22,7 @@ class UspBackend(RingBackend):
 
     def probe_heads_kv(self, workload):
         return min(workload.heads_kv, self.ulysses_size)
+
+    def case_notes(self, workload) -> str:
+        # The row says its layout: the model and the advice read it back.
+        return f"{super().case_notes(workload)}; ulysses_size={self.ulysses_size}"

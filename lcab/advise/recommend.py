@@ -35,7 +35,7 @@ from lcab.masks.mask import AttnMask
 from lcab.model.coverage import CallLog
 from lcab.model.network import INFINIBAND_NDR
 from lcab.model.strategies import STRATEGIES, Shape, layout, predict
-from lcab.model.validation import dispatch_of
+from lcab.model.validation import dispatch_of, ulysses_size_of
 from lcab.results import default_options, json_field, options_key
 from lcab.status import Status
 from lcab.workloads import format_seqlen
@@ -166,7 +166,7 @@ def _measured(question: Question, evidence: Evidence, mask: AttnMask) -> list[di
         strategy = str(first.get("strategy") or "?") if question.gpus > 1 else "-"
         kernel = str(first.get("inner") or "?") if question.gpus > 1 else name
         candidate = _empty(framework, kernel, strategy, name, dispatch, MEASURED)
-        size = own_options(first).get("ulysses_size")
+        size = own_options(first).get("ulysses_size") or ulysses_size_of(first.get("notes"))
         if strategy == "usp" and size is None:
             # The row ran the backend's own Ulysses group, which its row does not give.
             candidate["layout"] = f"USP over {question.gpus} GPUs (the backend's Ulysses group)"

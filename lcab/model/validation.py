@@ -50,6 +50,13 @@ def dispatch_of(notes: str) -> str:
     return found.group(1) if found else "contiguous"
 
 
+def ulysses_size_of(notes: str) -> int | None:
+    """The Ulysses group a USP row's notes name (None where they name none:
+    rows written before USP recorded it)."""
+    found = re.search(r"ulysses_size=(\d+)", notes or "")
+    return int(found.group(1)) if found else None
+
+
 def stages_of(notes: str) -> int:
     """The group-cast stages a CP row's notes name (1 where they name none)."""
     found = re.search(r"stages=(\d+)", notes or "")
@@ -99,7 +106,8 @@ def predicted_vs_measured(rows, networks: Mapping[str, Network]) -> pd.DataFrame
         dispatch = dispatch_of(row.get("notes")) if cp_row else "contiguous"
         found = predict(strategy, mask_of(row), cp, shape, kernel, network,
                         dispatch=dispatch, direction=row["direction"],
-                        stages=stages_of(row.get("notes")) if cp_row else 1)
+                        stages=stages_of(row.get("notes")) if cp_row else 1,
+                        ulysses_size=ulysses_size_of(row.get("notes")) if cp_row else None)
         if found.problem:
             continue
         measured = float(row["tflops"])
