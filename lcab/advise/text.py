@@ -52,7 +52,8 @@ def answer(question: Question, frame: pd.DataFrame, evidence: Evidence) -> str:
     ranked = frame[frame["ranked"]]
     parts = [[p for p in row["note"].split("; ") if p] for _, row in ranked.iterrows()]
     shared = [p for p in (parts[0] if parts else []) if all(p in mine for mine in parts)]
-    lines.append("Where each ranked figure comes from:")
+    if len(ranked):
+        lines.append("Where each ranked figure comes from:")
     for evidence_text in dict.fromkeys(ranked["evidence"]):
         ranks = ", ".join(str(r) for r in ranked.loc[ranked["evidence"] == evidence_text, "rank"])
         lines.append(f"- {ranks}: {evidence_text}")
