@@ -132,6 +132,15 @@ def _merge_bytes(local: int, heads_q: int, heads_kv: int, shape: Shape, directio
     return elements * (heads_q + 2 * heads_kv) * 12
 
 
+def _call_merge_bytes(local: int, shape: Shape, direction: str) -> int:
+    """HBM bytes merging one more kernel call's result moves: the forward's
+    as a ring step's; the backward's, dQ's float32 sum read and written and
+    the call's float32 dQ read (its dK/dV leave for their owners)."""
+    if direction == "fwd":
+        return _merge_bytes(local, shape.heads_q, shape.heads_kv, shape, direction)
+    return shape.batch * local * shape.head_dim * shape.heads_q * 12
+
+
 def _ring(mask: AttnMask, dispatch_name: str, ranks: int, heads_q: int, heads_kv: int,
           shape: Shape, curve: KernelCurve, network: Network, direction: str,
           span: int, memory_bytes_per_s: float) -> tuple[float, float, float]:
@@ -213,11 +222,11 @@ def predict(strategy: str, mask: AttnMask, cp: int, shape: Shape, curve: KernelC
         if strategy == "magi":
             return done(*_groupcast(mask, split, cast, shape, curve, network, direction,
                                     _ragged_seconds(cast, shape, network), MAGI_STAGES,
-                                    int(cast.received().max()) * cast.chunk))
+                                    int(cast.received().max()) * cast.chunk, memory_bytes_per_s))
         bucket_bytes = 2 * cast.bucket() * cast.chunk * shape.token_bytes(shape.heads_kv)
         return done(*_groupcast(mask, split, cast, shape, curve, network, direction,
                                 network.seconds("all_to_all", cp * bucket_bytes, cp), stages,
-                                int(cast.received().max()) * cast.chunk))
+                                int(cast.received().max()) * cast.chunk, memory_bytes_per_s))
     # usp
     size = ulysses_size or _default_ulysses(cp, shape.heads_kv, network.gpus_per_node)
     if cp % size or shape.heads_kv % size:
@@ -235,10 +244,15 @@ def predict(strategy: str, mask: AttnMask, cp: int, shape: Shape, curve: KernelC
 
 
 def _groupcast(mask, split, cast, shape, curve, network, direction, transfer: float,
-               stages: int, received_keys: int) -> tuple[float, float, float]:
+               stages: int, received_keys: int,
+               memory_bytes_per_s: float = HBM_H100) -> tuple[float, float, float]:
     """(total, mean compute, max compute) of group-cast whose transfer (one
     way) takes `transfer` seconds and whose received keys number
-    `received_keys` per rank, in `stages` kernel calls."""
+    `received_keys` per rank, in `stages` kernel calls. Each call after the
+    first is merged into the running result outside the kernel (forward:
+    the log-sum-exp merge; backward: dQ added to its float32 sum), at the
+    GPU's memory bandwidth: the merge fusions the profile of stages=2
+    shows (results/gpu/2026-11-28-h200x2-groupcast-stages)."""
     local = mask.seqlen_q // cast.cp
     areas = pair_areas(mask, split)
     own_area = np.diag(areas)
@@ -250,8 +264,9 @@ def _groupcast(mask, split, cast, shape, curve, network, direction, transfer: fl
     pieces = stages - 1
     own = _call_seconds(curve, shape, own_area, local, local, heads, direction)
     # Each received call: an even share of the received keys and their area.
-    rest = pieces * _call_seconds(curve, shape, (areas.sum(axis=1) - own_area) / pieces, local,
-                                  max(received_keys // pieces, 1), heads, direction)
+    merge = _call_merge_bytes(local, shape, direction) / memory_bytes_per_s
+    rest = pieces * (_call_seconds(curve, shape, (areas.sum(axis=1) - own_area) / pieces, local,
+                                   max(received_keys // pieces, 1), heads, direction) + merge)
     piece = transfer / pieces
     if direction == "fwd":
         finish = own.copy()
