@@ -1,4 +1,4 @@
-"""The console scripts: lcab-run, lcab-report, lcab-model and lcab-sweep."""
+"""The console scripts: lcab-run, lcab-report, lcab-model, lcab-advise and lcab-sweep."""
 
 import importlib.metadata
 import os
@@ -13,6 +13,7 @@ SCRIPTS = {
     "lcab-run": "lcab.experiments.__main__:console_main",
     "lcab-report": "lcab.report.__main__:console_main",
     "lcab-model": "lcab.model.__main__:console_main",
+    "lcab-advise": "lcab.advise.__main__:console_main",
     "lcab-sweep": "lcab.experiments.canonical:console_main",
 }
 

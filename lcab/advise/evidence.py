@@ -157,10 +157,9 @@ class Evidence:
         """The model against every counted row on this card (lcab.model.validation;
         single-GPU rows left out of their own curve), links inside one node."""
         rows = [r for r in self.rows if counted(r)]
-        frame = predicted_vs_measured(rows, networks_from_comm(
+        return predicted_vs_measured(rows, networks_from_comm(
             [r for r in self.rows if r.get("suite") == results.COMM_SUITE or counted(r)],
             gpus_per_node=8, inter=INFINIBAND_NDR))
-        return frame
 
     def describe(self) -> str:
         """The runs read, one line each: folder, commits, dates."""
@@ -184,7 +183,7 @@ def own_options(row: dict) -> dict:
 
 
 def _inside(row: dict, folder: pathlib.Path) -> bool:
-    return str(row.get("_source", "")).startswith(str(folder))
+    return row.get("_source") == str(folder)
 
 
 def device_label(name: str) -> str:
