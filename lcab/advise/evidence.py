@@ -23,6 +23,7 @@ from lcab.model.kernel_curve import KernelCurve, curve_rows
 from lcab.model.network import INFINIBAND_NDR, Network, networks_from_comm
 from lcab.model.strategies import HBM_H100, STRATEGIES
 from lcab.model.validation import against_published, predicted_vs_measured
+from lcab.report import sources
 from lcab.report.tables import inner_kernel
 from lcab.results import default_options, json_field
 from lcab.status import Status
@@ -137,8 +138,9 @@ class Evidence:
 
     def curve_folders(self, backend: str, head_dim: int, dtype: str) -> list[str]:
         """The runs the kernel's curve rows came from."""
-        rows = curve_rows(self.rows, backend, self.card(), head_dim=head_dim, dtype=dtype)
-        return sorted({shown(r.get("_source", "")) for r in rows})
+        return self._cached(("curve_folders", backend, head_dim, dtype), lambda: sorted(
+            {shown(r.get("_source", "")) for r in curve_rows(
+                self.rows, backend, self.card(), head_dim=head_dim, dtype=dtype)}))
 
     def published(self, gpus_per_node: int, inter: AlphaBeta, shape) -> pd.DataFrame:
         """The model on JAX's kernel against published CP figures
@@ -206,9 +208,7 @@ def load(device: str, root: pathlib.Path | None = None) -> Evidence:
         raise NoEvidence(f"no canonical run on {device} under {root}")
     rows = []
     for folder in folders:
-        files = [path for path in sorted(folder.rglob("*.jsonl"))
-                 if not canonical.is_rerun(path, folder)]
-        for row in results.read_rows(files):
+        for row in results.read_rows(sources.result_files([folder])):
             row["_source"] = str(folder)
             rows.append(row)
     return Evidence(device, tuple(folders), results.newest_rows(rows), DEVICES[device])

@@ -65,10 +65,9 @@ def _short(row) -> str:
 def cell(frame: pd.DataFrame, framework: str) -> str:
     """"groupcast 372 / 323 M": the best ranked line of `framework` (M
     measured, m modelled); "none ranked" where nothing is."""
-    mine = frame[(frame["framework"] == framework) & frame["ranked"]]
-    if mine.empty:
+    best = _best(frame, framework)
+    if best is None:
         return "none ranked"
-    best = mine.iloc[0]
     if best["source"] == MEASURED:
         return f"{_short(best)} {figures(best)} M"
     return f"{_short(best)} {figures(best)} m{'*' if EXTRAPOLATED in best['note'] else ''}"
@@ -107,7 +106,7 @@ def _said(row) -> str:
     return f"{row['backend']} {figures(row)} TFLOP/s per GPU ({how})"
 
 
-def _dispatch_effect(evidence, root) -> list[str]:
+def _dispatch_effect(evidence) -> list[str]:
     """The ring and group-cast on causal documents under the zigzag and the
     balanced dispatch (modelled: the canonical rows ran balanced only)."""
     said = []
@@ -132,7 +131,7 @@ def _dispatch_effect(evidence, root) -> list[str]:
              "the balanced dispatch evens each rank's exact area (docs/context_parallel.md).")]
 
 
-def findings(found: dict, evidence=None, root=None) -> list[str]:
+def findings(found: dict, evidence=None) -> list[str]:
     """Sentences from the answers, each naming the figures it stands on."""
     said = []
     families = list(dict.fromkeys(mask for mask, _, _ in found))
@@ -164,7 +163,7 @@ def findings(found: dict, evidence=None, root=None) -> list[str]:
                         f"{refused.iloc[0]['backend']} at {gpus} GPUs: "
                         f"{refused.iloc[0]['note']}. USP (Ulysses inside a node, a ring "
                         "across) takes over there.")
-    said += _dispatch_effect(evidence, root) if evidence is not None else []
+    said += _dispatch_effect(evidence) if evidence is not None else []
     for mask in ("causal_document", "full_document"):
         frame = found.get((mask, LENGTHS[-1], GPUS[-1]))
         best = None if frame is None else _best(frame, "jax")
@@ -228,7 +227,7 @@ def markdown(root: pathlib.Path | None = None) -> str:
             lines += [f"**{_NAMES[framework]}**", "", to_markdown(table(found, mask, framework)),
                       ""]
     lines += ["## What the figures say", ""]
-    lines += findings(found, evidence, root) or ["- Nothing yet: no measured pair to compare."]
+    lines += findings(found, evidence) or ["- Nothing yet: no measured pair to compare."]
     lines += [
         "",
         "## How far to trust a cell",

@@ -285,9 +285,8 @@ def _model_cp(question, evidence, mask, backend: CpBackend) -> dict:
     # The strategy's model takes any mask (exact areas); its inner kernel's
     # curve must come from this family, and a strategy that refused the
     # family here is not modelled on it.
-    refused = evidence.family_rows(backend.backend, mask.name)
     problem = (evidence.family_problem(backend.backend, mask.name)
-               if refused and not any(counted(r) for r in refused) else ""
+               if evidence.family_rows(backend.backend, mask.name) else ""
                ) or evidence.family_problem(backend.inner, mask.name)
     if problem:
         candidate["note"] = problem
@@ -298,9 +297,9 @@ def _model_cp(question, evidence, mask, backend: CpBackend) -> dict:
                              f"{evidence.device} in both directions to calibrate the model on")
         return _finish(candidate)
     network = evidence.network(backend.framework, question.gpus_per_node, question.inter())
-    calls = CallLog(curve)
     best, problems = None, []
     for dispatch in question.dispatches:
+        calls = CallLog(curve)  # the calls of this dispatch alone
         predicted = {d: predict(backend.strategy, mask, question.gpus, question.shape(), calls,
                                 network, dispatch=dispatch, direction=d,
                                 memory_bytes_per_s=evidence.memory_bytes_per_s)
@@ -311,11 +310,11 @@ def _model_cp(question, evidence, mask, backend: CpBackend) -> dict:
             continue
         seconds = sum(p.seconds for p in predicted.values())
         if best is None or seconds < best[0]:
-            best = (seconds, dispatch, predicted)
+            best = (seconds, dispatch, predicted, calls)
     if best is None:
         candidate["note"] = f"cannot run this: {problems[0]}"
         return _finish(candidate)
-    _, candidate["dispatch"], predicted = best
+    _, candidate["dispatch"], predicted, calls = best
     for direction, p in predicted.items():
         candidate[f"{direction}_tflops"] = p.tflops_per_gpu
         candidate[f"{direction}_ms"] = p.seconds * 1e3
@@ -365,8 +364,8 @@ def _judged(candidate, question, evidence, backend, mask, curve, outside,
                                   "; links inside a node: lcab.model's NVLink constants (no "
                                   f"{candidate['framework']} comm rows on this card)")
     candidate["note"] = "; ".join(notes)
-    candidate["ranked"] = not notes[0].startswith("not ranked") if notes else True
-    candidate["ranked"] = candidate["ranked"] and _complete(candidate)
+    candidate["ranked"] = (not any(n.startswith("not ranked") for n in notes)
+                           and _complete(candidate))
     return _finish(candidate)
 
 

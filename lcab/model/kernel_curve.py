@@ -72,9 +72,12 @@ class KernelCurve:
     def has_density(self, density: float, direction: str) -> bool:
         """Whether some measured point lies within a factor of two of
         `density` (else every point stands in, and the speed is a guess)."""
+        return bool(self._within_two(density, direction).any())
+
+    def _within_two(self, density: float, direction: str) -> np.ndarray:
+        """Which points lie within a factor of two of `density`."""
         dens = self._points(direction)[1]
-        return bool((np.abs(np.log2(np.maximum(dens, 1e-12) / max(density, 1e-12))) <= 1.0)
-                    .any())
+        return np.abs(np.log2(np.maximum(dens, 1e-12) / max(density, 1e-12))) <= 1.0
 
     def _points(self, direction: str):
         if direction not in self.points:
@@ -84,8 +87,8 @@ class KernelCurve:
     def _near(self, density: float, direction: str):
         """(flops, tflops) of the points a call of `density` is read from:
         those within a factor of two in density (all if none are), by flops."""
-        x, dens, speed = self._points(direction)
-        near = np.abs(np.log2(np.maximum(dens, 1e-12) / max(density, 1e-12))) <= 1.0
+        x, _, speed = self._points(direction)
+        near = self._within_two(density, direction)
         return (x[near], speed[near]) if near.any() else (x, speed)
 
     def tflops(self, flops: float, density: float, direction: str) -> float:

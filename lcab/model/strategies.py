@@ -136,9 +136,7 @@ def _call_merge_bytes(local: int, shape: Shape, direction: str) -> int:
     """HBM bytes merging one more kernel call's result moves: the forward's
     as a ring step's; the backward's, dQ's float32 sum read and written and
     the call's float32 dQ read (its dK/dV leave for their owners)."""
-    if direction == "fwd":
-        return _merge_bytes(local, shape.heads_q, shape.heads_kv, shape, direction)
-    return shape.batch * local * shape.head_dim * shape.heads_q * 12
+    return _merge_bytes(local, shape.heads_q, 0, shape, direction)
 
 
 def _ring(mask: AttnMask, dispatch_name: str, ranks: int, heads_q: int, heads_kv: int,
