@@ -4,9 +4,11 @@ A canonical sweep is one of the named sweeps LCAB publishes (the seed
 blog's kernel benchmark, the seed paper's masks, its sparsity sweep, the CP
 set). Each run of one on a GPU machine lands in
 ``results/<date>-<device>-<sweep>/`` (lcab.experiments.canonical writes it,
-with its RUN.md); reports, the README's headline table and the model read
-the newest folder of each sweep, found from this package's location so any
-working directory will do.
+with its RUN.md). The model reads the newest folder of each sweep; the
+results pages read the current run of each card (a newer run on one card
+supersedes the older ones there, never another card's), and the README's
+headline the most complete of those. Folders are found from this
+package's location, so any working directory will do.
 """
 
 from __future__ import annotations
@@ -103,3 +105,19 @@ def newest(sweep: str, results: pathlib.Path | None = None) -> pathlib.Path | No
 def newest_all(results: pathlib.Path | None = None) -> dict[str, pathlib.Path]:
     """sweep -> its newest committed run, for the sweeps that have one."""
     return {sweep: path for sweep in SWEEPS if (path := newest(sweep, results))}
+
+
+def card_of(device: str) -> str:
+    """The card of a folder's device name, without the GPU count: h200x4 -> h200."""
+    return re.sub(r"x\d+$", "", device)
+
+
+def current(sweep: str, results: pathlib.Path | None = None) -> list[pathlib.Path]:
+    """The newest run of the sweep on each card, the one with the most parts
+    done first (then the newer). Runs on two cards are both current: their
+    numbers never mix, and neither supersedes the other."""
+    runs: dict[str, pathlib.Path] = {}
+    for path in folders(sweep, results):  # newest first: the first of a card wins
+        runs.setdefault(card_of(parse_folder(path.name)[1]), path)
+    return sorted(runs.values(), key=lambda path: (parts_done(path), parse_folder(path.name)[0],
+                                                   path.name), reverse=True)

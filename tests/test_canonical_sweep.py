@@ -128,6 +128,13 @@ def test_results_folders_are_named_and_found_newest_first(tmp_path):
                                     "c": {"status": "stopped"}}}))
     assert canonical.newest("blog", tmp_path).name == "2026-11-27-h100-blog"
     assert [canonical.parts_done(p) for p in canonical.folders("blog", tmp_path)] == [1, 0, 0]
+    # The newest run of each card is current; the most complete first.
+    assert [p.name for p in canonical.current("blog", tmp_path)] == [
+        "2026-11-27-h100-blog", "2026-11-27-h200-blog"]
+    assert canonical.card_of("h200x4") == canonical.card_of("h200") == "h200"
+    (tmp_path / "2026-11-28-h200x2-cp").mkdir()  # a newer cp run on another card
+    assert [p.name for p in canonical.current("cp", tmp_path)] == [
+        "2026-11-28-h200x2-cp", "2026-11-27-h100x4-cp"]
 
 
 @pytest.mark.parametrize("gpus, label", [

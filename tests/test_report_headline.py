@@ -92,8 +92,8 @@ def test_a_tie_goes_to_the_alphabetically_first_backend(tmp_path):
     assert "300 m" in headline.markdown([folder])
 
 
-def test_by_default_the_newest_canonical_folders_are_read(folders, monkeypatch):
-    monkeypatch.setattr(canonical, "newest_all", lambda: folders)
+def test_by_default_the_current_canonical_runs_are_read(folders, monkeypatch):
+    monkeypatch.setattr(canonical, "RESULTS", folders["blog"].parent)
     sources = headline.provenance()
     assert list(sources) == ["blog", "cp"]
     blog = sources["blog"]
@@ -103,6 +103,22 @@ def test_by_default_the_newest_canonical_folders_are_read(folders, monkeypatch):
     assert headline.markdown() == headline.markdown(folders)
 
 
-def test_no_canonical_rows_yet_says_so(monkeypatch):
-    monkeypatch.setattr(canonical, "newest_all", dict)
+def test_another_cards_current_run_is_named_under_the_tables(folders, monkeypatch):
+    """Runs on two cards are both current: the headline shows the more
+    complete one and links the other, whose tables are on its own page."""
+    import json
+
+    root = folders["blog"].parent
+    monkeypatch.setattr(canonical, "RESULTS", root)
+    (folders["cp"] / canonical.STATE_NAME).write_text(json.dumps(
+        {"sweep": "cp", "parts": {"a": {"status": canonical.DONE}, "b": {"status": "stopped"}}}))
+    h200 = write(root / "2026-11-29-h200x2-cp", _cp_rows()[:1])  # newer, less complete
+    text = headline.markdown()
+    assert f"{DATE}-h100x4-cp" in text.split("Current runs on other cards")[0]
+    assert text.rstrip().endswith(f"[cp on h200x2]({h200}).")
+    assert headline.provenance()["cp"].folder.endswith(f"{DATE}-h100x4-cp")
+
+
+def test_no_canonical_rows_yet_says_so(tmp_path, monkeypatch):
+    monkeypatch.setattr(canonical, "RESULTS", tmp_path)
     assert "no canonical sweep has committed rows yet" in headline.markdown()

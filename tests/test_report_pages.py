@@ -173,20 +173,28 @@ def test_the_loaded_rows_keep_their_files(tmp_path):
     assert list(frame["backend"]) == list(results.load([folder])["backend"])
 
 
-def test_the_index_names_the_runs_no_page_shows(tmp_path, monkeypatch):
-    """Two runs of the blog sweep on one day (two kinds of card): the page
-    shows the one with more parts done, and the index names the other."""
+def test_each_cards_current_run_has_a_page_and_the_index_names_superseded_runs(
+        tmp_path, monkeypatch):
+    """Runs of the blog sweep on two cards each get a page (numbers of two
+    cards never share a table); an older run on one card is superseded, and
+    the index names it so no committed run is hidden."""
     import json
 
     from lcab import canonical
 
     monkeypatch.setattr(canonical, "RESULTS", tmp_path / "results")
-    shown = _canonical_folder(tmp_path, _kernel_rows(), name=f"{DATE}-h100-blog")
-    (shown / canonical.STATE_NAME).write_text(json.dumps(
+    h100 = _canonical_folder(tmp_path, _kernel_rows(), name=f"{DATE}-h100-blog")
+    (h100 / canonical.STATE_NAME).write_text(json.dumps(
         {"sweep": "blog", "parts": {"jax-1k-8k-full": {"status": canonical.DONE}}}))
     _canonical_folder(tmp_path, _kernel_rows()[:2], name=f"{DATE}-h200-blog")
+    _canonical_folder(tmp_path, _kernel_rows()[:2], name="2026-01-01-h100-blog")
     pages.write_pages(None, tmp_path / "docs")
     index = (tmp_path / "docs" / "index.md").read_text()
-    assert "| [blog](blog.md) |" in index and f"{DATE}-h100-blog" in index.split("Other")[0]
-    assert (f"Other committed runs, not on the pages: [{tmp_path}/results/{DATE}-h200-blog]"
-            f"(../results/{DATE}-h200-blog) (h200).") in index
+    table = index.split("Other")[0]
+    # The more complete run first; each page named by sweep and card.
+    assert table.index("| [blog-h100](blog-h100.md) |") < table.index("| [blog-h200](blog-h200.md) |")
+    assert "the seed blog's kernel benchmark" in table
+    page = (tmp_path / "docs" / "blog-h200.md").read_text()
+    assert page.startswith("# blog-h200\n\nthe seed blog's kernel benchmark")
+    assert (f"Other committed runs, not on the pages: [{tmp_path}/results/2026-01-01-h100-blog]"
+            "(../results/2026-01-01-h100-blog) (h100).") in index

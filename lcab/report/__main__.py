@@ -7,9 +7,10 @@
 --pages writes lcab.report.pages' result pages (one markdown page per
 sweep, figures, index.md, the tidy export results.csv and export.md) into
 --out, by default docs/results/; --headline prints
-lcab.report.headline.markdown(). Both read the newest committed run of each
-canonical sweep (lcab.canonical) unless --results names folders (one page,
-or one headline sweep, per folder).
+lcab.report.headline.markdown(). Pages read the current runs of each
+canonical sweep (the newest on each card, lcab.canonical.current; one page
+each), the headline the most complete of them, unless --results names
+folders (one page, or one headline sweep, per folder).
 
 --results takes result JSONL files or directories (searched for *.jsonl);
 repeat the flag or separate paths with commas (a value that names an
@@ -107,19 +108,19 @@ _SUMMARY = flags.DEFINE_bool(
     "summary", False, "Print the short summary table of the rows (with or without --out)."
 )
 _PAGES = flags.DEFINE_bool(
-    "pages", False, "Write the result pages, one per sweep, with the tidy export and an "
-    "index, into --out (default docs/results/), from the newest canonical folders or the "
-    "--results folders.",
+    "pages", False, "Write the result pages, one per sweep and card, with the tidy export "
+    "and an index, into --out (default docs/results/), from the current canonical runs or "
+    "the --results folders.",
 )
 _HEADLINE = flags.DEFINE_bool(
     "headline", False, "Print the README's headline table (lcab.report.headline) of the "
-    "newest canonical folders or the --results folders.",
+    "most complete current canonical run of each sweep or of the --results folders.",
 )
 
 
 _UPDATE_README = flags.DEFINE_string(
     "update_readme", None, "Rewrite the generated blocks (headline table, legend) of this "
-    "README from the newest canonical rows.",
+    "README from the current canonical rows.",
 )
 
 
@@ -134,7 +135,7 @@ def _something_to_do(values) -> bool:
     if values["results"] is None:
         raise flags.ValidationError(
             "--results must have a value (or give --pages or --headline, which read the "
-            "newest canonical folders)")
+            "current canonical runs)")
     if values["out"] is None and not values["summary"]:
         raise flags.ValidationError(
             "--out must have a value (or give --summary to print the short table)")

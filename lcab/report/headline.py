@@ -1,11 +1,14 @@
 """The README's headline: the best kernel and CP strategy of each framework.
 
     from lcab.report import headline
-    headline.markdown()      # tables of the newest canonical rows
+    headline.markdown()      # tables of the current canonical rows
     headline.provenance()    # sweep -> Source(folder, commit, device, date, rows)
     headline.caption()       # that, as one line per sweep
 
-From the newest committed run of each canonical sweep (lcab.canonical):
+From one run of each canonical sweep: the most complete of its current
+runs (the newest on each card, lcab.canonical.current); a line under the
+tables names the other cards' current runs, whose tables are on the
+results pages:
 
 - kernels: per mask, at the longest length with a counted row, the
   fastest backend of each framework in each direction;
@@ -29,6 +32,7 @@ from __future__ import annotations
 
 import pandas as pd
 
+from lcab import canonical
 from lcab.report import measure, tables
 from lcab.report import sources as loading
 from lcab.status import Status
@@ -112,9 +116,26 @@ def best_table(rows: pd.DataFrame, frameworks: list[str], by_cp_size: bool = Fal
         index, names=["mask", "length"]) if index else None)
 
 
+def _other_cards(chosen: dict) -> list[str]:
+    """A link per current run the headline leaves out: "[cp on h100](folder)
+    (5 of 76 parts done)"."""
+    shown = set(chosen.values())
+    found = []
+    for folder in loading.current_folders().values():
+        if folder in shown:
+            continue
+        _, device, sweep = canonical.parse_folder(folder.name)
+        path = loading.shown_path(folder)
+        progress = loading.progress_text(folder)
+        found.append(f"[{sweep} on {device}]({path})" + (f" ({progress})" if progress else ""))
+    return found
+
+
 def provenance(folders: loading.Folders = None) -> dict[str, loading.Source]:
-    """sweep -> the Source its rows came from (folder, commit, device, date, rows)."""
-    return {sweep: source for sweep, (source, _) in loading.load_sweeps(folders).items()}
+    """sweep -> the Source its headline rows came from (folder, commit,
+    device, date, rows)."""
+    chosen = loading.headline_folders() if folders is None else folders
+    return {sweep: source for sweep, (source, _) in loading.load_sweeps(chosen).items()}
 
 
 def caption(folders: loading.Folders = None) -> str:
@@ -149,14 +170,18 @@ def _sections(sweep: str, source: loading.Source, frame: pd.DataFrame, require_c
 
 
 def markdown(folders: loading.Folders = None, *, require_check: bool = True) -> str:
-    """The headline tables of the newest canonical rows (or of `folders`:
+    """The headline tables of the current canonical rows (or of `folders`:
     a mapping sweep -> folder, or folder paths)."""
     parts = []
-    for sweep, (source, frame) in loading.load_sweeps(folders).items():
+    chosen = loading.headline_folders() if folders is None else folders
+    for sweep, (source, frame) in loading.load_sweeps(chosen).items():
         for title, table in _sections(sweep, source, frame, require_check):
             shown = tables.to_markdown(table) if table is not None else (
                 "_(no OK row with the full-size check)_")
             parts += [title, "", shown, ""]
     if not parts:
         parts = ["_(no canonical sweep has committed rows yet)_", ""]
+    if folders is None and (others := _other_cards(chosen)):
+        parts += ["Current runs on other cards (tables on the results pages): "
+                  + "; ".join(others) + ".", ""]
     return "\n".join(parts).rstrip("\n") + "\n"

@@ -1,7 +1,7 @@
 """Which folders a page or the headline reads, and where each row came from.
 
-By default those are the newest committed run of each canonical sweep
-(lcab.canonical.newest_all). Every row keeps the file it was read from
+By default those are the current runs of each canonical sweep: the newest
+on each card (lcab.canonical.current), one page each. Every row keeps the file it was read from
 (column "source", relative to the repository), and each folder is
 described by its commits, devices and dates, so a published number can be
 traced to the committed line it came from.
@@ -39,6 +39,12 @@ class Source:
                 f"{self.date} ({self.rows} rows{unfinished})")
 
 
+def described_sweep(source: Source) -> str:
+    """What the canonical sweep behind a source is, in a few words ("" for
+    another folder)."""
+    return canonical.SWEEPS.get(sweep_name(source.folder), "")
+
+
 def shown_path(path: str | pathlib.Path) -> str:
     """A path relative to the repository root where it lies inside it."""
     path = pathlib.Path(path).resolve()
@@ -56,11 +62,30 @@ def sweep_name(path: str | pathlib.Path) -> str:
     return parsed[2] if parsed else (path.name if path.is_dir() else path.stem)
 
 
+def current_folders() -> dict[str, pathlib.Path]:
+    """page name -> folder: each canonical sweep's current run on each card,
+    named by the sweep alone where one card has a run ("blog"), else by
+    sweep and card ("cp-h100", "cp-h200"), the most complete run first."""
+    named = {}
+    for sweep in canonical.SWEEPS:
+        runs = canonical.current(sweep)
+        for folder in runs:
+            card = canonical.card_of(canonical.parse_folder(folder.name)[1])
+            named[sweep if len(runs) == 1 else f"{sweep}-{card}"] = folder
+    return named
+
+
+def headline_folders() -> dict[str, pathlib.Path]:
+    """sweep -> the most complete of its current runs (the README shows one
+    run of each sweep; the pages show them all)."""
+    return {sweep: runs[0] for sweep in canonical.SWEEPS if (runs := canonical.current(sweep))}
+
+
 def named_folders(folders: Folders = None) -> dict[str, pathlib.Path]:
-    """sweep -> folder: the newest canonical runs by default; a mapping as
+    """page name -> folder: current_folders() by default; a mapping as
     given; paths named by sweep_name."""
     if folders is None:
-        return canonical.newest_all()
+        return current_folders()
     if isinstance(folders, Mapping):
         return {str(name): pathlib.Path(path) for name, path in folders.items()}
     named: dict[str, pathlib.Path] = {}
