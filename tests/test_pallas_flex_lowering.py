@@ -143,3 +143,57 @@ def test_the_backward_blocks_follow_the_backward_that_runs(monkeypatch):
     backward_plan = auto.plans(workload)[1]
     assert (backward_plan.block_q, backward_plan.block_k) == (128, 128)
     assert "forward Mosaic GPU, backward Mosaic GPU" in auto.mask_support(workload).how
+
+
+@pytest.mark.parametrize("heads_together", [True, False])
+def test_the_mosaic_launch_orders_are_the_ones_named(monkeypatch, heads_together):
+    """CUDA starts a grid's programs with blockIdx.x varying fastest, and
+    Mosaic GPU maps a kernel's grid onto x, y, z reversed (Triton maps it
+    as given). The CUDA grids are taken from JAX's own lowering here:
+    "heads together" must put the heads on x, "head major" the blocks."""
+    from jax._src.pallas.mosaic_gpu import lowering as mosaic_lowering
+
+    launched = []
+    lower = mosaic_lowering.lower_pipelined_jaxpr_to_module
+
+    def spy(*args, **kwargs):
+        result = lower(*args, **kwargs)
+        launched.append(tuple(result.grid))  # (x, y, z)
+        return result
+
+    monkeypatch.setattr(mosaic_lowering, "lower_pipelined_jaxpr_to_module", spy)
+    batch, blocks, heads, kv_heads = 2, 5, 6, 3  # all different, so each axis is known
+    plan = make_plan(small_mask("causal", 128 * blocks), 128, 128)
+    tables = jax.tree.map(jnp.asarray, plan.tables())
+    q = jax.ShapeDtypeStruct((batch, plan.padded_q, heads, 128), jnp.bfloat16)
+    kv = jax.ShapeDtypeStruct((batch, plan.padded_k, kv_heads, 128), jnp.bfloat16)
+    rows = jax.ShapeDtypeStruct((batch, heads, plan.padded_q), jnp.float32)
+
+    def both(q, k, v, dout, lse2, delta, t):
+        out = mosaic_fwd_sm90.forward(q, k, v, plan.geometry, t,
+                                      heads_together=heads_together)
+        grads = mosaic_bwd_sm90.backward(q, k, v, dout, lse2, delta, plan.geometry, t,
+                                         heads_together=heads_together,
+                                         dq_heads_together=heads_together)
+        return out, grads
+
+    jax.jit(both).trace(q, kv, kv, q, rows, rows, tables).lower(lowering_platforms=("cuda",))
+    forward, dq, dkv = launched
+    if heads_together:
+        assert forward == dq == (heads, blocks, batch) and dkv == (kv_heads, blocks, batch)
+    else:
+        assert forward == dq == (blocks, heads, batch) and dkv == (blocks, kv_heads, batch)
+
+
+def test_the_launch_orders_are_options_that_reach_the_lowering():
+    backend = registry.load_backend("jax.pallas_flex", {"dkv_launch": "heads_together",
+                                                        "rows_launch": "head_major"})
+    assert (backend.lowering.dkv_launch, backend.lowering.rows_launch) == (
+        "heads_together", "head_major")
+    assert "dkv_launch=heads_together; rows_launch=head_major" in backend.mask_support(
+        cpu_workload()).how
+    default = registry.load_backend("jax.pallas_flex", {})
+    assert (default.lowering.dkv_launch, default.lowering.rows_launch) == (
+        "auto", "heads_together")  # rows: what every Mosaic row so far ran
+    with pytest.raises(registry.Unavailable, match="choose one of heads_together, head_major"):
+        registry.load_backend("jax.pallas_flex", {"rows_launch": "sideways"})

@@ -39,8 +39,11 @@ class PallasFlexBackend(Backend):
     claimed_masks = frozenset(MASK_NAMES)
     # What a user may choose: tile sizes (None: the lowering's own) and,
     # per direction, the lowering ("auto": Mosaic GPU where it fits).
+    # The launch orders (ops.Lowering) are for measuring them: dkv_launch
+    # "auto" decides per plan; rows_launch is the Mosaic forward's and dQ's.
     options = {"block_q": int, "block_k": int, "backward_block_q": int,
-               "backward_block_k": int, "forward_lowering": str, "backward_lowering": str}
+               "backward_block_k": int, "forward_lowering": str, "backward_lowering": str,
+               "dkv_launch": str, "rows_launch": str}
 
     def __init__(self, **options):
         unknown = sorted(set(options) - set(self.options))
@@ -61,6 +64,12 @@ class PallasFlexBackend(Backend):
         for key, value in zip(("forward_lowering", "backward_lowering"), self.lowerings):
             if value not in ops.LOWERINGS:
                 raise ValueError(f"{key}={value!r}: choose one of {', '.join(ops.LOWERINGS)}")
+        self.launches = {key: options[key] for key in ("dkv_launch", "rows_launch")
+                         if key in options}
+        for key, value in self.launches.items():
+            choices = ops.DKV_LAUNCHES if key == "dkv_launch" else ops.ROWS_LAUNCHES
+            if value not in choices:
+                raise ValueError(f"{key}={value!r}: choose one of {', '.join(choices)}")
 
     @functools.cached_property
     def lowering(self) -> ops.Lowering:
@@ -70,7 +79,7 @@ class PallasFlexBackend(Backend):
         forward, backward = self.lowerings
         mosaic = "mosaic" in (forward, backward)
         return ops.Lowering(forward=forward, backward=backward,
-                            interpret=_shared.interpret_mode() and not mosaic)
+                            interpret=_shared.interpret_mode() and not mosaic, **self.launches)
 
     @classmethod
     def environment_problem(cls) -> str | None:

@@ -39,6 +39,7 @@ from jax_backends.pallas_flex.mosaic_fwd_sm90 import (
     accumulate,
     feed_kv,
     fold_visits,
+    launch_grid,
     masked,
     slice_bounds,
     wait_free,
@@ -87,20 +88,24 @@ class Config:
 
 
 def backward(q, k, v, dout, lse2, delta, geometry: Geometry, tables,
-             heads_together: bool = False, config: Config = Config()):
+             heads_together: bool = False, config: Config = Config(),
+             dq_heads_together: bool = True):
     """(dq, dk, dv) of padded inputs: lse2 (base 2) and delta are
     (batch, heads, padded_q) float32, as ops._backward takes them.
-    heads_together: dK/dV launches every kv head of a block together."""
+    heads_together: dK/dV launches every kv head of a block together;
+    dq_heads_together: dQ every q head of a block (launch_grid)."""
     stages, parts = config.stages, config.parts
     scale = 1.0 / math.sqrt(q.shape[3])
     lse_safe = jnp.where(lse2 == -jnp.inf, 0.0, lse2)  # rows that see nothing meet only masks
-    dq = _dq(q, k, v, dout, lse_safe, delta, geometry, tables, scale, stages, parts)
+    dq = _dq(q, k, v, dout, lse_safe, delta, geometry, tables, scale, stages, parts,
+             dq_heads_together)
     dk, dv = _dkv(q, k, v, dout, lse_safe, delta, geometry, tables, scale, stages,
                   heads_together, parts)
     return dq, dk, dv
 
 
-def _dq(q, k, v, dout, lse, delta, geometry: Geometry, tables, scale, stages, parts):
+def _dq(q, k, v, dout, lse, delta, geometry: Geometry, tables, scale, stages, parts,
+        heads_together):
     batch, _, heads, head_dim = q.shape
     group = heads // k.shape[2]
     rows, dtype = ROWS_PER_WARPGROUP, q.dtype
@@ -179,11 +184,13 @@ def _dq(q, k, v, dout, lse, delta, geometry: Geometry, tables, scale, stages, pa
             collective_axes="wg",
         )
 
+    grid, grid_names = launch_grid(("q_seq", geometry.num_q_blocks), ("heads", heads), batch,
+                                   heads_together)
     call = plgpu.kernel(
         entry,
         out_type=jax.ShapeDtypeStruct(q.shape, dtype),
-        grid=(geometry.num_q_blocks, heads, batch),
-        grid_names=("q_seq", "heads", "batch"),
+        grid=grid,
+        grid_names=grid_names,
         num_threads=COMPUTE_WARPGROUPS + 1,
         thread_name="wg",
         compiler_params=plgpu.CompilerParams(approx_math=True),
@@ -287,9 +294,8 @@ def _dkv(q, k, v, dout, lse, delta, geometry: Geometry, tables, scale, stages,
         )
 
     # Every kv head of a block together, or one head after another (ops decides).
-    grid, names = ((kv_heads, geometry.num_k_blocks, batch), ("kv_heads", "kv_seq", "batch"))
-    if not heads_together:
-        grid, names = (grid[1], grid[0], batch), (names[1], names[0], "batch")
+    grid, names = launch_grid(("kv_seq", geometry.num_k_blocks), ("kv_heads", kv_heads), batch,
+                              heads_together)
     call = plgpu.kernel(
         entry,
         out_type=[jax.ShapeDtypeStruct(k.shape, dtype), jax.ShapeDtypeStruct(v.shape, dtype)],

@@ -68,11 +68,31 @@ def problem(block_q: int, block_k: int, dtype, head_dim: int) -> str | None:
     return None
 
 
-def forward(q, k, v, geometry: Geometry, tables, config: Config = Config()):
+def launch_grid(blocks: tuple[str, int], heads: tuple[str, int], batch: int,
+                heads_together: bool) -> tuple[tuple[int, ...], tuple[str, ...]]:
+    """plgpu.kernel's (grid, grid_names) for one program per (block, head,
+    batch), in the launch order asked for.
+
+    Mosaic GPU starts a grid's programs with its *last* axis varying fastest
+    (its lowering maps the grid reversed onto CUDA's x, y, z, so that the
+    grid runs row-major), the opposite of the Triton lowering, whose first
+    axis varies fastest. heads_together puts the heads last: every head of
+    a block starts together, blocks in the plan's order (heaviest first).
+    Otherwise the blocks go last: one head's blocks after another, so the
+    programs running at once share a head's K/V (or Q/dO) in L2.
+    """
+    inner = (blocks, heads) if heads_together else (heads, blocks)
+    axes = (("batch", batch), *inner)
+    return tuple(size for _, size in axes), tuple(name for name, _ in axes)
+
+
+def forward(q, k, v, geometry: Geometry, tables, config: Config = Config(),
+            heads_together: bool = True):
     """(out, lse2) of q against k, v over the plan's "by_q" walk; the inputs
     are padded to the plan's blocks (ops._forward_padded), lse2 is
     (batch, heads, padded_q) float32 in base 2, -inf on rows that see
-    nothing (their out is 0)."""
+    nothing (their out is 0). heads_together: the launch order
+    (launch_grid)."""
     stages = config.stages
     batch, seq_q, heads, head_dim = q.shape
     group = heads // k.shape[2]
@@ -210,12 +230,14 @@ def forward(q, k, v, geometry: Geometry, tables, config: Config = Config()):
             collective_axes="wg",
         )
 
+    grid, grid_names = launch_grid(("q_seq", q_blocks), ("heads", heads), batch,
+                                   heads_together)
     call = plgpu.kernel(
         entry,
         out_type=[jax.ShapeDtypeStruct(q.shape, dtype),
                   jax.ShapeDtypeStruct((batch, heads, seq_q), jnp.float32)],
-        grid=(q_blocks, heads, batch),
-        grid_names=("q_seq", "heads", "batch"),
+        grid=grid,
+        grid_names=grid_names,
         num_threads=COMPUTE_WARPGROUPS + 1,
         thread_name="wg",
         compiler_params=plgpu.CompilerParams(approx_math=True),

@@ -35,6 +35,7 @@ _LN2 = math.log(2.0)
 
 LOWERINGS = ("auto", "triton", "mosaic")
 DKV_LAUNCHES = ("auto", "head_major", "heads_together")
+ROWS_LAUNCHES = ("heads_together", "head_major")
 # Programs that run at once: two 4-warp dK/dV programs per SM of an H100's
 # 132 (an estimate; only the launch choice depends on it).
 _CONCURRENT_PROGRAMS = 264
@@ -55,12 +56,18 @@ class Lowering:
     running programs share a K/V head in L2), "heads_together" (every head
     of a block together: no long program starts last) or "auto" (the
     latter only where the plan's heaviest program would trail).
+    rows_launch: the order the Mosaic forward's and dQ's programs (one per
+    q block and head) start in, "heads_together" (every head of a q block
+    together, blocks heaviest first: what every Mosaic row so far ran) or
+    "head_major". The Triton kernels launch rows head after head whatever
+    it says (v4b, docs/pallas_flex.md).
     """
 
     forward: str = "auto"
     backward: str = "auto"
     interpret: bool = False
     dkv_launch: str = "auto"
+    rows_launch: str = "heads_together"
     triton: triton.Config = triton.Config()
     mosaic_forward: mosaic_fwd_sm90.Config = mosaic_fwd_sm90.Config()
     mosaic_backward: mosaic_bwd_sm90.Config = mosaic_bwd_sm90.Config()
@@ -68,7 +75,8 @@ class Lowering:
     def __post_init__(self):
         for field, value, choices in (("forward", self.forward, LOWERINGS),
                                       ("backward", self.backward, LOWERINGS),
-                                      ("dkv_launch", self.dkv_launch, DKV_LAUNCHES)):
+                                      ("dkv_launch", self.dkv_launch, DKV_LAUNCHES),
+                                      ("rows_launch", self.rows_launch, ROWS_LAUNCHES)):
             if value not in choices:
                 raise ValueError(f"{field}={value!r}: choose one of {', '.join(choices)}")
         for direction in ("forward", "backward"):
@@ -99,7 +107,8 @@ class Lowering:
 def _forward(q, k, v, plan: Geometry, tables, lowering: Lowering):
     """(out, lse2) of the padded inputs."""
     if lowering.is_mosaic("forward", plan.block_q, plan.block_k, q.dtype, q.shape[3]):
-        return mosaic_fwd_sm90.forward(q, k, v, plan, tables, lowering.mosaic_forward)
+        return mosaic_fwd_sm90.forward(q, k, v, plan, tables, lowering.mosaic_forward,
+                                       lowering.rows_launch == "heads_together")
     return triton.forward(q, k, v, plan, tables, lowering.triton, lowering.interpret)
 
 
@@ -108,7 +117,8 @@ def _backward(q, k, v, delta, lse2, dout, plan: Geometry, tables, lowering: Lowe
     together = _heads_together(plan, k.shape[2] * q.shape[0], lowering)
     if lowering.is_mosaic("backward", plan.block_q, plan.block_k, q.dtype, q.shape[3]):
         return mosaic_bwd_sm90.backward(q, k, v, dout, lse2, delta, plan, tables,
-                                        together, lowering.mosaic_backward)
+                                        together, lowering.mosaic_backward,
+                                        lowering.rows_launch == "heads_together")
     return triton.backward(q, k, v, delta, lse2, dout, plan, tables, lowering.triton,
                            lowering.interpret, together)
 
