@@ -1,6 +1,6 @@
 """Shared test setup: GPU tests run only where a GPU is visible; on a CPU,
 JAX gets 8 host devices so context parallelism runs in the tests; the
-slow tests are marked (SLOW_TESTS) so `pytest -m "not slow"` is quick.
+slow tests are marked (SLOW_TESTS) so `pytest -m "not slow" -n 2` is quick.
 
 LCAB_TEST_SHARD=I/N keeps the I-th of N contiguous parts of the collected
 tests (0-based), so N processes can share a long GPU suite; contiguous,
@@ -24,8 +24,9 @@ settings.register_profile("lcab", deadline=None, max_examples=60, derandomize=Tr
 settings.load_profile("lcab")
 
 
-# The quick subset, `pytest -m "not slow"`, is what a developer runs while
-# working; CI runs everything. A test is slow when it takes more than
+# The quick subset, `pytest -m "not slow" -n 2` (pytest-xdist, one worker
+# per core of a 2-core machine: 4.4 minutes there, 6-7 on one core), is
+# what a developer runs while working; CI runs everything, in one process. A test is slow when it takes more than
 # SLOW_SECONDS on a 2-core CPU machine (pytest --durations=0 of the whole
 # suite, on a shared host). Those below are marked here, by file and test
 # function (every parametrisation of it), beside those whose own file
