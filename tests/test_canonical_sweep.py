@@ -3,9 +3,11 @@
 budget, resumes, keeps a failed part failed, and writes RUN.md. The runner is
 exercised on lcab's NumPy plugin backends (tests/fake_backends.py)."""
 
+import dataclasses
 import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
 import time
@@ -413,3 +415,41 @@ def test_spans_text_writes_runs_of_integers_short():
     assert spans_text([5, 0, 1, 2, 7, 8]) == "0-2,5,7-8"
     assert spans_text((3,)) == "3" and spans_text([]) == ""
     assert spans_text([1, 2, 4], ", ") == "1-2, 4"
+
+
+def test_each_frameworks_needed_packages_are_the_ones_pyproject_declares():
+    import tomllib
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"]
+    for framework, needed in defined.NEEDED.items():
+        declared = {re.split(r"[<>=!~; \[]", spec, maxsplit=1)[0] for spec in extras[framework]}
+        assert set(needed) <= declared, framework
+    assert all(part.frameworks for part in defined.parts("cp"))
+    assert defined.parts("blog")[0].needed == defined.NEEDED["jax"]
+
+
+def test_a_part_whose_packages_are_missing_does_not_start(tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(defined.NEEDED, "numpy", ("numpy", "lcab_no_such_package"))
+    lacking = dataclasses.replace(part("lacking", "--backends=numpy.reference", "--seqlens=64"),
+                                  frameworks=("numpy",))
+    assert runner.run_sweep("blog", tmp_path, [lacking], "c", [], None, gpus=[]) == 3
+    assert "lacking: needs lcab_no_such_package" in capsys.readouterr().out
+    assert "lacking" not in run_states(tmp_path)  # nothing ran, nothing recorded
+
+
+def test_a_done_part_whose_rows_missed_a_needed_package_is_not_done(tmp_path, monkeypatch):
+    from tests.test_report_rows import row, write
+
+    monkeypatch.setitem(defined.NEEDED, "numpy", ("numpy", "yunchang"))
+    done = dataclasses.replace(part("done", "--backends=numpy.reference"), frameworks=("numpy",))
+    missed = "cannot import yunchang: ModuleNotFoundError: No module named 'yunchang'"
+    write(tmp_path / "done", [row("numpy.a"), row("numpy.b", status="UNAVAILABLE",
+                                                  reason=missed)])
+    assert runner.packages_its_rows_missed(tmp_path, done) == ["yunchang"]
+    # Rerun with the package (a newer row of the same measurement): done.
+    write(tmp_path / "done", [row("numpy.b", timestamp="2026-12-01T10:00:00+00:00")])
+    assert runner.packages_its_rows_missed(tmp_path, done) == []
+    other = "cannot import flash_attn: ModuleNotFoundError"  # not a needed package
+    write(tmp_path / "other" / "done", [row("numpy.b", status="UNAVAILABLE", reason=other)])
+    assert runner.packages_its_rows_missed(tmp_path / "other", done) == []

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import importlib.util
 import json
 import os
 import pathlib
@@ -332,8 +333,22 @@ def run_sweep(sweep: str, folder: pathlib.Path, parts: list[defined.Part], commi
         # Done with other extra flags (a subset, a rehearsal) is not done
         # with these: it runs again (--resume keeps its rows).
         record = state.data["parts"].get(part.name, {})
-        if record.get("extra", []) == extra and (
-                record.get("status") == DONE or (record.get("status") == FAILED and not retry)):
+        same = record.get("extra", []) == extra
+        if same and record.get("status") == DONE and (
+                missed := packages_its_rows_missed(folder, part)):
+            print(f"== {part.name}: its rows say {', '.join(missed)} could not be imported "
+                  "when they ran; it runs again (--resume retries those rows)", flush=True)
+            record.update(status=None, finished_runs=[])
+        elif same and (record.get("status") == DONE
+                       or (record.get("status") == FAILED and not retry)):
+            continue
+        if missing := missing_packages(part):
+            # Run without it, its rows would say UNAVAILABLE: measurements
+            # lost to how the machine was set up, not to the backends.
+            print(f"== {part.name}: needs {', '.join(missing)} (the project's "
+                  f"{'/'.join(part.frameworks)} extra), not importable here; skipped",
+                  flush=True)
+            waiting.append(part)
             continue
         queue.append(part)
     lanes = _Lanes(gpu_ids, parallel)
@@ -420,6 +435,25 @@ class _Lanes:
     def cores(self, ids: list[str]) -> list[int]:
         """The cores of a one-GPU part running beside others; [] for no pinning."""
         return self._cores.get(ids[0], []) if self.parallel and len(ids) == 1 else []
+
+
+def missing_packages(part: defined.Part) -> list[str]:
+    """The packages the part's frameworks need (canonical_parts.NEEDED)
+    that cannot be imported here."""
+    return [name for name in part.needed if importlib.util.find_spec(name) is None]
+
+
+def packages_its_rows_missed(folder: pathlib.Path, part: defined.Part) -> list[str]:
+    """The needed packages that the part's UNAVAILABLE rows (the newest of
+    each measurement: a rerun's row replaces them) say could not be
+    imported when they ran (a machine set up without them)."""
+    from lcab import results  # pandas: only when running
+
+    files = sorted((folder / part.folder).glob("*.jsonl"))
+    rows = results.newest_rows(results.read_rows(files)) if files else []
+    reasons = [row.get("reason") or "" for row in rows if row.get("status") == "UNAVAILABLE"]
+    return [name for name in part.needed
+            if any(f"cannot import {name}:" in reason for reason in reasons)]
 
 
 class _Running:

@@ -33,6 +33,13 @@ class Run:
     processes: int = 1  # jax_processes: processes; torchrun_nodes: nodes
 
 
+# The packages each framework's parts need, as pyproject.toml's extras
+# declare them (a test holds the two together): a part does not start
+# where one is missing, and a part whose rows say one could not be
+# imported is not done (lcab.experiments.canonical).
+NEEDED = {"jax": ("jax", "flax"), "torch": ("torch", "yunchang")}
+
+
 @dataclasses.dataclass(frozen=True)
 class Part:
     name: str
@@ -42,6 +49,12 @@ class Part:
     # Another part whose rows this one must reproduce within noise (the
     # multi-process runs against the single-process ones).
     same_as: str | None = None
+    frameworks: tuple[str, ...] = ()  # whose NEEDED packages it needs
+
+    @property
+    def needed(self) -> tuple[str, ...]:
+        return tuple(name for framework in self.frameworks
+                     for name in NEEDED.get(framework, ()))
 
     @property
     def folder(self) -> str:
@@ -91,7 +104,8 @@ def _kernel_parts(flagfile: str, masks: tuple[str, ...],
                 flags = (_flagfile(flagfile), f"--framework={framework}",
                          f"--seqlens={','.join(lengths)}", f"--masks={','.join(group)}")
                 parts.append(Part(name, f"{framework} kernels, {', '.join(group)} at "
-                                  f"{', '.join(lengths)}", (Run(flags),)))
+                                  f"{', '.join(lengths)}", (Run(flags),),
+                                  frameworks=(framework,)))
     return parts
 
 
@@ -125,7 +139,8 @@ def _sparsity() -> list[Part]:
                 parts.append(Part(f"{framework}-{mask}-{length}",
                                   f"{framework} kernels, {mask} sweep at {length}",
                                   (Run((_flagfile(flagfile), f"--framework={framework}",
-                                        f"--seqlens={length}")),)))
+                                        f"--seqlens={length}")),),
+                                  frameworks=(framework,)))
     return parts
 
 
@@ -148,7 +163,8 @@ def _cp() -> list[Part]:
             lengths = ",".join(_k(tokens * cp) for cp in _CP_SIZES)
             parts.append(Part(f"{framework}-single-{lengths.replace(',', '+')}",
                               f"{framework}: the kernel inside its CP strategies on one GPU at "
-                              f"{lengths}", _single_gpu_kernels(framework, lengths)))
+                              f"{lengths}", _single_gpu_kernels(framework, lengths),
+                              frameworks=(framework,)))
         for cp in _CP_SIZES:
             for tokens in _CP_TOKENS_PER_GPU:
                 parts += _strategy_parts(framework, cp, tokens)
@@ -156,7 +172,8 @@ def _cp() -> list[Part]:
     parts.append(Part("comm", "the strategies' collectives alone over 2 and 4 GPUs (the "
                       "model's link fits)",
                       tuple(Run(("--suite=comm", f"--framework={framework}",
-                                 "--comm_ranks=2,4")) for framework in _FRAMEWORKS), gpus=4))
+                                 "--comm_ranks=2,4")) for framework in _FRAMEWORKS), gpus=4,
+                      frameworks=_FRAMEWORKS))
     return parts
 
 
@@ -188,7 +205,7 @@ def _strategy_parts(framework: str, cp: int, tokens: int) -> list[Part]:
         parts.append(Part(f"{framework}-cp{cp}-{_k(tokens)}{suffix}",
                           f"{strategy or f'every {framework} strategy'} at cp {cp}, "
                           f"{_k(tokens)} tokens per GPU, {', '.join(masks)}",
-                          (Run(flags),), gpus=cp))
+                          (Run(flags),), gpus=cp, frameworks=(framework,)))
     return parts
 
 
@@ -203,10 +220,11 @@ def _multi_process_parts() -> list[Part]:
                f"{mask}, one JAX process per GPU (jax.distributed)",
                (Run((_flagfile("cp_jax.flags"), "--cp_size=4", "--seqlens=32k",
                      f"--masks={mask}"), JAX_PROCESSES, 4),), gpus=4,
-               same_as=f"jax-cp4-8k-{mask}") for mask in ("full", "causal_document")),
+               same_as=f"jax-cp4-8k-{mask}", frameworks=("jax",))
+          for mask in ("full", "causal_document")),
         Part("torch-cp4-8k-nodes", "the torch cp-4 part at 8k tokens per GPU under torchrun "
              "with two rendezvous nodes of two GPUs", (Run(torch_flags, TORCHRUN_NODES, 2),),
-             gpus=4, same_as="torch-cp4-8k"),
+             gpus=4, same_as="torch-cp4-8k", frameworks=("torch",)),
     ]
 
 
