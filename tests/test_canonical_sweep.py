@@ -289,6 +289,12 @@ def test_a_call_without_out_goes_on_with_the_unfinished_run(tmp_path, monkeypatc
     assert runner.default_out("sparsity", gpus * 4).name.endswith("-h100-sparsity")
     assert runner.default_out("cp", gpus * 4).name.endswith("-h100x4-cp")
     assert runner.default_out("cp", gpus * 2).name.endswith("-h100x2-cp")
+    # The card's unfinished run goes on whatever the machine's GPU count (one
+    # current run a card: a new folder would hide it, lcab.canonical.current).
+    cp4 = tmp_path / "2026-11-26-h100x4-cp"
+    cp4.mkdir()
+    (cp4 / runner.STATE_NAME).write_text(json.dumps({"sweep": "cp", "calls": [], "parts": {}}))
+    assert runner.default_out("cp", gpus * 2) == cp4
     # Another root (a copy of results/ on a borrowed machine): the card picks its run there.
     elsewhere = tmp_path / "copy"
     (elsewhere / "2026-11-26-h200-sparsity").mkdir(parents=True)
@@ -417,39 +423,58 @@ def test_spans_text_writes_runs_of_integers_short():
     assert spans_text([1, 2, 4], ", ") == "1-2, 4"
 
 
-def test_each_frameworks_needed_packages_are_the_ones_pyproject_declares():
+def test_the_packages_parts_need_are_the_ones_pyproject_declares():
     import tomllib
 
     extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
         "optional-dependencies"]
-    for framework, needed in defined.NEEDED.items():
+    for framework, packages in defined.STRATEGY_PACKAGES.items():
         declared = {re.split(r"[<>=!~; \[]", spec, maxsplit=1)[0] for spec in extras[framework]}
-        assert set(needed) <= declared, framework
-    assert all(part.frameworks for part in defined.parts("cp"))
-    assert defined.parts("blog")[0].needed == defined.NEEDED["jax"]
+        assert set(packages) <= declared, framework
+    cp = {part.name: part.needs for part in defined.parts("cp")}
+    assert cp["torch-cp2-8k"] == ("torch", "yunchang") and cp["jax-cp2-8k-full"] == ("jax",)
+    assert cp["torch-single-16k+32k"] == ("torch",)  # its kernels need no yunchang
+    assert {part.needs for part in defined.parts("blog")} == {("jax",), ("torch",)}
 
 
-def test_a_part_whose_packages_are_missing_does_not_start(tmp_path, monkeypatch, capsys):
-    monkeypatch.setitem(defined.NEEDED, "numpy", ("numpy", "lcab_no_such_package"))
-    lacking = dataclasses.replace(part("lacking", "--backends=numpy.reference", "--seqlens=64"),
-                                  frameworks=("numpy",))
+def _needing(name, *needs):
+    return dataclasses.replace(part(name, "--backends=numpy.reference", "--seqlens=64"),
+                               needs=needs)
+
+
+def test_a_part_whose_packages_cannot_be_imported_does_not_start(tmp_path, capsys):
+    lacking = _needing("lacking", "numpy", "lcab_no_such_package")
     assert runner.run_sweep("blog", tmp_path, [lacking], "c", [], None, gpus=[]) == 3
     assert "lacking: needs lcab_no_such_package" in capsys.readouterr().out
     assert "lacking" not in run_states(tmp_path)  # nothing ran, nothing recorded
 
 
-def test_a_done_part_whose_rows_missed_a_needed_package_is_not_done(tmp_path, monkeypatch):
+def _done_with_rows(folder, reason):
     from tests.test_report_rows import row, write
 
-    monkeypatch.setitem(defined.NEEDED, "numpy", ("numpy", "yunchang"))
-    done = dataclasses.replace(part("done", "--backends=numpy.reference"), frameworks=("numpy",))
+    write(folder / "done", [row("numpy.a"), row("numpy.b", status="UNAVAILABLE", reason=reason)])
+    (folder / runner.STATE_NAME).write_text(json.dumps(
+        {"sweep": "blog", "calls": [], "parts": {"done": {"status": "done", "runs": []}}}))
+
+
+def test_a_done_part_whose_rows_missed_a_needed_package_is_not_done(tmp_path):
+    from tests.test_report_rows import row, write
+
     missed = "cannot import yunchang: ModuleNotFoundError: No module named 'yunchang'"
-    write(tmp_path / "done", [row("numpy.a"), row("numpy.b", status="UNAVAILABLE",
-                                                  reason=missed)])
+    _done_with_rows(tmp_path, missed)
+    done = _needing("done", "numpy", "yunchang")
     assert runner.packages_its_rows_missed(tmp_path, done) == ["yunchang"]
     # Rerun with the package (a newer row of the same measurement): done.
     write(tmp_path / "done", [row("numpy.b", timestamp="2026-12-01T10:00:00+00:00")])
     assert runner.packages_its_rows_missed(tmp_path, done) == []
     other = "cannot import flash_attn: ModuleNotFoundError"  # not a needed package
-    write(tmp_path / "other" / "done", [row("numpy.b", status="UNAVAILABLE", reason=other)])
+    _done_with_rows(tmp_path / "other", other)
     assert runner.packages_its_rows_missed(tmp_path / "other", done) == []
+
+
+def test_a_done_part_that_missed_a_package_still_missing_here_is_left_alone(tmp_path, capsys):
+    _done_with_rows(tmp_path, "cannot import lcab_no_such_package: ModuleNotFoundError")
+    done = _needing("done", "numpy", "lcab_no_such_package")
+    assert runner.run_sweep("blog", tmp_path, [done], "c", [], None, gpus=[]) == 0
+    assert "nor can it here; left as it is" in capsys.readouterr().out
+    assert run_states(tmp_path)["done"]["status"] == "done"

@@ -197,3 +197,42 @@ def test_the_launch_orders_are_options_that_reach_the_lowering():
         "auto", "heads_together")  # rows: what every Mosaic row so far ran
     with pytest.raises(registry.Unavailable, match="choose one of heads_together, head_major"):
         registry.load_backend("jax.pallas_flex", {"rows_launch": "sideways"})
+
+
+@pytest.mark.parametrize("dkv_launch,rows_launch", [("head_major", "heads_together"),
+                                                    ("heads_together", "head_major")])
+def test_each_pass_takes_its_own_launch_order_through_ops(monkeypatch, dkv_launch,
+                                                          rows_launch):
+    """ops hands dK/dV the dkv_launch and forward and dQ the rows_launch
+    (checked where they differ, so a swap of the two would show)."""
+    from jax._src.pallas.mosaic_gpu import lowering as mosaic_lowering
+
+    from jax_backends.pallas_flex import ops
+
+    launched = []
+    lower = mosaic_lowering.lower_pipelined_jaxpr_to_module
+
+    def spy(*args, **kwargs):
+        result = lower(*args, **kwargs)
+        launched.append(tuple(result.grid))
+        return result
+
+    monkeypatch.setattr(mosaic_lowering, "lower_pipelined_jaxpr_to_module", spy)
+    monkeypatch.setattr(_shared, "gpu_problem", lambda **_: None)  # lower Mosaic on a CPU
+    batch, blocks, heads, kv_heads = 2, 5, 6, 3
+    plan = make_plan(small_mask("causal", 128 * blocks), 128, 128)
+    lowering = Lowering(forward="mosaic", backward="mosaic", dkv_launch=dkv_launch,
+                        rows_launch=rows_launch)
+    q = jax.ShapeDtypeStruct((batch, 128 * blocks, heads, 128), jnp.bfloat16)
+    kv = jax.ShapeDtypeStruct((batch, 128 * blocks, kv_heads, 128), jnp.bfloat16)
+
+    def loss(q, k, v):
+        out, _ = ops.flex_attention(q, k, v, plan, plan, lowering)
+        return out.astype(jnp.float32).sum()
+
+    jax.jit(jax.grad(loss, argnums=(0, 1, 2))).trace(q, kv, kv).lower(
+        lowering_platforms=("cuda",))
+    rows = (heads, blocks, batch) if rows_launch == "heads_together" else (blocks, heads, batch)
+    dkv = (kv_heads, blocks, batch) if dkv_launch == "heads_together" else (
+        blocks, kv_heads, batch)
+    assert sorted(launched) == sorted([rows, rows, dkv])  # forward, dQ, dK/dV

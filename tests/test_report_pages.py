@@ -188,11 +188,17 @@ def test_each_cards_current_run_has_a_page_and_the_index_names_superseded_runs(
         {"sweep": "blog", "parts": {"jax-1k-8k-full": {"status": canonical.DONE}}}))
     _canonical_folder(tmp_path, _kernel_rows()[:2], name=f"{DATE}-h200-blog")
     _canonical_folder(tmp_path, _kernel_rows()[:2], name="2026-01-01-h100-blog")
-    pages.write_pages(None, tmp_path / "docs")
+    docs = tmp_path / "docs"
+    (docs / "figures" / "blog").mkdir(parents=True)  # a page an earlier call wrote
+    (docs / "blog.md").write_text("# blog\n")
+    (docs / "index.md").write_text("| [blog](blog.md) | ... |\n")
+    pages.write_pages(None, docs)
+    assert not (docs / "blog.md").exists() and not (docs / "figures" / "blog").exists()
     index = (tmp_path / "docs" / "index.md").read_text()
     table = index.split("Other")[0]
     # The more complete run first; each page named by sweep and card.
-    assert table.index("| [blog-h100](blog-h100.md) |") < table.index("| [blog-h200](blog-h200.md) |")
+    assert (table.index("| [blog-h100](blog-h100.md) |")
+            < table.index("| [blog-h200](blog-h200.md) |"))
     assert "the seed blog's kernel benchmark" in table
     page = (tmp_path / "docs" / "blog-h200.md").read_text()
     assert page.startswith("# blog-h200\n\nthe seed blog's kernel benchmark")

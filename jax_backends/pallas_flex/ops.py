@@ -58,9 +58,10 @@ class Lowering:
     latter only where the plan's heaviest program would trail).
     rows_launch: the order the Mosaic forward's and dQ's programs (one per
     q block and head) start in, "heads_together" (every head of a q block
-    together, blocks heaviest first: what every Mosaic row so far ran) or
-    "head_major". The Triton kernels launch rows head after head whatever
-    it says (v4b, docs/pallas_flex.md).
+    together, blocks heaviest first: what every Mosaic row so far ran, all
+    at batch 1; batch is now the slowest axis) or "head_major". The Triton
+    kernels launch rows head after head whatever it says (v4b,
+    docs/pallas_flex.md).
     """
 
     forward: str = "auto"

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import importlib.util
+import importlib
 import json
 import os
 import pathlib
@@ -256,17 +256,22 @@ class State:
 def default_out(sweep: str, gpus: list[dict[str, str]],
                 root: pathlib.Path | None = None) -> pathlib.Path:
     """<root>/<date>-<device>-<sweep>/ (root: results/): the newest run of
-    this sweep on this kind of machine while it has parts left (a call
-    after midnight goes on with it), else a new one dated today. The device
-    is the GPUs its widest part uses: a kernel sweep run on four GPUs
-    (--parallel) is still a one-GPU sweep, h100, not h100x4."""
+    this sweep on this card while it has parts left (a call after midnight,
+    or on a machine of fewer GPUs of the card, goes on with it: the
+    card's current run is one, lcab.canonical.current), else a new one
+    dated today. A new run's device is the GPUs its widest part uses: a
+    kernel sweep run on four GPUs (--parallel) is still a one-GPU sweep,
+    h100, not h100x4."""
     root = canonical.RESULTS if root is None else pathlib.Path(root)
     widest = max(part.gpus for part in defined.parts(sweep))
     usable = min(len(machine.visible_gpu_ids(gpus)), widest)
     device = machine.device_label(gpus[:usable])
+    card = canonical.card_of(device)
     for folder in canonical.folders(sweep, root):
-        if canonical.parse_folder(folder.name)[1] == device and _unfinished(folder):
-            return folder
+        if canonical.card_of(canonical.parse_folder(folder.name)[1]) == card:
+            if _unfinished(folder):
+                return folder
+            break  # the card's newest run is finished: a new one
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
     return root / canonical.folder_name(date, device, sweep)
 
@@ -334,20 +339,25 @@ def run_sweep(sweep: str, folder: pathlib.Path, parts: list[defined.Part], commi
         # with these: it runs again (--resume keeps its rows).
         record = state.data["parts"].get(part.name, {})
         same = record.get("extra", []) == extra
-        if same and record.get("status") == DONE and (
-                missed := packages_its_rows_missed(folder, part)):
+        if same and record.get("status") == FAILED and not retry:
+            continue
+        missing = missing_packages(part)
+        if same and record.get("status") == DONE:
+            missed = packages_its_rows_missed(folder, part)
+            if missed and missing:
+                print(f"== {part.name}: its rows say {', '.join(missed)} could not be "
+                      "imported when they ran, nor can it here; left as it is", flush=True)
+            if not missed or missing:
+                continue
             print(f"== {part.name}: its rows say {', '.join(missed)} could not be imported "
                   "when they ran; it runs again (--resume retries those rows)", flush=True)
             record.update(status=None, finished_runs=[])
-        elif same and (record.get("status") == DONE
-                       or (record.get("status") == FAILED and not retry)):
-            continue
-        if missing := missing_packages(part):
-            # Run without it, its rows would say UNAVAILABLE: measurements
+            state.save()
+        elif missing:
+            # Run without them, its rows would say UNAVAILABLE: measurements
             # lost to how the machine was set up, not to the backends.
-            print(f"== {part.name}: needs {', '.join(missing)} (the project's "
-                  f"{'/'.join(part.frameworks)} extra), not importable here; skipped",
-                  flush=True)
+            print(f"== {part.name}: needs {', '.join(missing)}, which cannot be imported "
+                  "here; skipped", flush=True)
             waiting.append(part)
             continue
         queue.append(part)
@@ -438,9 +448,15 @@ class _Lanes:
 
 
 def missing_packages(part: defined.Part) -> list[str]:
-    """The packages the part's frameworks need (canonical_parts.NEEDED)
-    that cannot be imported here."""
-    return [name for name in part.needed if importlib.util.find_spec(name) is None]
+    """The packages the part needs (Part.needs) that cannot be imported
+    here: missing, or broken (the backend's own import would fail alike)."""
+    missing = []
+    for name in part.needs:
+        try:
+            importlib.import_module(name)
+        except Exception:  # noqa: BLE001 - any failure to import is a missing package
+            missing.append(name)
+    return missing
 
 
 def packages_its_rows_missed(folder: pathlib.Path, part: defined.Part) -> list[str]:
@@ -452,7 +468,7 @@ def packages_its_rows_missed(folder: pathlib.Path, part: defined.Part) -> list[s
     files = sorted((folder / part.folder).glob("*.jsonl"))
     rows = results.newest_rows(results.read_rows(files)) if files else []
     reasons = [row.get("reason") or "" for row in rows if row.get("status") == "UNAVAILABLE"]
-    return [name for name in part.needed
+    return [name for name in part.needs
             if any(f"cannot import {name}:" in reason for reason in reasons)]
 
 

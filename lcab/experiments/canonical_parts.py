@@ -33,11 +33,16 @@ class Run:
     processes: int = 1  # jax_processes: processes; torchrun_nodes: nodes
 
 
-# The packages each framework's parts need, as pyproject.toml's extras
-# declare them (a test holds the two together): a part does not start
-# where one is missing, and a part whose rows say one could not be
-# imported is not done (lcab.experiments.canonical).
-NEEDED = {"jax": ("jax", "flax"), "torch": ("torch", "yunchang")}
+# The packages a part needs besides its framework, as pyproject.toml's
+# extras declare them (a test holds the two together): a part does not
+# start where one cannot be imported, and a part whose rows say one could
+# not be imported is not done (lcab.experiments.canonical). torch's CP
+# strategies run yunchang's; its kernels do not.
+STRATEGY_PACKAGES = {"jax": (), "torch": ("yunchang",)}
+
+
+def _needs(framework: str, strategies: bool = False) -> tuple[str, ...]:
+    return (framework, *(STRATEGY_PACKAGES[framework] if strategies else ()))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,12 +54,7 @@ class Part:
     # Another part whose rows this one must reproduce within noise (the
     # multi-process runs against the single-process ones).
     same_as: str | None = None
-    frameworks: tuple[str, ...] = ()  # whose NEEDED packages it needs
-
-    @property
-    def needed(self) -> tuple[str, ...]:
-        return tuple(name for framework in self.frameworks
-                     for name in NEEDED.get(framework, ()))
+    needs: tuple[str, ...] = ()  # packages it cannot run without (_needs)
 
     @property
     def folder(self) -> str:
@@ -105,7 +105,7 @@ def _kernel_parts(flagfile: str, masks: tuple[str, ...],
                          f"--seqlens={','.join(lengths)}", f"--masks={','.join(group)}")
                 parts.append(Part(name, f"{framework} kernels, {', '.join(group)} at "
                                   f"{', '.join(lengths)}", (Run(flags),),
-                                  frameworks=(framework,)))
+                                  needs=_needs(framework)))
     return parts
 
 
@@ -140,7 +140,7 @@ def _sparsity() -> list[Part]:
                                   f"{framework} kernels, {mask} sweep at {length}",
                                   (Run((_flagfile(flagfile), f"--framework={framework}",
                                         f"--seqlens={length}")),),
-                                  frameworks=(framework,)))
+                                  needs=_needs(framework)))
     return parts
 
 
@@ -164,7 +164,7 @@ def _cp() -> list[Part]:
             parts.append(Part(f"{framework}-single-{lengths.replace(',', '+')}",
                               f"{framework}: the kernel inside its CP strategies on one GPU at "
                               f"{lengths}", _single_gpu_kernels(framework, lengths),
-                              frameworks=(framework,)))
+                              needs=_needs(framework)))
         for cp in _CP_SIZES:
             for tokens in _CP_TOKENS_PER_GPU:
                 parts += _strategy_parts(framework, cp, tokens)
@@ -173,7 +173,7 @@ def _cp() -> list[Part]:
                       "model's link fits)",
                       tuple(Run(("--suite=comm", f"--framework={framework}",
                                  "--comm_ranks=2,4")) for framework in _FRAMEWORKS), gpus=4,
-                      frameworks=_FRAMEWORKS))
+                      needs=_FRAMEWORKS))
     return parts
 
 
@@ -205,7 +205,7 @@ def _strategy_parts(framework: str, cp: int, tokens: int) -> list[Part]:
         parts.append(Part(f"{framework}-cp{cp}-{_k(tokens)}{suffix}",
                           f"{strategy or f'every {framework} strategy'} at cp {cp}, "
                           f"{_k(tokens)} tokens per GPU, {', '.join(masks)}",
-                          (Run(flags),), gpus=cp, frameworks=(framework,)))
+                          (Run(flags),), gpus=cp, needs=_needs(framework, strategies=True)))
     return parts
 
 
@@ -220,11 +220,11 @@ def _multi_process_parts() -> list[Part]:
                f"{mask}, one JAX process per GPU (jax.distributed)",
                (Run((_flagfile("cp_jax.flags"), "--cp_size=4", "--seqlens=32k",
                      f"--masks={mask}"), JAX_PROCESSES, 4),), gpus=4,
-               same_as=f"jax-cp4-8k-{mask}", frameworks=("jax",))
+               same_as=f"jax-cp4-8k-{mask}", needs=_needs("jax", strategies=True))
           for mask in ("full", "causal_document")),
         Part("torch-cp4-8k-nodes", "the torch cp-4 part at 8k tokens per GPU under torchrun "
              "with two rendezvous nodes of two GPUs", (Run(torch_flags, TORCHRUN_NODES, 2),),
-             gpus=4, same_as="torch-cp4-8k", frameworks=("torch",)),
+             gpus=4, same_as="torch-cp4-8k", needs=_needs("torch", strategies=True)),
     ]
 
 

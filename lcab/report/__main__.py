@@ -5,7 +5,7 @@
     python -m lcab.report --headline                 # the README's headline table, printed
 
 --pages writes lcab.report.pages' result pages (one markdown page per
-sweep, figures, index.md, the tidy export results.csv and export.md) into
+sweep and card, figures, index.md, the tidy export results.csv and export.md) into
 --out, by default docs/results/; --headline prints
 lcab.report.headline.markdown(). Pages read the current runs of each
 canonical sweep (the newest on each card, lcab.canonical.current; one page

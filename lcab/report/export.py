@@ -25,7 +25,8 @@ from lcab.report import tables
 
 # column -> meaning, in file order.
 COLUMNS: dict[str, str] = {
-    "sweep": "the sweep (canonical sweep name, else the results folder's name) the row belongs to",
+    "sweep": "the page the row is on: a canonical sweep and its card (cp-h200), else the "
+             "results folder's name",
     "framework": "jax, torch (numpy for host-only plugins)",
     "backend": "registered backend name, e.g. jax.cudnn",
     "options": "the backend's constructor options, compact JSON ({} for its defaults)",

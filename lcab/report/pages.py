@@ -1,8 +1,9 @@
-"""The result pages: one markdown page per sweep, an index and the tidy export.
+"""The result pages: one markdown page per sweep and card, an index and the tidy export.
 
     python -m lcab.report --pages            # current canonical runs -> docs/results/
 
-Each page (docs/results/<sweep>.md) names the folder, commits, devices and
+Each page (docs/results/<sweep>-<card>.md, e.g. cp-h200.md; a --results
+folder's page is named by the folder) names the folder, commits, devices and
 dates its rows came from, then per setting (shape, dtype, device):
 
 - Kernels: per mask a table (rows: sequence length; cells fwd / bwd per
@@ -319,5 +320,18 @@ def write_pages(folders: sources.Folders = None, out: str | pathlib.Path = DEFAU
     others = [] if folders is not None else [
         folder for sweep in canonical.SWEEPS for folder in canonical.folders(sweep)
         if folder not in shown]
+    for name in _stale_pages(out, {path.stem for path in written if path.suffix == ".md"}):
+        (out / f"{name}.md").unlink(missing_ok=True)  # a run no longer current, say
+        shutil.rmtree(out / "figures" / name, ignore_errors=True)
     (out / "index.md").write_text(index_markdown(described, out, export_files, others))
     return [*written, out / "export.md", out / "index.md"]
+
+
+def _stale_pages(out: pathlib.Path, written: set[str]) -> list[str]:
+    """The pages the index there listed that this call did not write."""
+    try:
+        listed = set(re.findall(r"^\| \[[^]]+\]\(([A-Za-z0-9._-]+)\.md\) \|",
+                                (out / "index.md").read_text(), flags=re.MULTILINE))
+    except OSError:
+        return []
+    return sorted(listed - written)

@@ -64,15 +64,10 @@ def sweep_name(path: str | pathlib.Path) -> str:
 
 def current_folders() -> dict[str, pathlib.Path]:
     """page name -> folder: each canonical sweep's current run on each card,
-    named by the sweep alone where one card has a run ("blog"), else by
-    sweep and card ("cp-h100", "cp-h200"), the most complete run first."""
-    named = {}
-    for sweep in canonical.SWEEPS:
-        runs = canonical.current(sweep)
-        for folder in runs:
-            card = canonical.card_of(canonical.parse_folder(folder.name)[1])
-            named[sweep if len(runs) == 1 else f"{sweep}-{card}"] = folder
-    return named
+    named by sweep and card ("cp-h100", "cp-h200": a page keeps its name
+    when another card's run comes), the most complete run first."""
+    return {f"{sweep}-{canonical.card_of(canonical.parse_folder(folder.name)[1])}": folder
+            for sweep in canonical.SWEEPS for folder in canonical.current(sweep)}
 
 
 def headline_folders() -> dict[str, pathlib.Path]:
