@@ -346,7 +346,7 @@ def run_sweep(sweep: str, folder: pathlib.Path, parts: list[defined.Part], commi
             missed = packages_its_rows_missed(folder, part)
             if missed and missing:
                 print(f"== {part.name}: its rows say {', '.join(missed)} could not be "
-                      "imported when they ran, nor can it here; left as it is", flush=True)
+                      "imported when they ran, nor here: left as it is", flush=True)
             if not missed or missing:
                 continue
             print(f"== {part.name}: its rows say {', '.join(missed)} could not be imported "
