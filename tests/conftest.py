@@ -28,9 +28,10 @@ settings.load_profile("lcab")
 # per core of a 2-core machine: 4.4 minutes there, 6-7 on one core), is
 # what a developer runs while working; CI runs everything, in one process.
 # A test is slow when it takes more than SLOW_SECONDS on a 2-core CPU
-# machine (pytest --durations=0 of the whole suite, on a shared host). Those below are marked here, by file and test
-# function (every parametrisation of it), beside those whose own file
-# says @pytest.mark.slow; a new test that slow takes the mark in its file.
+# machine (pytest --durations=0 of the whole suite, on a shared host).
+# Those below are marked here, by file and test function (every
+# parametrisation of it), beside those whose own file says
+# @pytest.mark.slow; a new test that slow takes the mark in its file.
 SLOW_SECONDS = 3
 SLOW_TESTS = {
     "test_attention_module.py": (

@@ -341,19 +341,19 @@ def run_sweep(sweep: str, folder: pathlib.Path, parts: list[defined.Part], commi
         same = record.get("extra", []) == extra
         if same and record.get("status") == FAILED and not retry:
             continue
-        missing = missing_packages(part)
         if same and record.get("status") == DONE:
             missed = packages_its_rows_missed(folder, part)
-            if missed and missing:
+            if not missed:
+                continue
+            if missing_packages(part):
                 print(f"== {part.name}: its rows say {', '.join(missed)} could not be "
                       "imported when they ran, nor here: left as it is", flush=True)
-            if not missed or missing:
                 continue
             print(f"== {part.name}: its rows say {', '.join(missed)} could not be imported "
                   "when they ran; it runs again (--resume retries those rows)", flush=True)
             record.update(status=None, finished_runs=[])
             state.save()
-        elif missing:
+        elif missing := missing_packages(part):
             # Run without them, its rows would say UNAVAILABLE: measurements
             # lost to how the machine was set up, not to the backends.
             print(f"== {part.name}: needs {', '.join(missing)}, which cannot be imported "

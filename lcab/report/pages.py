@@ -304,7 +304,8 @@ def write_pages(folders: sources.Folders = None, out: str | pathlib.Path = DEFAU
     out = pathlib.Path(out)
     out.mkdir(parents=True, exist_ok=True)
     written, described, tidy = [], [], []
-    for sweep, (source, frame) in sources.load_sweeps(folders).items():
+    named = sources.named_folders(folders)
+    for sweep, (source, frame) in sources.load_sweeps(named).items():
         page = Page(sweep, source, frame, out)
         shutil.rmtree(page.figure_dir, ignore_errors=True)  # figures of masks no longer run
         path = out / f"{page_name(sweep)}.md"
@@ -316,10 +317,9 @@ def write_pages(folders: sources.Folders = None, out: str | pathlib.Path = DEFAU
     export_files = export.write(rows, out, EXPORT_STEM)
     written += export_files
     (out / "export.md").write_text(export.columns_markdown(f"{EXPORT_STEM}.csv"))
-    shown = set(sources.named_folders(folders).values()) if folders is None else set()
     others = [] if folders is not None else [
         folder for sweep in canonical.SWEEPS for folder in canonical.folders(sweep)
-        if folder not in shown]
+        if folder not in named.values()]
     for name in _stale_pages(out, {path.stem for path in written if path.suffix == ".md"}):
         (out / f"{name}.md").unlink(missing_ok=True)  # a run no longer current, say
         shutil.rmtree(out / "figures" / name, ignore_errors=True)

@@ -1,8 +1,9 @@
 """Which folders a page or the headline reads, and where each row came from.
 
 By default those are the current runs of each canonical sweep: the newest
-on each card (lcab.canonical.current), one page each. Every row keeps the file it was read from
-(column "source", relative to the repository), and each folder is
+on each card (lcab.canonical.current), one page each. Every row keeps the
+file it was read from (column "source", relative to the repository), and
+each folder is
 described by its commits, devices and dates, so a published number can be
 traced to the committed line it came from.
 """
