@@ -89,17 +89,29 @@ def test_the_newest_cp_run_calibrates_the_curve_and_the_links(tmp_path):
     assert network.intra["ppermute"].beta_bytes_per_s == pytest.approx(200e9, rel=1e-6)
 
 
-def test_the_blog_run_gives_the_curve_where_it_has_the_kernel(tmp_path):
+def test_the_cards_blog_and_cp_runs_join_in_the_curve(tmp_path):
+    """The blog run's short lengths and the cp run's single-GPU long ones
+    make one curve: small calls read the blog's speed, large the cp run's."""
     root = tmp_path / "results"
-    cp_run = write_run(root, "2026-11-29", "h100x4", "cp", commit="cp00001", speed=300.0)
-    blog = write_run(root, "2026-11-28", "h100", "blog", commit="blog001", speed=500.0)
+    cp_run = write_run(root, "2026-11-29", "h100x4", "cp", commit="cp00001", speed=300.0,
+                       seqlens=(16384, 65536))
+    blog = write_run(root, "2026-11-28", "h100", "blog", commit="blog001", speed=500.0,
+                     seqlens=(1024, 2048))
     found, source = curve(root)
-    assert source.paths == (blog,) and found.tflops(1e15, 1.0, "fwd") == pytest.approx(500.0)
-    # A blog run without the kernel, or without a direction asked for: the cp run's rows.
-    for other in ({"backend": "jax.other"}, {"directions": ("fwd",)}):
-        write_run(root, "2026-11-30", "h100", "blog", commit="blog002", **other)
-        assert curve(root)[1].paths == (cp_run,)
-        (root / "2026-11-30-h100-blog" / "single" / "kernel_jax.jsonl").unlink()
+    assert source.paths == (blog, cp_run) and found.lengths == (1024, 2048, 16384, 65536)
+    assert found.tflops(1e9, 1.0, "fwd") == pytest.approx(500.0)
+    assert found.tflops(1e18, 1.0, "fwd") == pytest.approx(300.0)
+    assert "commits blog001, cp00001" in source.describe()
+    # A newer blog run without the kernel gives nothing and is not named; one
+    # without a direction asked for gives the directions it has.
+    write_run(root, "2026-11-30", "h100", "blog", commit="blog002", backend="jax.other")
+    found, source = curve(root)
+    assert source.paths == (cp_run,) and found.lengths == (16384, 65536)
+    write_run(root, "2026-12-01", "h100", "blog", commit="blog003", directions=("fwd",),
+              seqlens=(1024,))
+    found, source = curve(root)
+    assert source.paths == (root / "2026-12-01-h100-blog", cp_run)
+    assert found.counts() == {"fwd": 6, "bwd": 4}
 
 
 def test_the_curve_comes_from_the_cp_runs_card(tmp_path):

@@ -17,8 +17,8 @@ wherever it is shown.
 Rows: by default the newest canonical runs under --results_root (this
 checkout's results/, found from the package, so any working directory
 will do; lcab.model.calibration says which run serves what): the kernel
-curve from the newest blog run (or the newest cp run's single-GPU rows),
-the links and the validation from the newest cp run. --kernel_results,
+curve from the current blog and cp runs on the newest cp run's card,
+joined, the links and the validation from the newest cp run. --kernel_results,
 --comm_results and --validate_against name other rows. With no canonical
 run and no such flag it stops with a one-line message. The output begins
 with the folders, commits, devices and dates it was calibrated on, the
@@ -29,8 +29,10 @@ has one length), so the figures there are extrapolated.
 The workload flags (--masks, --heads, --head_dim, --dtype, --directions,
 --doc_distribution, --doc_sampler, --doc_cap, --mask_seed, --dispatch) are the benchmark's
 (lcab.experiments.workload_flags); here they default to causal_document and
-full, 64:8 heads, d=128, bf16, chatqa2 documents, the forward, the balanced
-dispatch.
+full, 64:8 heads, d=128, bf16, chatqa2 documents packed as the seed blog
+packs them (magi_pack: documents cut at a quarter of the sequence), the
+forward, the balanced dispatch. One pack (--mask_seed) per prediction; the
+comparison with published figures averages 20, as those runs did.
 """
 
 from __future__ import annotations
@@ -69,7 +71,8 @@ from lcab.workloads import canonical_dtype
 # flags are parsed, so --help shows them.
 _WORKLOAD_DEFAULTS = {
     "masks": "causal_document,full", "directions": "fwd", "heads": "64:8", "head_dim": "128",
-    "dtype": "bfloat16", "doc_distribution": "chatqa2_long_sft", "dispatch": "balanced",
+    "dtype": "bfloat16", "doc_distribution": "chatqa2_long_sft", "doc_sampler": "magi_pack",
+    "dispatch": "balanced",
 }
 for name, text in _WORKLOAD_DEFAULTS.items():
     flags.FLAGS.set_default(name, text)
@@ -93,8 +96,8 @@ _RESULTS_ROOT = flags.DEFINE_string(
     "checkout's results/.")
 _KERNEL_RESULTS = flags.DEFINE_list(
     "kernel_results", [],
-    "Result files or directories holding --kernel's kernel rows (default: the newest "
-    "canonical blog run, else the newest cp run's single-GPU rows).")
+    "Result files or directories holding --kernel's kernel rows (default: the current "
+    "canonical blog and cp runs on the newest cp run's card, joined).")
 _DEVICE = flags.DEFINE_string("device", None, "Device of the kernel rows (default: the card of "
                               "the newest canonical cp run; with --kernel_results, the one with "
                               "most rows of --kernel).")

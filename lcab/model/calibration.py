@@ -3,12 +3,11 @@
 By default the newest canonical runs (lcab.canonical; found from the
 package, so any working directory will do):
 
-- the kernel curve: the newest blog run, whose lengths (1k-64k) span the
-  per-rank calls a strategy makes at any GPU count; where that run has no
-  rows of the kernel at the workload's head_dim and dtype in every
-  direction asked for, the single-GPU rows of the newest cp run. Both on
-  the card of the newest cp run, which the links and the validation come
-  from, so that one model never joins two cards' speeds;
+- the kernel curve: the kernel's rows on the card of the newest cp run
+  (which the links and the validation come from, so that one model never
+  joins two cards' speeds), from that card's current blog run (lengths
+  1k-64k: the small per-rank calls of many GPUs) and its current cp run's
+  single-GPU rows (16k-128k), joined;
 - the links inside a node: the newest cp run's comm rows of the modelled
   kernel's framework (each framework times its own collectives);
 - the validation: the newest cp run's CP and single-GPU rows.
@@ -77,30 +76,33 @@ def kernel_curve(backend: str, *, head_dim: int, dtype: str, directions, device=
                  paths=(), root: pathlib.Path | None = None
                  ) -> tuple[KernelCurve, Source]:
     """The curve of `backend` (default options) from `paths`, else from the
-    first KERNEL_SWEEPS run that has its rows in every direction."""
+    rows of the current KERNEL_SWEEPS runs on the card of the newest cp
+    run, joined: the blog run's short lengths and the cp run's long ones."""
     root = root or canonical.RESULTS
-    groups = [tuple(map(pathlib.Path, paths))] if paths else [
-        (folder,) for sweep in KERNEL_SWEEPS if (folder := canonical.newest(sweep, root))]
-    if device is None and not paths:
-        device = cp_card(root)
-    if not groups:
-        raise NoCanonicalRun(KERNEL_SWEEPS, root)
-    lacking = []
-    for group in groups:
+    if paths:
+        group = tuple(map(pathlib.Path, paths))
         chosen = curve_rows(read(group), backend, device, head_dim=head_dim, dtype=dtype)
-        missing = sorted(set(directions) - {row["direction"] for row in chosen})
-        if chosen and not missing:
-            curve = KernelCurve.from_rows(chosen, backend)
-            counts = ", ".join(f"{d} {n}" for d, n in curve.counts().items())
-            detail = (f"{backend} with its default options on {curve.device} "
-                      f"(d={head_dim}, {dtype}), {len(chosen)} rows ({counts}) "
-                      f"{lengths_text(curve)}")
-            return curve, Source("kernel curve", group, tuple(chosen), detail)
+    else:
+        device = device or cp_card(root)
+        runs = [folder for sweep in KERNEL_SWEEPS for folder in canonical.current(sweep, root)]
+        if not runs:
+            raise NoCanonicalRun(KERNEL_SWEEPS, root)
+        found = {folder: curve_rows(read((folder,)), backend, device, head_dim=head_dim,
+                                    dtype=dtype) for folder in runs}
+        # A run of another card contributes nothing and is not named.
+        group = tuple(folder for folder, rows in found.items() if rows) or tuple(runs)
+        chosen = [row for rows in found.values() for row in rows]
+    missing = sorted(set(directions) - {row["direction"] for row in chosen})
+    if not chosen or missing:
         on = f" on {device}" if device else ""
         what = f"no {'/'.join(missing)} rows" if chosen else "no OK rows"
-        lacking.append(f"{where(group)} has {what} of {backend} with its default options{on} "
-                       f"at d={head_dim}, {dtype}")
-    raise CalibrationError("; ".join(lacking))
+        raise CalibrationError(f"{where(group)} has {what} of {backend} with its default "
+                               f"options{on} at d={head_dim}, {dtype}")
+    curve = KernelCurve.from_rows(chosen, backend)
+    counts = ", ".join(f"{d} {n}" for d, n in curve.counts().items())
+    detail = (f"{backend} with its default options on {curve.device} "
+              f"(d={head_dim}, {dtype}), {len(chosen)} rows ({counts}) {lengths_text(curve)}")
+    return curve, Source("kernel curve", group, tuple(chosen), detail)
 
 
 def cp_card(root: pathlib.Path | None = None) -> str | None:

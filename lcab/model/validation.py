@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
+import numpy as np
 import pandas as pd
 
 from lcab.masks import make_mask, taken_params
@@ -32,6 +33,15 @@ PUBLISHED = (
     ("full", "MagiAttention", "best", "balanced", {8: 665, 64: 630}),
     ("full", "ring P2P", "ring", "zigzag", {8: 510, 64: 510}),
 )
+# How the published runs drew their documents (MagiAttention's
+# exps/dist_attn/benchmark_conf.py, SAMPLE_CONFIG): its packing with
+# documents cut at a quarter of the sequence (chunk_ratio 0.25, our
+# magi_pack sampler and its default cap), and a figure is the mean of the
+# per-pack TFLOP/s over 20 packs (pack_num). One pack says little: the
+# magi model of one causal-document pack at cp 8 ranges over 0.7-1.2x the
+# 20 packs' mean.
+PUBLISHED_SAMPLER = "magi_pack"
+PUBLISHED_PACKS = 20
 
 
 def mask_of(row) -> AttnMask:
@@ -138,19 +148,33 @@ def error_summary(frame: pd.DataFrame) -> pd.DataFrame:
 
 def against_published(curve: KernelCurve, network: Network, shape: Shape,
                       seqlen_per_gpu: int = 8192, distribution: str = "chatqa2_long_sft",
-                      seed: int = 0) -> pd.DataFrame:
-    """The model's forward per-GPU TFLOP/s beside PUBLISHED, same cp sizes."""
+                      packs: int = PUBLISHED_PACKS) -> pd.DataFrame:
+    """The model's forward per-GPU TFLOP/s beside PUBLISHED, same cp sizes:
+    like the published figures, the mean over `packs` packs of documents
+    (seeds 0 to packs - 1) of each pack's TFLOP/s, with the packs' range.
+    "best" is the strategy we run whose mean is highest."""
     records = []
     for mask_name, who, strategy, dispatch, figures in PUBLISHED:
         for cp, published in figures.items():
-            mask = make_mask(mask_name, seqlen_per_gpu * cp, seed=seed,
-                             **taken_params(mask_name, distribution=distribution))
             names = RUN_HERE if strategy == "best" else (strategy,)
-            found = [predict(name, mask, cp, shape, curve, network, dispatch=dispatch)
-                     for name in names]
-            best = max((p for p in found if not p.problem), key=lambda p: p.tflops_per_gpu)
+            speeds = {name: [] for name in names}
+            drawn = taken_params(mask_name, distribution=distribution,
+                                 sampler=PUBLISHED_SAMPLER)
+            for seed in range(packs if drawn else 1):  # a mask that draws nothing: one
+                mask = make_mask(mask_name, seqlen_per_gpu * cp, seed=seed, **drawn)
+                for name in names:
+                    found = predict(name, mask, cp, shape, curve, network, dispatch=dispatch)
+                    speeds[name].append(np.nan if found.problem else found.tflops_per_gpu)
+            means = {name: float(np.mean(found)) for name, found in speeds.items()
+                     if not np.isnan(found).any()}
+            best = max(means, key=means.get)
+            model = round(means[best])
             records.append({"mask": mask_name, "published": who, "cp": cp,
                             "published TFLOP/s": published,
-                            "model": f"{best.strategy}, {dispatch}, {curve.backend}",
-                            "model TFLOP/s": round(best.tflops_per_gpu)})
+                            "model": f"{best}, {dispatch}, {curve.backend}",
+                            "model TFLOP/s": model,
+                            "packs": len(speeds[best]),
+                            "pack range": f"{min(speeds[best]):.0f}-{max(speeds[best]):.0f}",
+                            "error %": round(100.0 * (model - published) / published)})
     return pd.DataFrame(records)
+
