@@ -97,7 +97,8 @@ def _published(question: Question, evidence: Evidence) -> list[str]:
     for _, row in nearest.sort_values(["published", "cp"], kind="stable").iterrows():
         error = 100.0 * (row["model TFLOP/s"] - row["published TFLOP/s"]) / row[
             "published TFLOP/s"]
+        packs = f", mean of {row['packs']} packs" if row["packs"] > 1 else ""
         lines.append(f"- {row['published']} at {row['cp']} GPUs: {row['published TFLOP/s']} "
                      f"published; the model ({row['model']}) {row['model TFLOP/s']} "
-                     f"({error:+.0f} %)")
+                     f"({error:+.0f} %{packs})")
     return lines

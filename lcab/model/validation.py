@@ -38,8 +38,8 @@ PUBLISHED = (
 # documents cut at a quarter of the sequence (chunk_ratio 0.25, our
 # magi_pack sampler and its default cap), and a figure is the mean of the
 # per-pack TFLOP/s over 20 packs (pack_num). One pack says little: the
-# magi model of one causal-document pack at cp 8 ranges over 0.7-1.2x the
-# 20 packs' mean.
+# magi model of one causal-document pack at cp 8-16 ranges over 0.7-1.3x
+# the 20 packs' mean.
 PUBLISHED_SAMPLER = "magi_pack"
 PUBLISHED_PACKS = 20
 
