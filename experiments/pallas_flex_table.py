@@ -134,7 +134,8 @@ class Table:
         rows = [self.row(backend, mask, seqlen, d) for d in DIRECTIONS]
         if all(row is None for row in rows):
             return ""
-        return " / ".join("" if row is None else format_row(row) for row in rows)
+        return " / ".join("" if row is None else format_row(row, mark_changes=False)
+                           for row in rows)
 
     def ratio(self, mask, seqlen, backend, of_mask=None, fallback=None) -> str:
         """pallas_flex over `backend`, fwd / bwd; where `backend`'s figure

@@ -8,17 +8,33 @@ backend is one module plus one line in BACKENDS.
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import importlib
 import types
+from collections.abc import Mapping
 
 from lcab.backend import Backend
 from lcab.runtime import Runtime
 
 
 @dataclasses.dataclass(frozen=True)
+class Change:
+    """A change to a backend's code that can move its measured numbers: a
+    row measured before it describes older code, and the reports mark it
+    (a change that fixes a wrong result is a MISMATCH the gate finds, not
+    one of these)."""
+    when: str  # the commit's time, ISO 8601 with its UTC offset
+    commit: str
+    directions: tuple[str, ...]  # the directions whose figures it can move
+    what: str  # one line for the reader: what changed, and what it moves
+
+
+@dataclasses.dataclass(frozen=True)
 class Entry:
     target: str  # "package.module:ClassName"
     suite: str = "kernel"  # "kernel", "cp" or "module"
+    # Newest last. A CP strategy's rows also take its inner kernel's changes.
+    changes: tuple[Change, ...] = ()
 
     def load(self):
         module_name, attribute = self.target.split(":")
@@ -42,7 +58,11 @@ _BUILTIN_BACKENDS = {
         "jax_backends.kernels.tokamax:TokamaxTritonHeuristicBackend"
     ),
     "jax.fa3": Entry("jax_backends.kernels.fa3:Fa3Backend"),
-    "jax.pallas_flex": Entry("jax_backends.pallas_flex.backend:PallasFlexBackend"),
+    "jax.pallas_flex": Entry("jax_backends.pallas_flex.backend:PallasFlexBackend", changes=(
+        Change("2026-11-28T11:27:33+00:00", "ac1d548", ("bwd",),
+               "its Mosaic (Hopper) dK/dV kernels launch their programs in the order asked "
+               "(they ran the other order before), so a backward figure may move; outputs "
+               "and the forward are unchanged (docs/pallas_flex.md)"),)),
     "jax.cp_allgather": Entry("jax_backends.cp.allgather:AllGatherBackend", "cp"),
     "jax.cp_ring": Entry("jax_backends.cp.ring:RingBackend", "cp"),
     "jax.cp_ulysses": Entry("jax_backends.cp.ulysses:UlyssesBackend", "cp"),
@@ -107,6 +127,29 @@ def check_backend_name(name: str) -> str:
     if name not in all_backends():
         raise ValueError(f"unknown backend {name!r}; choose from {', '.join(all_backends())}")
     return name
+
+
+def changes_since(row: Mapping) -> list[Change]:
+    """The changes to a row's backend, and to the inner kernel of a CP row,
+    made after the row was measured that can move its direction's figure;
+    [] for a row without a timestamp or of a backend not registered here."""
+    measured = _moment(row.get("timestamp"))
+    if measured is None:
+        return []
+    entries = all_backends()
+    names = [row.get("backend"), row.get("inner")]
+    return [change for name in dict.fromkeys(names) if name in entries
+            for change in entries[name].changes
+            if row.get("direction") in change.directions and _moment(change.when) > measured]
+
+
+def _moment(text) -> datetime.datetime | None:
+    try:
+        moment = datetime.datetime.fromisoformat(str(text))
+    except ValueError:
+        return None
+    # A time without an offset is UTC, as lcab.results writes them.
+    return moment if moment.tzinfo else moment.replace(tzinfo=datetime.UTC)
 
 
 def register_backend(name: str, target: str, suite: str = "kernel") -> None:

@@ -20,7 +20,7 @@ import pathlib
 
 import pandas as pd
 
-from lcab import results
+from lcab import registry, results
 from lcab.report import tables
 
 # column -> meaning, in file order.
@@ -65,6 +65,8 @@ COLUMNS: dict[str, str] = {
     "date": "UTC date the row was written, YYYY-MM-DD",
     "timestamp": "UTC time the row was written, ISO 8601",
     "commit": "git commit of the LCAB checkout that measured it",
+    "changed_since": "commits of later changes to its kernel that can move this figure "
+                     "(lcab.registry.Change; empty: none), the tables' †",
     "run_id": "the run that wrote the row",
     "source": "the committed JSONL file the row was read from, relative to the repository",
 }
@@ -120,6 +122,8 @@ def tidy(frame: pd.DataFrame, sweep: str = "") -> pd.DataFrame:
         "date": times.dt.strftime("%Y-%m-%d"),
         "timestamp": rows["timestamp"],
         "commit": rows["git_commit"],
+        "changed_since": [" ".join(change.commit for change in registry.changes_since(row))
+                          for _, row in rows.iterrows()],
         "run_id": rows["run_id"],
         "source": rows.get("source", ""),
     }, index=rows.index, columns=list(COLUMNS))

@@ -32,8 +32,8 @@ from __future__ import annotations
 
 import pandas as pd
 
-from lcab import canonical
-from lcab.report import measure, tables
+from lcab import canonical, registry
+from lcab.report import changes, legend, measure, tables
 from lcab.report import sources as loading
 from lcab.status import Status
 from lcab.workloads import format_seqlen
@@ -52,27 +52,30 @@ def _short(line: str, framework: str) -> str:
     return line.split("/", 1)[-1].removeprefix(f"{framework}.")
 
 
-def _best(rows: pd.DataFrame, shown: measure.Measure) -> tuple[float, str] | None:
-    """(figure, short line name) of the best row; None for no row."""
+def _best(rows: pd.DataFrame, shown: measure.Measure) -> tuple[str, str] | None:
+    """(figure, short line name) of the best row, the figure flagged where
+    its kernel changed since (legend.FLAG_CHANGED); None for no row."""
     if rows.empty:
         return None
     # Best first, then by line name: a tie has one answer.
     ranked = rows.assign(_value=rows[shown.column].astype(float)).sort_values(
         ["_value", "line"], ascending=[not shown.higher_is_better, True], kind="stable")
     best = ranked.iloc[0]
-    return float(best["_value"]), _short(best["line"], best["framework"])
+    figure = measure.format_number(float(best["_value"]))
+    if registry.changes_since(best):
+        figure += legend.FLAG_CHANGED
+    return figure, _short(best["line"], best["framework"])
 
 
-def _cell(bests: list[tuple[float, str] | None]) -> str:
+def _cell(bests: list[tuple[str, str] | None]) -> str:
     """"350 / 500 fa3" where one line wins every direction, else
     "350 b / 500 a"; a direction without a counted row is blank."""
     if not any(bests):
         return ""
     names = {best[1] for best in bests if best}
     if len(names) == 1 and all(bests):
-        return " / ".join(measure.format_number(value) for value, _ in bests) + f" {names.pop()}"
-    return " / ".join(f"{measure.format_number(best[0])} {best[1]}" if best else ""
-                      for best in bests).strip()
+        return " / ".join(figure for figure, _ in bests) + f" {names.pop()}"
+    return " / ".join(f"{best[0]} {best[1]}" if best else "" for best in bests).strip()
 
 
 def frameworks_of(rows: pd.DataFrame) -> list[str]:
@@ -166,7 +169,7 @@ def _sections(sweep: str, source: loading.Source, frame: pd.DataFrame, require_c
                  + (f"; **unfinished: {source.progress}**" if source.progress else ""))
         group = counted(group, require_check)
         yield title, (best_table(group, frameworks_of(group), by_cp_size=has_cp)
-                      if len(group) else None)
+                      if len(group) else None), group
 
 
 def markdown(folders: loading.Folders = None, *, require_check: bool = True) -> str:
@@ -174,11 +177,17 @@ def markdown(folders: loading.Folders = None, *, require_check: bool = True) -> 
     a mapping sweep -> folder, or folder paths)."""
     parts = []
     chosen = loading.headline_folders() if folders is None else folders
+    ranked = []
     for sweep, (source, frame) in loading.load_sweeps(chosen).items():
-        for title, table in _sections(sweep, source, frame, require_check):
+        for title, table, group in _sections(sweep, source, frame, require_check):
             shown = tables.to_markdown(table) if table is not None else (
                 "_(no OK row with the full-size check)_")
             parts += [title, "", shown, ""]
+            ranked.append(group)
+    # The changes behind the flagged figures (a ranked row that lost to
+    # another is not shown, so its change is named only where a figure is).
+    if any(legend.FLAG_CHANGED in part for part in parts):
+        parts += [*changes.markdown(pd.concat(ranked), count=False), ""]
     if not parts:
         parts = ["_(no canonical sweep has committed rows yet)_", ""]
     if folders is None and (others := _other_cards(chosen)):

@@ -37,7 +37,18 @@ from collections.abc import Sequence
 import pandas as pd
 
 from lcab import canonical, results
-from lcab.report import export, legend, line_figures, measure, memory, sources, styles, tables, why
+from lcab.report import (
+    changes,
+    export,
+    legend,
+    line_figures,
+    measure,
+    memory,
+    sources,
+    styles,
+    tables,
+    why,
+)
 from lcab.report.tables import to_markdown
 from lcab.status import Status
 
@@ -204,6 +215,8 @@ class Page:
     def markdown(self) -> str:
         self.header()
         self.left_out()
+        if lines := changes.markdown(self.frame):
+            self.add(*lines)
         groups = self.groups
         for number, (label, group) in enumerate(groups, 1):
             setting = number if len(groups) > 1 else None  # figure names tell settings apart

@@ -24,10 +24,10 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 
 import pandas as pd
 
-from lcab import results
+from lcab import registry, results
 from lcab.flops import TIMED_DIRECTIONS
 from lcab.report import legend, measure
-from lcab.report.legend import FLAG_UNCHECKED, FLAG_UNSTEADY
+from lcab.report.legend import FLAG_CHANGED, FLAG_UNCHECKED, FLAG_UNSTEADY
 from lcab.results import MEASUREMENT_KEY
 from lcab.runtime import SPREAD_LIMIT
 from lcab.status import CODES, Status
@@ -256,13 +256,14 @@ def status_code(status: str) -> str:
 
 
 def format_cell(status: str, value: float, spread: float | None = None,
-                checked: bool = True) -> str:
+                checked: bool = True, changed: bool = False) -> str:
     """"612" (or "0.041" below 10) for an OK row's value (TFLOP/s, or median
     ms on a CPU: format_row picks), its status code otherwise.
 
     An OK figure carries FLAG_UNSTEADY when its samples spread more than
-    SPREAD_LIMIT (p80 / p20) and FLAG_UNCHECKED when no full-size check
-    (lcab.fullcheck) stands behind it.
+    SPREAD_LIMIT (p80 / p20), FLAG_UNCHECKED when no full-size check
+    (lcab.fullcheck) stands behind it and FLAG_CHANGED when its kernel has
+    changed since in a way that can move it.
     """
     if status != Status.OK.value:
         return status_code(status)
@@ -271,16 +272,22 @@ def format_cell(status: str, value: float, spread: float | None = None,
     text = measure.format_number(value)
     if spread is not None and pd.notna(spread) and spread > SPREAD_LIMIT:
         text += FLAG_UNSTEADY
-    return text if checked else text + FLAG_UNCHECKED
+    if not checked:
+        text += FLAG_UNCHECKED
+    return text + FLAG_CHANGED if changed else text
 
 
-def format_row(row) -> str:
+def format_row(row, mark_changes: bool = True) -> str:
     """format_cell of a result row (a Series or mapping with the schema's
-    columns): its TFLOP/s, or its median ms where it ran on a CPU."""
+    columns): its TFLOP/s, or its median ms where it ran on a CPU. A
+    dated record of one version (docs/earlier_measurements.md) leaves
+    later changes unmarked (`mark_changes=False`): its heading names the
+    version."""
     check = row.get("check_err")
     shown = measure.of_device(row.get("device")).column
     return format_cell(row["status"], row.get(shown), row.get("spread"),
-                       checked=check is not None and pd.notna(check))
+                       checked=check is not None and pd.notna(check),
+                       changed=mark_changes and bool(registry.changes_since(row)))
 
 
 def _one_row_per_cell(rows: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
@@ -404,7 +411,7 @@ def _cross_record(first: pd.Series | None, second: pd.Series | None) -> list[str
         if best is None:
             return ["", ""]
         return [best["backend"], format_cell(Status.OK.value, measure.of_device(
-            best.get("device")).value(best))]
+            best.get("device")).value(best), changed=bool(registry.changes_since(best)))]
 
     ratio = (f"{first['tflops'] / second['tflops']:.2f}"
              if first is not None and second is not None and second["tflops"] > 0 else "")

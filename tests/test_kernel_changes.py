@@ -1,0 +1,103 @@
+"""Figures measured before a later change to their kernel are marked (†)
+wherever they are shown, and the change is named once under them
+(lcab.registry.Change, lcab.report.changes)."""
+
+import datetime
+import re
+
+import pandas as pd
+import pytest
+
+from lcab import canonical, registry
+from lcab.flops import TIMED_DIRECTIONS
+from lcab.report import changes, export, headline, legend, tables
+from lcab.report import sources as loading
+
+PALLAS_FLEX_V9 = registry.all_backends()["jax.pallas_flex"].changes[-1]
+BEFORE = "2026-11-28T11:27:32+00:00"  # a second before that commit
+AFTER = "2026-11-28T11:27:34+00:00"
+
+
+def row(**fields):
+    return {"backend": "jax.pallas_flex", "inner": None, "direction": "bwd", "status": "OK",
+            "tflops": 400.0, "device": "NVIDIA H100 80GB HBM3", "check_err": 0.001,
+            "spread": 1.01, "timestamp": BEFORE, **fields}
+
+
+def test_every_declared_change_names_its_time_commit_and_directions():
+    for name, entry in registry.all_backends().items():
+        times = [datetime.datetime.fromisoformat(c.when) for c in entry.changes]
+        assert times == sorted(times), f"{name}: changes newest last"
+        for change in entry.changes:
+            assert times and all(t.tzinfo is not None for t in times), change
+            assert re.fullmatch(r"[0-9a-f]{7,40}", change.commit), change
+            assert change.directions and set(change.directions) <= set(TIMED_DIRECTIONS)
+            assert change.what and not re.search(r"\bv\d+b?\b", change.what), (
+                "no version numbers: the README shows this text")
+
+
+def test_a_row_predates_the_changes_made_after_it_in_its_direction():
+    assert registry.changes_since(row()) == [PALLAS_FLEX_V9]
+    assert registry.changes_since(row(timestamp=AFTER)) == []
+    assert registry.changes_since(row(direction="fwd")) == []  # the change moves bwd only
+    # A CP row takes its inner kernel's changes; another inner, none.
+    assert registry.changes_since(row(backend="jax.cp_ring", inner="jax.pallas_flex")) == [
+        PALLAS_FLEX_V9]
+    assert registry.changes_since(row(backend="jax.cp_ring", inner="jax.cudnn")) == []
+    # A time without an offset is UTC; no time or an unknown backend: nothing to say.
+    assert registry.changes_since(row(timestamp="2026-11-28T11:27:32")) == [PALLAS_FLEX_V9]
+    assert registry.changes_since(row(timestamp=None)) == []
+    assert registry.changes_since(row(timestamp=float("nan"))) == []
+    assert registry.changes_since(row(backend="jax.plugin")) == []
+
+
+def test_a_marked_figure_carries_the_flag_after_its_others():
+    assert tables.format_row(row()) == "400" + legend.FLAG_CHANGED
+    assert tables.format_row(row(timestamp=AFTER)) == "400"
+    assert tables.format_row(row(check_err=None, spread=2.0)) == "400~?" + legend.FLAG_CHANGED
+    # A dated record of one version leaves it out; a failed row shows its code alone.
+    assert tables.format_row(row(), mark_changes=False) == "400"
+    assert tables.format_row(row(status="OOM")) == "E"
+    assert any(entry.code == legend.FLAG_CHANGED for entry in legend.ENTRIES)
+
+
+def test_a_page_names_each_change_once_with_the_figures_it_marks():
+    rows = pd.DataFrame([row(), row(direction="fwd"), row(timestamp=AFTER),
+                         row(backend="jax.cp_ring", inner="jax.pallas_flex"),
+                         row(backend="jax.cp_ring", inner="jax.pallas_flex", status="OOM")])
+    lines = changes.markdown(rows)
+    assert len(lines) == 2 and lines[0].startswith("Figures marked †")
+    assert PALLAS_FLEX_V9.commit in lines[1] and "`jax.pallas_flex` changed at" in lines[1]
+    assert "2 bwd figures here predate it (`jax.cp_ring`, `jax.pallas_flex`" in lines[1]
+    assert changes.markdown(rows, count=False) == [
+        f"† measured before `jax.pallas_flex` changed at {PALLAS_FLEX_V9.commit} "
+        f"(2026-11-28): {PALLAS_FLEX_V9.what}."]
+    assert changes.markdown(rows.iloc[[1, 2]]) == []
+
+
+def test_the_committed_h200_cp_run_is_marked_where_it_predates_the_change():
+    """Its backward figures of pallas_flex, and of the JAX strategies running
+    it, were measured before the change; forward and torch figures were not
+    touched by it. The headline, the pages' rows and the export agree."""
+    folder = canonical.ROOT / "results" / "2026-11-27-h200x4-cp"
+    source, frame = loading.load_sweeps({"cp": folder})["cp"]
+    tidy = export.tidy(frame, "cp-h200")
+    marked = tidy[tidy["changed_since"] != ""]
+    assert set(marked["changed_since"]) == {PALLAS_FLEX_V9.commit}
+    assert set(marked["direction"]) == {"bwd"} and set(marked["framework"]) == {"jax"}
+    assert (marked["backend"] == "jax.pallas_flex").any()
+    assert (marked["suite"] == "cp").any()
+    text = headline.markdown({"cp": folder})
+    assert legend.FLAG_CHANGED in text and f"changed at {PALLAS_FLEX_V9.commit}" in text
+    for line in text.splitlines():
+        if line.startswith("| causal_document | 64k"):
+            jax_single = line.split("|")[3]
+            assert re.search(r"\d+ / \d+† pallas_flex", jax_single), line
+
+
+@pytest.mark.parametrize("direction", TIMED_DIRECTIONS)
+def test_rows_measured_after_every_change_are_never_marked(direction):
+    now = datetime.datetime.now(datetime.UTC).isoformat()
+    for name in registry.all_backends():
+        assert registry.changes_since(row(backend=name, direction=direction,
+                                          timestamp=now)) == []
