@@ -177,4 +177,3 @@ def against_published(curve: KernelCurve, network: Network, shape: Shape,
                             "pack range": f"{min(speeds[best]):.0f}-{max(speeds[best]):.0f}",
                             "error %": round(100.0 * (model - published) / published)})
     return pd.DataFrame(records)
-

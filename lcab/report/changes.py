@@ -15,10 +15,11 @@ from lcab.status import Status
 def predated(rows: pd.DataFrame) -> dict[registry.Change, pd.DataFrame]:
     """Each change that some OK row predates -> those rows, oldest change first."""
     found: dict[registry.Change, list[int]] = {}
-    for index, row in rows[rows["status"] == Status.OK.value].iterrows():
-        for change in registry.changes_since(row):
-            found.setdefault(change, []).append(index)
-    return {change: rows.loc[found[change]] for change in sorted(found, key=lambda c: c.when)}
+    for position, (_, row) in enumerate(rows.iterrows()):
+        if row["status"] == Status.OK.value:  # a failed row shows no figure to mark
+            for change in registry.changes_since(row):
+                found.setdefault(change, []).append(position)
+    return {change: rows.iloc[found[change]] for change in sorted(found, key=lambda c: c.when)}
 
 
 def markdown(rows: pd.DataFrame, *, count: bool = True) -> list[str]:

@@ -22,6 +22,7 @@ import pandas as pd
 
 from lcab import registry, results
 from lcab.report import tables
+from lcab.status import Status
 
 # column -> meaning, in file order.
 COLUMNS: dict[str, str] = {
@@ -65,8 +66,8 @@ COLUMNS: dict[str, str] = {
     "date": "UTC date the row was written, YYYY-MM-DD",
     "timestamp": "UTC time the row was written, ISO 8601",
     "commit": "git commit of the LCAB checkout that measured it",
-    "changed_since": "commits of later changes to its kernel that can move this figure "
-                     "(lcab.registry.Change; empty: none), the tables' †",
+    "changed_since": "commits of later changes to its kernel that can move this OK row's "
+                     "figure (lcab.registry.Change; empty: none), the tables' †",
     "run_id": "the run that wrote the row",
     "source": "the committed JSONL file the row was read from, relative to the repository",
 }
@@ -123,6 +124,7 @@ def tidy(frame: pd.DataFrame, sweep: str = "") -> pd.DataFrame:
         "timestamp": rows["timestamp"],
         "commit": rows["git_commit"],
         "changed_since": [" ".join(change.commit for change in registry.changes_since(row))
+                          if row["status"] == Status.OK.value else ""  # no figure to move
                           for _, row in rows.iterrows()],
         "run_id": rows["run_id"],
         "source": rows.get("source", ""),
