@@ -69,9 +69,9 @@ def test_a_page_names_each_change_once_with_the_figures_it_marks():
     assert len(lines) == 2 and lines[0].startswith("Figures marked †")
     assert PALLAS_FLEX_V9.commit in lines[1] and "`jax.pallas_flex` changed at" in lines[1]
     assert "2 bwd figures here predate it (`jax.cp_ring`, `jax.pallas_flex`" in lines[1]
-    assert changes.markdown(rows, count=False) == [
-        f"† measured before `jax.pallas_flex` changed at {PALLAS_FLEX_V9.commit} "
-        f"(2026-11-28): {PALLAS_FLEX_V9.what}."]
+    headline_line = (f"† measured before `jax.pallas_flex` changed at {PALLAS_FLEX_V9.commit} "
+                     f"(2026-11-28): {PALLAS_FLEX_V9.what}.")
+    assert changes.markdown(rows, count=False) == [headline_line]
     assert changes.markdown(rows.iloc[[1, 2]]) == []
 
 
@@ -80,7 +80,7 @@ def test_the_committed_h200_cp_run_is_marked_where_it_predates_the_change():
     it, were measured before the change; forward and torch figures were not
     touched by it. The headline, the pages' rows and the export agree."""
     folder = canonical.ROOT / "results" / "2026-11-27-h200x4-cp"
-    source, frame = loading.load_sweeps({"cp": folder})["cp"]
+    _, frame = loading.load_sweeps({"cp": folder})["cp"]
     tidy = export.tidy(frame, "cp-h200")
     marked = tidy[tidy["changed_since"] != ""]
     assert set(marked["changed_since"]) == {PALLAS_FLEX_V9.commit}
