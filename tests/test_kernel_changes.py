@@ -101,3 +101,14 @@ def test_rows_measured_after_every_change_are_never_marked(direction):
     for name in registry.all_backends():
         assert registry.changes_since(row(backend=name, direction=direction,
                                           timestamp=now)) == []
+
+
+def test_advice_says_which_rows_it_read_predate_a_change():
+    """lcab.advise shows no † per cell (a cell may be modelled from many
+    rows), so the runs it read say how many predate which change."""
+    from lcab.advise import evidence
+
+    said = evidence.load("H100").describe().splitlines()
+    predating = [line for line in said if "predate a later change" in line]
+    assert len(predating) == 1 and PALLAS_FLEX_V9.commit in predating[0]
+    assert re.match(r"\d+ bwd rows read here", predating[0]), predating[0]

@@ -23,7 +23,7 @@ from lcab.model.kernel_curve import KernelCurve, curve_rows
 from lcab.model.network import INFINIBAND_NDR, Network, networks_from_comm
 from lcab.model.strategies import HBM_H100, STRATEGIES
 from lcab.model.validation import against_published, predicted_vs_measured
-from lcab.report import sources
+from lcab.report import changes, sources
 from lcab.report.tables import inner_kernel
 from lcab.results import default_options, json_field
 from lcab.status import Status
@@ -164,11 +164,19 @@ class Evidence:
             gpus_per_node=8, inter=INFINIBAND_NDR))
 
     def describe(self) -> str:
-        """The runs read, one line each: folder, commits, dates."""
+        """The runs read, one line each: folder, commits, dates; then a line
+        per later kernel change that rows read here predate (lcab.registry.
+        Change): the figures built on them, measured or modelled, describe
+        the code before it."""
         lines = []
         for folder in self.folders:
             mine = [r for r in self.rows if _inside(r, folder)]
             lines.append(f"{calibration.where([folder])}: {calibration.about(mine)}")
+        timed = pd.DataFrame([r for r in self.rows if r.get("suite") in ("kernel", "cp")])
+        for change, mine in (changes.predated(timed) if len(timed) else {}).items():
+            lines.append(f"{len(mine)} {'/'.join(change.directions)} rows read here predate "
+                         f"a later change, so the figures built on them describe the code "
+                         f"before it: {changes.described(change)}")
         return "\n".join(lines)
 
 

@@ -29,10 +29,7 @@ def markdown(rows: pd.DataFrame, *, count: bool = True) -> list[str]:
     mark, without (the README's headline) one line per change."""
     lines = []
     for change, mine in predated(rows).items():
-        owners = sorted(name for name, entry in registry.all_backends().items()
-                        if change in entry.changes)
-        text = (f"`{', '.join(owners)}` changed at {change.commit} ({change.when[:10]}): "
-                f"{change.what}.")
+        text = described(change)
         if not count:
             lines.append(f"{FLAG_CHANGED} measured before {text}")
             continue
@@ -44,3 +41,10 @@ def markdown(rows: pd.DataFrame, *, count: bool = True) -> list[str]:
         lines.insert(0, f"Figures marked {FLAG_CHANGED} were measured before a later change "
                         "to their kernel, which a rerun measures:")
     return lines
+
+
+def described(change: registry.Change) -> str:
+    """"`jax.pallas_flex` changed at ac1d548 (2026-11-28): <what>."."""
+    owners = sorted(name for name, entry in registry.all_backends().items()
+                    if change in entry.changes)
+    return f"`{', '.join(owners)}` changed at {change.commit} ({change.when[:10]}): {change.what}."
