@@ -184,8 +184,9 @@ def markdown(folders: loading.Folders = None, *, require_check: bool = True) -> 
                 "_(no OK row with the full-size check)_")
             parts += [title, "", shown, ""]
             ranked.append(group)
-    # The changes behind the flagged figures (a ranked row that lost to
-    # another is not shown, so its change is named only where a figure is).
+    # Once a figure shown carries the mark, the changes the ranked rows
+    # predate, each once (with one change declared, exactly those behind
+    # the marks; with several, possibly one that only a losing row predates).
     if any(legend.FLAG_CHANGED in part for part in parts):
         parts += [*changes.markdown(pd.concat(ranked), count=False), ""]
     if not parts:
