@@ -8,12 +8,12 @@ backend is one module plus one line in BACKENDS.
 from __future__ import annotations
 
 import dataclasses
-import datetime
 import importlib
 import types
 from collections.abc import Mapping
 
 from lcab.backend import Backend
+from lcab.results import parsed_time
 from lcab.runtime import Runtime
 
 
@@ -133,23 +133,15 @@ def changes_since(row: Mapping) -> list[Change]:
     """The changes to a row's backend, and to the inner kernel of a CP row,
     made after the row was measured that can move its direction's figure;
     [] for a row without a timestamp or of a backend not registered here."""
-    measured = _moment(row.get("timestamp"))
+    measured = parsed_time(row.get("timestamp"))
     if measured is None:
         return []
     entries = all_backends()
     names = [row.get("backend"), row.get("inner")]
     return [change for name in dict.fromkeys(names) if name in entries
             for change in entries[name].changes
-            if row.get("direction") in change.directions and _moment(change.when) > measured]
-
-
-def _moment(text) -> datetime.datetime | None:
-    try:
-        moment = datetime.datetime.fromisoformat(str(text))
-    except ValueError:
-        return None
-    # A time without an offset is UTC, as lcab.results writes them.
-    return moment if moment.tzinfo else moment.replace(tzinfo=datetime.UTC)
+            if row.get("direction") in change.directions
+            and parsed_time(change.when) > measured]
 
 
 def register_backend(name: str, target: str, suite: str = "kernel") -> None:

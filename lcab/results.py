@@ -267,7 +267,7 @@ def _time_order(row: Mapping) -> tuple:
     """Sort key of a row's time, as tables.latest orders them: by the
     instant (not the text: "+02:00" and "Z" sort right), rows without a
     readable time first."""
-    time = _parsed_time(row.get("timestamp"))
+    time = parsed_time(row.get("timestamp"))
     return (0, _EARLIEST) if time is None else (1, time)
 
 
@@ -445,10 +445,10 @@ def _is_json_object(value) -> bool:
 
 
 def _is_iso_time(value) -> bool:
-    return isinstance(value, str) and _parsed_time(value) is not None
+    return isinstance(value, str) and parsed_time(value) is not None
 
 
-def _parsed_time(value) -> datetime.datetime | None:
+def parsed_time(value) -> datetime.datetime | None:
     """An ISO 8601 time as an aware datetime (UTC where it names no zone);
     None where it is not one."""
     try:

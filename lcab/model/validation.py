@@ -155,11 +155,10 @@ def against_published(curve: KernelCurve, network: Network, shape: Shape,
     "best" is the strategy we run whose mean is highest."""
     records = []
     for mask_name, who, strategy, dispatch, figures in PUBLISHED:
+        names = RUN_HERE if strategy == "best" else (strategy,)
+        drawn = taken_params(mask_name, distribution=distribution, sampler=PUBLISHED_SAMPLER)
         for cp, published in figures.items():
-            names = RUN_HERE if strategy == "best" else (strategy,)
             speeds = {name: [] for name in names}
-            drawn = taken_params(mask_name, distribution=distribution,
-                                 sampler=PUBLISHED_SAMPLER)
             for seed in range(packs if drawn else 1):  # a mask that draws nothing: one
                 mask = make_mask(mask_name, seqlen_per_gpu * cp, seed=seed, **drawn)
                 for name in names:
