@@ -95,6 +95,20 @@ def test_the_committed_h200_cp_run_is_marked_where_it_predates_the_change():
             assert re.search(r"\d+ / \d+† pallas_flex", jax_single), line
 
 
+def test_a_ratio_to_one_gpu_marks_the_figure_that_predates_the_change():
+    """On the committed H200 run the one-GPU kernel at 16k was rerun after
+    the change and the cp-2 rows were not: the ratio sets two versions side
+    by side, and its cell says which figure is the older one."""
+    folder = canonical.ROOT / "results" / "2026-11-27-h200x4-cp"
+    _, frame = loading.load_sweeps({"cp": folder})["cp"]
+    table = tables.cp_vs_single_table(frame)
+    backward = table.loc[("causal_document", 16384, "bwd", 2)]
+    assert re.fullmatch(r"\d+† / \d+ = \d\.\d\d", backward["groupcast/jax.cp_groupcast"])
+    forward = table.loc[("causal_document", 16384, "fwd", 2)]
+    assert legend.FLAG_CHANGED not in forward["groupcast/jax.cp_groupcast"]
+    assert legend.FLAG_CHANGED not in "".join(table.loc[("causal_document", 32768, "bwd", 4)])
+
+
 @pytest.mark.parametrize("direction", TIMED_DIRECTIONS)
 def test_rows_measured_after_every_change_are_never_marked(direction):
     now = datetime.datetime.now(datetime.UTC).isoformat()

@@ -196,7 +196,9 @@ class Page:
         if len(against):
             self.add("### Context parallel against one GPU", "",
                      "Each strategy's per-GPU TFLOP/s over the TFLOP/s of the kernel it runs "
-                     "inside, alone on one GPU, on the same workload: cp / single = ratio.",
+                     "inside, alone on one GPU, on the same workload: cp / single = ratio. A "
+                     f"figure marked {legend.FLAG_CHANGED} predates a change to its kernel, so "
+                     "its ratio may set two versions of the kernel side by side.",
                      "", to_markdown(against))
 
     def module(self, group: pd.DataFrame) -> None:

@@ -455,17 +455,26 @@ def inner_options(row: Mapping) -> dict:
     return _options(row.get("options"))
 
 
-def _inner_baseline(singles: Sequence[tuple[dict, float]], ran_with: dict) -> float | None:
-    """The single-GPU TFLOP/s a CP row is compared with: its inner kernel run
+def _inner_baseline(singles: Sequence[tuple[dict, pd.Series]], ran_with: dict) -> pd.Series | None:
+    """The single-GPU row a CP row is compared with: its inner kernel run
     with options the CP row's inner kernel also ran with (inner_options; a
     kernel row with an option the CP run lacked, e.g. fused_backward=true,
     measured a different kernel). Where several match, the one that set the
     most options, then the newest."""
     best, best_size = None, -1
-    for options, tflops in singles:  # oldest first: a tie goes to the newer
+    for options, row in singles:  # oldest first: a tie goes to the newer
         if options.items() <= ran_with.items() and len(options) >= best_size:
-            best, best_size = float(tflops), len(options)
+            best, best_size = row, len(options)
     return best
+
+
+def _flagged_tflops(row: Mapping) -> str:
+    """A row's TFLOP/s with FLAG_CHANGED when its kernel changed since: a
+    ratio of two figures may then compare two versions of one kernel."""
+    text = measure.format_number(row["tflops"])
+    # Rows written before the `inner` column name their kernel in the notes.
+    named = dict(row) | {"inner": inner_kernel(row)}
+    return text + FLAG_CHANGED if registry.changes_since(named) else text
 
 
 def cp_vs_single_table(frame: pd.DataFrame) -> pd.DataFrame:
@@ -473,15 +482,17 @@ def cp_vs_single_table(frame: pd.DataFrame) -> pd.DataFrame:
     on the same workload and device (same workload_key and direction).
 
     Index (mask, seqlen, direction, cp_size); one column per strategy line;
-    cells "cp / single = ratio", empty where either row is missing or not OK.
+    cells "cp / single = ratio" (each figure flagged FLAG_CHANGED where it
+    predates a change to its kernel), empty where either row is missing or
+    not OK.
     """
     cp = with_line(suite_rows(frame, "cp"))
     cp = cp[cp["status"] == Status.OK.value]
     kernel = suite_rows(frame, "kernel")
-    singles = {}  # (backend, workload_key, direction, device) -> [(options, tflops)], oldest first
+    singles = {}  # (backend, workload_key, direction, device) -> [(options, row)], oldest first
     for _, row in _oldest_first(kernel[kernel["status"] == Status.OK.value]).iterrows():
         key = (row["backend"], row["workload_key"], row["direction"], row["device"])
-        singles.setdefault(key, []).append((_options(row.get("options")), row["tflops"]))
+        singles.setdefault(key, []).append((_options(row.get("options")), row))
     if not cp.empty:
         single_setting(cp, "cp_vs_single_table")
     records = {}
@@ -490,8 +501,8 @@ def cp_vs_single_table(frame: pd.DataFrame) -> pd.DataFrame:
         baseline = _inner_baseline(singles.get(key, ()), inner_options(row))
         if baseline is not None:
             records[tuple(row[c] for c in CP_INDEX), row["line"]] = (
-                f"{measure.format_number(row['tflops'])} / {measure.format_number(baseline)}"
-                f" = {row['tflops'] / baseline:.2f}")
+                f"{_flagged_tflops(row)} / {_flagged_tflops(baseline)}"
+                f" = {row['tflops'] / float(baseline['tflops']):.2f}")
     index = sorted_index(cp, CP_INDEX)
     columns = line_order(cp)
     cells = [[records.get((key, line), "") for line in columns] for key in index]
