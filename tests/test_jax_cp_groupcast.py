@@ -192,3 +192,36 @@ def test_a_chunk_that_does_not_tile_the_dispatch_is_unsupported_with_the_reason(
                                     {"cp_size": "2", "dispatch": "zigzag", "chunk": "24"})
     support = backend.supports(Workload(1, 128, 128, 4, 4, 16, "float32", mask))
     assert not support.ok and "chunk=24 must be a positive divisor of 32" in support.reason
+
+
+@pytest.mark.parametrize("transfer", ["all_to_all", "shifts"])
+def test_zero_padding_matches_the_reference_and_fills_past_the_rank(transfer):
+    """padding=zeros: the buckets' empty slots index one past the rank's
+    chunks (the gather fills zeros, the backward drops them), and out and
+    gradients still match the reference, with the tabled kernel and with
+    one branch per rank."""
+    for mask_name in ("causal_document", "full_document"):
+        how = check("jax.cp_groupcast", mask_name, 4, "balanced", seqlen=128, heads=(4, 2),
+                    transfer=transfer, padding="zeros")
+        assert "inner jax.pallas_flex" in how
+        check("jax.cp_groupcast", mask_name, 4, "balanced", seqlen=128, heads=(4, 2),
+              transfer=transfer, padding="zeros", inner="jax.xla")
+    mask = small_mask("causal_document", 128)
+    workload = Workload(1, 128, 128, 4, 2, 16, "float32", mask)
+    dispatch = make_dispatch("balanced", mask, 4)
+    tables = {}
+    for padding in ("copy", "zeros"):
+        backend = registry.load_backend("jax.cp_groupcast", {
+            "cp_size": "4", "dispatch": "balanced", "transfer": transfer, "padding": padding})
+        tables[padding] = backend.send_table(workload, dispatch)
+        chunks = dispatch.tokens_per_rank // backend.cast(workload, dispatch).chunk
+    padded = tables["zeros"] == chunks
+    assert padded.any(), "this case must have padding to test it"
+    assert (tables["copy"][padded] == 0).all()
+    np.testing.assert_array_equal(tables["copy"][~padded], tables["zeros"][~padded])
+    assert "padding=zeros" in backend.case_notes(workload)
+
+
+def test_an_unknown_padding_names_the_choices():
+    with pytest.raises(registry.Unavailable, match="padding='none' is not one of copy, zeros"):
+        registry.load_backend("jax.cp_groupcast", {"cp_size": "2", "padding": "none"})

@@ -55,6 +55,13 @@ def cast_of(mask: AttnMask, dispatch, chunk: int | None) -> GroupCast:
 # to the largest bucket of its own shift (fewer padded bytes where only
 # near ranks see much of each other, as on documents; cp - 1 collectives).
 TRANSFERS = ("all_to_all", "shifts")
+# What a bucket's empty slots carry: a copy of the rank's first chunk (what
+# every row so far ran; its gradient, zero, is scatter-added back onto that
+# chunk, every padded slot onto the same addresses) or zeros (an index past
+# the rank's chunks: the gather fills zeros, the backward's scatter drops
+# them). No query sees either.
+PADDINGS = ("copy", "zeros")
+PADDING = -1  # a padded slot in Layout.sends
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,8 +90,8 @@ class Layout:
     stages: int  # kernel calls
     # landing[r][h]: (global chunk, place in hop h's piece) of what rank r receives.
     landing: tuple[tuple[tuple[tuple[int, int], ...], ...], ...]
-    # sends[s]: the local chunk indices rank s sends, hop after hop
-    # (padding sends chunk 0, whose copy no query sees).
+    # sends[s]: the local chunk indices rank s sends, hop after hop; PADDING
+    # where a bucket has nothing to carry (the backend fills it: `padding`).
     sends: np.ndarray
 
     def widths(self, own: int, chunk: int) -> tuple[int, ...]:
@@ -139,7 +146,7 @@ def transfer_layout(cast: GroupCast, transfer: str, stages: int = 1) -> Layout:
                                 1 + group if stages > 1 else 1))
                 routes.append({(r, (r - d) % cp): (0, size, 0) for r in range(cp)})
     landing = [[[] for _ in hops] for _ in range(cp)]
-    sends = np.zeros((cp, max(sum(h.size for h in hops), 1)), np.int32)
+    sends = np.full((cp, max(sum(h.size for h in hops), 1)), PADDING, np.int32)
     at = [0] * cp
     for h, (hop, route) in enumerate(zip(hops, routes)):
         for (receiver, sender), (lo, hi, place) in route.items():
@@ -215,11 +222,11 @@ class GroupCastBackend(RankSubMasks, base.ContextParallelBackend):
                    "the own keys' kernel runs while they travel; the backward returns partial "
                    "dK/dV to their owners")
     options = {**base.ContextParallelBackend.options, "chunk": int, "transfer": str,
-               "stages": int}
+               "stages": int, "padding": str}
 
     def __init__(self, cp_size: int = 2, dispatch: str = "zigzag",
                  inner: str = base.DEFAULT_INNER, inner_options=None, chunk: int | None = None,
-                 transfer: str = "all_to_all", stages: int = 1):
+                 transfer: str = "all_to_all", stages: int = 1, padding: str = "copy"):
         super().__init__(cp_size, dispatch, inner, inner_options)
         if chunk is not None and chunk < 1:
             raise ValueError(f"chunk={chunk} must be a positive number of tokens")
@@ -228,7 +235,9 @@ class GroupCastBackend(RankSubMasks, base.ContextParallelBackend):
         if stages < 1:
             raise ValueError(f"stages={stages} must be 1 (one kernel call after the transfer) "
                              "or more (the own keys first, the received keys in stages - 1 calls)")
-        self.chunk, self.transfer, self.stages = chunk, transfer, stages
+        if padding not in PADDINGS:
+            raise ValueError(f"padding={padding!r} is not one of {', '.join(PADDINGS)}")
+        self.chunk, self.transfer, self.stages, self.padding = chunk, transfer, stages, padding
 
     def cast(self, workload, dispatch) -> GroupCast:
         return cast_of(workload.mask, dispatch, self.chunk)
@@ -273,6 +282,14 @@ class GroupCastBackend(RankSubMasks, base.ContextParallelBackend):
                 return Support.no(problem)
         return Support.yes(kernel.how or support.how, support.directions)
 
+    def send_table(self, workload, dispatch) -> np.ndarray:
+        """Layout.sends with its padded slots filled as `padding` says: the
+        rank's chunk 0, or one index past its chunks."""
+        sends = self.transfer_layout(workload, dispatch).sends
+        filler = 0 if self.padding == "copy" else dispatch.tokens_per_rank // self.cast(
+            workload, dispatch).chunk
+        return np.where(sends == PADDING, filler, sends).astype(np.int32)
+
     def sent_chunks(self, cast: GroupCast) -> int:
         """Chunks the transfer moves, padding included."""
         return cast.padded_chunks() if self.transfer == "all_to_all" else cast.shifted_chunks()
@@ -283,18 +300,22 @@ class GroupCastBackend(RankSubMasks, base.ContextParallelBackend):
         return (f"{super().case_notes(workload)}; chunk={cast.chunk}; transfer={self.transfer}; "
                 f"stages={self.transfer_layout(workload, dispatch).stages}; "
                 f"K/V chunks seen {cast.moved_chunks()}, moved {self.sent_chunks(cast)} with "
-                f"padding, where a ring moves {cast.all_gather_chunks()}")
+                f"padding, where a ring moves {cast.all_gather_chunks()}"
+                + ("; padding=zeros" if self.padding == "zeros" else ""))
 
     def local_attention(self, workload, dispatch):
         cast = self.cast(workload, dispatch)
         plan_ = self.transfer_layout(workload, dispatch)
         cp, chunk = cast.cp, cast.chunk
+        send_table = self.send_table(workload, dispatch)
 
         def pieces(x, sends):
             """Each hop's received piece of x on this rank, in hop order."""
             batch, tokens, heads, dim = x.shape
             chunks = x.reshape(batch, tokens // chunk, chunk, heads, dim)
-            picked = jnp.take(chunks, sends, axis=1)
+            # Out of range only where padding="zeros": filled with zeros here,
+            # dropped by the transpose's scatter-add.
+            picked = jnp.take(chunks, sends, axis=1, mode="fill", fill_value=0)
             out, at = [], 0
             for hop in plan_.hops:
                 piece = picked[:, at:at + hop.size]
@@ -328,7 +349,7 @@ class GroupCastBackend(RankSubMasks, base.ContextParallelBackend):
                                base.own(call_tables))
 
             return base.with_tables(per_rank_staged, self.mesh(),
-                                    (tuple(tables for _, tables in bound), plan_.sends))
+                                    (tuple(tables for _, tables in bound), send_table))
 
         kernel = self.tabled_kernel()
         if kernel is None:
@@ -340,7 +361,7 @@ class GroupCastBackend(RankSubMasks, base.ContextParallelBackend):
                 (k,), (v,) = call_keys(k, sends), call_keys(v, sends)
                 return attend(q, k, v)
 
-            return base.with_tables(per_rank, self.mesh(), plan_.sends)
+            return base.with_tables(per_rank, self.mesh(), send_table)
 
         kernel, tables = kernel.bind(calls[0], workload)
 
@@ -351,7 +372,7 @@ class GroupCastBackend(RankSubMasks, base.ContextParallelBackend):
             out, _ = kernel.attend(q, k, v, base.own(kernel_tables))
             return out
 
-        return base.with_tables(per_rank_tabled, self.mesh(), (tables, plan_.sends))
+        return base.with_tables(per_rank_tabled, self.mesh(), (tables, send_table))
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
