@@ -81,7 +81,12 @@ _BUILTIN_BACKENDS = {
     "torch.fa4": Entry("torch_backends.kernels.flash_attn:FlashAttn4Backend"),
     "torch.cp_ulysses": Entry("torch_backends.cp.ulysses:UlyssesBackend", "cp"),
     "torch.cp_allgather": Entry("torch_backends.cp.allgather:AllGatherBackend", "cp"),
-    "torch.cp_ring_flex": Entry("torch_backends.cp.ring:RingBackend", "cp"),
+    "torch.cp_ring_flex": Entry("torch_backends.cp.ring:RingBackend", "cp", changes=(
+        Change("2026-11-27T21:17:28+00:00", "fc2a9e5", ("fwd", "bwd"),
+               "its ring steps' FlexAttention could pass torch.compile's recompile limit and "
+               "run the dense eager path (causal at cp 4 read 7 / 15 TFLOP/s); the limit now "
+               "covers a ring case and hitting it is an error, so a figure may move "
+               "(docs/context_parallel.md)"),)),
     "torch.cp_ring": Entry("torch_backends.cp.libraries:YunchangRingBackend", "cp"),
     "torch.cp_usp": Entry("torch_backends.cp.libraries:YunchangUspBackend", "cp"),
     "torch.cp_ring_flash_attn": Entry("torch_backends.cp.libraries:RingFlashAttnBackend", "cp"),

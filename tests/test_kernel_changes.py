@@ -14,6 +14,7 @@ from lcab.report import changes, export, headline, legend, tables
 from lcab.report import sources as loading
 
 PALLAS_FLEX_V9 = registry.all_backends()["jax.pallas_flex"].changes[-1]
+RING_FLEX_FIX = registry.all_backends()["torch.cp_ring_flex"].changes[-1]
 BEFORE = "2026-11-28T11:27:32+00:00"  # a second before that commit
 AFTER = "2026-11-28T11:27:34+00:00"
 
@@ -83,10 +84,15 @@ def test_the_committed_h200_cp_run_is_marked_where_it_predates_the_change():
     _, frame = loading.load_sweeps({"cp": folder})["cp"]
     tidy = export.tidy(frame, "cp-h200")
     marked = tidy[tidy["changed_since"] != ""]
-    assert set(marked["changed_since"]) == {PALLAS_FLEX_V9.commit}
-    assert set(marked["direction"]) == {"bwd"} and set(marked["framework"]) == {"jax"}
-    assert (marked["backend"] == "jax.pallas_flex").any()
-    assert (marked["suite"] == "cp").any()
+    jax_marked = marked[marked["framework"] == "jax"]
+    assert set(jax_marked["changed_since"]) == {PALLAS_FLEX_V9.commit}
+    assert set(jax_marked["direction"]) == {"bwd"}
+    assert (jax_marked["backend"] == "jax.pallas_flex").any()
+    assert (jax_marked["suite"] == "cp").any()
+    # torch: only the ring's rows from before its recompile-limit fix.
+    torch_marked = marked[marked["framework"] == "torch"]
+    assert set(torch_marked["backend"]) == {"torch.cp_ring_flex"}
+    assert set(torch_marked["changed_since"]) == {RING_FLEX_FIX.commit}
     text = headline.markdown({"cp": folder})
     assert legend.FLAG_CHANGED in text and f"changed at {PALLAS_FLEX_V9.commit}" in text
     for line in text.splitlines():

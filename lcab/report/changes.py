@@ -33,10 +33,14 @@ def markdown(rows: pd.DataFrame, *, count: bool = True) -> list[str]:
         if not count:
             lines.append(f"{FLAG_CHANGED} measured before {text}")
             continue
-        backends = ", ".join(f"`{name}`" for name in sorted(pd.unique(mine["backend"])))
+        names = sorted(pd.unique(mine["backend"]))
+        backends = ", ".join(f"`{name}`" for name in names)
+        owners = {name for name, entry in registry.all_backends().items()
+                  if change in entry.changes}
+        through = ("; a CP strategy's through its inner kernel"
+                   if set(names) - owners else "")
         lines.append(f"- {FLAG_CHANGED} {text} {len(mine)} {'/'.join(change.directions)} "
-                     f"figures here predate it ({backends}; a CP strategy's through its inner "
-                     "kernel).")
+                     f"figures here predate it ({backends}{through}).")
     if lines and count:
         lines.insert(0, f"Figures marked {FLAG_CHANGED} were measured before a later change "
                         "to their kernel, which a rerun measures:")

@@ -52,15 +52,19 @@ def _short(line: str, framework: str) -> str:
     return line.split("/", 1)[-1].removeprefix(f"{framework}.")
 
 
-def _best(rows: pd.DataFrame, shown: measure.Measure) -> tuple[str, str] | None:
+def _best(rows: pd.DataFrame, shown: measure.Measure, winners: list | None = None
+          ) -> tuple[str, str] | None:
     """(figure, short line name) of the best row, the figure flagged where
-    its kernel changed since (legend.FLAG_CHANGED); None for no row."""
+    its kernel changed since (legend.FLAG_CHANGED); None for no row. The
+    best row is appended to `winners` when given."""
     if rows.empty:
         return None
     # Best first, then by line name: a tie has one answer.
     ranked = rows.assign(_value=rows[shown.column].astype(float)).sort_values(
         ["_value", "line"], ascending=[not shown.higher_is_better, True], kind="stable")
     best = ranked.iloc[0]
+    if winners is not None:
+        winners.append(best.drop("_value"))
     figure = measure.format_number(float(best["_value"]))
     if registry.changes_since(best):
         figure += legend.FLAG_CHANGED
@@ -85,13 +89,14 @@ def frameworks_of(rows: pd.DataFrame) -> list[str]:
             + sorted(present - set(tables.FRAMEWORK_ORDER)))
 
 
-def best_table(rows: pd.DataFrame, frameworks: list[str], by_cp_size: bool = False
-               ) -> pd.DataFrame:
+def best_table(rows: pd.DataFrame, frameworks: list[str], by_cp_size: bool = False,
+               winners: list | None = None) -> pd.DataFrame:
     """Per mask (in order of appearance), at its longest length (for CP
     rows, at every length a strategy ran), the best line of each framework
     (and cp size, for CP rows; cp size 1 is the kernel alone), "fwd / bwd".
 
-    rows: counted rows of one setting with "line" (tables.with_line).
+    rows: counted rows of one setting with "line" (tables.with_line);
+    winners: a list that receives the row behind every figure shown.
     Columns: "jax", "torch", ... or "jax, cp 2", "torch, cp 2", "jax, cp 4", ...
     """
     shown = measure.of_rows(rows)
@@ -110,7 +115,7 @@ def best_table(rows: pd.DataFrame, frameworks: list[str], by_cp_size: bool = Fal
             here = mine[mine["seqlen"] == length]
             records.append([_cell([_best(here[
                 (here["framework"] == framework) & (here["direction"] == direction)
-                & ((here["cp_size"] == size) if size else True)], shown)
+                & ((here["cp_size"] == size) if size else True)], shown, winners)
                 for direction in directions]) for framework, size in columns])
             index.append((mask, format_seqlen(int(length))))
     names = [framework if size is None else f"{framework}, 1 GPU" if size == 1
@@ -147,8 +152,9 @@ def caption(folders: loading.Folders = None) -> str:
 
 
 def _sections(sweep: str, source: loading.Source, frame: pd.DataFrame, require_check: bool):
-    """(title, table or None) per setting of one sweep: its CP table, or else
-    its kernel table; None where it has candidates but none counted."""
+    """(title, table or None, the rows behind its figures) per setting of
+    one sweep: its CP table, or else its kernel table; None where it has
+    candidates but none counted."""
     has_cp = (frame["suite"] == "cp").any()
     rows = tables.suite_rows(frame, "cp" if has_cp else "kernel")
     if has_cp:  # beside the strategies, the kernel they run inside, on one GPU
@@ -167,9 +173,10 @@ def _sections(sweep: str, source: loading.Source, frame: pd.DataFrame, require_c
                  f"[{source.folder}]({source.folder}) at {source.commit}, {source.device}, "
                  f"{source.date}"
                  + (f"; **unfinished: {source.progress}**" if source.progress else ""))
-        group = counted(group, require_check)
-        yield title, (best_table(group, frameworks_of(group), by_cp_size=has_cp)
-                      if len(group) else None), group
+        group, winners = counted(group, require_check), []
+        table = (best_table(group, frameworks_of(group), by_cp_size=has_cp, winners=winners)
+                 if len(group) else None)
+        yield title, table, pd.DataFrame(winners)
 
 
 def markdown(folders: loading.Folders = None, *, require_check: bool = True) -> str:
@@ -177,18 +184,17 @@ def markdown(folders: loading.Folders = None, *, require_check: bool = True) -> 
     a mapping sweep -> folder, or folder paths)."""
     parts = []
     chosen = loading.headline_folders() if folders is None else folders
-    ranked = []
+    shown_rows = []
     for sweep, (source, frame) in loading.load_sweeps(chosen).items():
-        for title, table, group in _sections(sweep, source, frame, require_check):
+        for title, table, winners in _sections(sweep, source, frame, require_check):
             shown = tables.to_markdown(table) if table is not None else (
                 "_(no OK row with the full-size check)_")
             parts += [title, "", shown, ""]
-            ranked.append(group)
-    # Once a figure shown carries the mark, the changes the ranked rows
-    # predate, each once (with one change declared, exactly those behind
-    # the marks; with several, possibly one that only a losing row predates).
+            shown_rows.append(winners)
+    # The changes the figures shown predate, each once: exactly those
+    # behind the marks.
     if any(legend.FLAG_CHANGED in part for part in parts):
-        parts += [*changes.markdown(pd.concat(ranked), count=False), ""]
+        parts += [*changes.markdown(pd.concat(shown_rows, ignore_index=True), count=False), ""]
     if not parts:
         parts = ["_(no canonical sweep has committed rows yet)_", ""]
     if folders is None and (others := _other_cards(chosen)):
