@@ -13,7 +13,7 @@ import types
 from collections.abc import Mapping
 
 from lcab.backend import Backend
-from lcab.results import parsed_time
+from lcab.results import inner_kernel, parsed_time
 from lcab.runtime import Runtime
 
 
@@ -135,14 +135,15 @@ def check_backend_name(name: str) -> str:
 
 
 def changes_since(row: Mapping) -> list[Change]:
-    """The changes to a row's backend, and to the inner kernel of a CP row,
+    """The changes to a row's backend, and to the inner kernel of a CP row
+    (its `inner` column, or for older rows the name its notes give),
     made after the row was measured that can move its direction's figure;
     [] for a row without a timestamp or of a backend not registered here."""
     measured = parsed_time(row.get("timestamp"))
     if measured is None:
         return []
     entries = all_backends()
-    names = [row.get("backend"), row.get("inner")]
+    names = [row.get("backend"), inner_kernel(row)]
     return [change for name in dict.fromkeys(names) if name in entries
             for change in entries[name].changes
             if row.get("direction") in change.directions

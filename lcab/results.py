@@ -61,6 +61,7 @@ import datetime
 import json
 import math
 import pathlib
+import re
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
 
@@ -446,6 +447,21 @@ def _is_json_object(value) -> bool:
 
 def _is_iso_time(value) -> bool:
     return isinstance(value, str) and parsed_time(value) is not None
+
+
+# How rows written before the `inner` column name their inner kernel.
+_INNER_IN_NOTES = re.compile(r"\binner ((?:jax|torch)\.\w+)")
+
+
+def inner_kernel(row: Mapping) -> str | None:
+    """The kernel a CP row runs inside: its `inner` column; for rows written
+    before that column, the registered name its notes give ("inner NAME")."""
+    inner = row.get("inner")
+    if isinstance(inner, str) and inner:
+        return inner
+    notes = row.get("notes")
+    found = _INNER_IN_NOTES.search(notes if isinstance(notes, str) else "")
+    return found.group(1) if found else None
 
 
 def parsed_time(value) -> datetime.datetime | None:

@@ -45,6 +45,10 @@ def test_a_row_predates_the_changes_made_after_it_in_its_direction():
     assert registry.changes_since(row(backend="jax.cp_ring", inner="jax.pallas_flex")) == [
         PALLAS_FLEX_V9]
     assert registry.changes_since(row(backend="jax.cp_ring", inner="jax.cudnn")) == []
+    # A row written before the `inner` column names its kernel in the notes.
+    assert registry.changes_since(row(backend="jax.cp_ring", inner=None,
+                                      notes="ring; dispatch=zigzag; inner jax.pallas_flex (x)")
+                                  ) == [PALLAS_FLEX_V9]
     # A time without an offset is UTC; no time or an unknown backend: nothing to say.
     assert registry.changes_since(row(timestamp="2026-11-28T11:27:32")) == [PALLAS_FLEX_V9]
     assert registry.changes_since(row(timestamp=None)) == []

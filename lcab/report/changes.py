@@ -35,10 +35,8 @@ def markdown(rows: pd.DataFrame, *, count: bool = True) -> list[str]:
             continue
         names = sorted(pd.unique(mine["backend"]))
         backends = ", ".join(f"`{name}`" for name in names)
-        owners = {name for name, entry in registry.all_backends().items()
-                  if change in entry.changes}
         through = ("; a CP strategy's through its inner kernel"
-                   if set(names) - owners else "")
+                   if set(names) - set(owners(change)) else "")
         lines.append(f"- {FLAG_CHANGED} {text} {len(mine)} {'/'.join(change.directions)} "
                      f"figures here predate it ({backends}{through}).")
     if lines and count:
@@ -47,8 +45,13 @@ def markdown(rows: pd.DataFrame, *, count: bool = True) -> list[str]:
     return lines
 
 
+def owners(change: registry.Change) -> list[str]:
+    """The backends that declare the change, sorted."""
+    return sorted(name for name, entry in registry.all_backends().items()
+                  if change in entry.changes)
+
+
 def described(change: registry.Change) -> str:
     """"`jax.pallas_flex` changed at ac1d548 (2026-11-28): <what>."."""
-    owners = sorted(name for name, entry in registry.all_backends().items()
-                    if change in entry.changes)
-    return f"`{', '.join(owners)}` changed at {change.commit} ({change.when[:10]}): {change.what}."
+    return (f"`{', '.join(owners(change))}` changed at {change.commit} ({change.when[:10]}): "
+            f"{change.what}.")

@@ -28,7 +28,7 @@ from lcab import registry, results
 from lcab.flops import TIMED_DIRECTIONS
 from lcab.report import legend, measure
 from lcab.report.legend import FLAG_CHANGED, FLAG_UNCHECKED, FLAG_UNSTEADY
-from lcab.results import MEASUREMENT_KEY
+from lcab.results import MEASUREMENT_KEY, inner_kernel
 from lcab.runtime import SPREAD_LIMIT
 from lcab.status import CODES, Status
 
@@ -430,21 +430,6 @@ def cp_table(frame: pd.DataFrame, suite: str = "cp") -> pd.DataFrame:
     return cell_table(rows, CP_INDEX, "line", line_order(rows), sorted_index(rows, CP_INDEX))
 
 
-# How rows written before the `inner` column name their inner kernel.
-_INNER_IN_NOTES = re.compile(r"\binner ((?:jax|torch)\.\w+)")
-
-
-def inner_kernel(row: Mapping) -> str | None:
-    """The kernel a CP row runs inside: its `inner` column; for rows written
-    before that column, the registered name its notes give ("inner NAME")."""
-    inner = row.get("inner")
-    if isinstance(inner, str) and inner:
-        return inner
-    notes = row.get("notes")
-    found = _INNER_IN_NOTES.search(notes if isinstance(notes, str) else "")
-    return found.group(1) if found else None
-
-
 def inner_options(row: Mapping) -> dict:
     """The options a CP row ran its inner kernel with: its `inner_options`
     column; for rows written before it, the row's own options (a strategy
@@ -472,9 +457,7 @@ def _flagged_tflops(row: Mapping) -> str:
     """A row's TFLOP/s with FLAG_CHANGED when its kernel changed since: a
     ratio of two figures may then compare two versions of one kernel."""
     text = measure.format_number(row["tflops"])
-    # Rows written before the `inner` column name their kernel in the notes.
-    named = dict(row) | {"inner": inner_kernel(row)}
-    return text + FLAG_CHANGED if registry.changes_since(named) else text
+    return text + FLAG_CHANGED if registry.changes_since(row) else text
 
 
 def cp_vs_single_table(frame: pd.DataFrame) -> pd.DataFrame:
