@@ -6,6 +6,7 @@ import jax
 import numpy as np
 import pytest
 
+from jax_backends.cp.groupcast import PADDING
 from lcab import registry
 from lcab.cp import make_dispatch
 from lcab.masks import MASK_NAMES, make_mask, small_mask
@@ -196,38 +197,33 @@ def test_a_chunk_that_does_not_tile_the_dispatch_is_unsupported_with_the_reason(
 
 @pytest.mark.slow
 @pytest.mark.parametrize("transfer", ["all_to_all", "shifts"])
-def test_zero_padding_matches_the_reference(transfer):
-    """padding=zeros: out and gradients match the reference, with the
-    tabled kernel and with one branch per rank."""
+def test_padded_buckets_match_the_reference(transfer):
+    """Where many slots are padding (cp 4, documents): out and gradients
+    match the reference, with the tabled kernel and with one branch per
+    rank."""
     for mask_name in ("causal_document", "full_document"):
         how = check("jax.cp_groupcast", mask_name, 4, "balanced", seqlen=128, heads=(4, 2),
-                    transfer=transfer, padding="zeros")
+                    transfer=transfer)
         assert "inner jax.pallas_flex" in how
         check("jax.cp_groupcast", mask_name, 4, "balanced", seqlen=128, heads=(4, 2),
-              transfer=transfer, padding="zeros", inner="jax.xla")
+              transfer=transfer, inner="jax.xla")
 
 
 @pytest.mark.parametrize("transfer", ["all_to_all", "shifts"])
-def test_zero_padding_indexes_one_past_the_ranks_chunks(transfer):
+def test_padding_indexes_one_past_the_ranks_chunks(transfer):
     """The buckets' empty slots index one past the rank's chunks (the
-    gather fills zeros, the backward drops them) where the default sends
-    chunk 0; every other slot is the same."""
+    gather fills zeros, the backward drops them, so no padded slot's
+    gradient lands on a real chunk); every other slot is the layout's."""
     mask = small_mask("causal_document", 128)
     workload = Workload(1, 128, 128, 4, 2, 16, "float32", mask)
     dispatch = make_dispatch("balanced", mask, 4)
-    tables = {}
-    for padding in ("copy", "zeros"):
-        backend = registry.load_backend("jax.cp_groupcast", {
-            "cp_size": "4", "dispatch": "balanced", "transfer": transfer, "padding": padding})
-        tables[padding] = backend.send_table(workload, dispatch)
-        chunks = dispatch.tokens_per_rank // backend.cast(workload, dispatch).chunk
-    padded = tables["zeros"] == chunks
+    backend = registry.load_backend("jax.cp_groupcast", {
+        "cp_size": "4", "dispatch": "balanced", "transfer": transfer})
+    sends = backend.transfer_layout(workload, dispatch).sends
+    table = backend.send_table(workload, dispatch)
+    chunks = dispatch.tokens_per_rank // backend.cast(workload, dispatch).chunk
+    padded = sends == PADDING
     assert padded.any(), "this case must have padding to test it"
-    assert (tables["copy"][padded] == 0).all()
-    np.testing.assert_array_equal(tables["copy"][~padded], tables["zeros"][~padded])
-    assert "padding=zeros" in backend.case_notes(workload)
-
-
-def test_an_unknown_padding_names_the_choices():
-    with pytest.raises(registry.Unavailable, match="padding='none' is not one of copy, zeros"):
-        registry.load_backend("jax.cp_groupcast", {"cp_size": "2", "padding": "none"})
+    assert (table[padded] == chunks).all()
+    np.testing.assert_array_equal(table[~padded], sends[~padded])
+    assert (table[~padded] < chunks).all()
