@@ -122,3 +122,11 @@ def test_another_cards_current_run_is_named_under_the_tables(folders, monkeypatc
 def test_no_canonical_rows_yet_says_so(tmp_path, monkeypatch):
     monkeypatch.setattr(canonical, "RESULTS", tmp_path)
     assert "no canonical sweep has committed rows yet" in headline.markdown()
+
+
+def test_a_run_given_its_full_commit_hash_is_named_by_its_short_one(tmp_path):
+    full = "bf4c1cc0dbc803907c82356419346f4d2f9d7295"
+    folder = write(tmp_path / "full-hash", [row("jax.a", git_commit=full), row("jax.b")])
+    text = headline.markdown([folder])
+    assert f"at {COMMIT}, bf4c1cc, {GPU}" in text  # sorted, each once
+    assert full not in text

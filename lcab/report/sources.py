@@ -129,11 +129,14 @@ def load(paths: Iterable[str | pathlib.Path]) -> pd.DataFrame:
 
 def describe(sweep: str, folder: str | pathlib.Path, frame: pd.DataFrame) -> Source:
     """The Source of one sweep's newest rows (frame: tables.latest of them)."""
-    def joined(column: str) -> str:
-        values = sorted({str(v) for v in frame[column].dropna()})
+    def joined(column: str, shown=str) -> str:
+        values = sorted({shown(v) for v in frame[column].dropna()})
         return ", ".join(values) or "unknown"
 
-    return Source(sweep, shown_path(folder), joined("git_commit"), joined("device"),
+    def short_commit(commit) -> str:  # rows carry what --git_commit was given, short or full
+        return str(commit)[:7]
+
+    return Source(sweep, shown_path(folder), joined("git_commit", short_commit), joined("device"),
                   tables.date_range(frame), len(frame), progress_text(folder))
 
 
