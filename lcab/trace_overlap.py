@@ -10,6 +10,10 @@ within one GPU count as neither); the busy time of each is the union of its
 kernels' intervals, and the hidden communication is the part of it during
 which a compute kernel also ran. A ring that overlaps well hides most of its
 transfers; an all-gather strategy hides none by design.
+
+Below each overlap table, the kernels that took the most time, per GPU
+(summed over the trace; names cut at their template arguments): where a
+step's time goes, and whether the GPUs carry the same work.
 """
 
 from __future__ import annotations
@@ -127,6 +131,44 @@ def table(overlaps: list[Overlap]) -> str:
     return "\n".join(lines)
 
 
+def kernel_name(event: dict) -> str:
+    """A kernel's name without its template or argument list."""
+    return event.get("name", "").split("(")[0].split("<")[0] or "?"
+
+
+def kernel_times(events: list[dict]) -> dict[str, dict[str, tuple[float, int]]]:
+    """Per device, each kernel name's summed duration (us) and call count."""
+    out: dict[str, dict[str, tuple[float, int]]] = {}
+    for device, kernels in device_kernels(events).items():
+        sums: dict[str, tuple[float, int]] = {}
+        for kernel in kernels:
+            name = kernel_name(kernel)
+            total, count = sums.get(name, (0.0, 0))
+            sums[name] = (total + float(kernel["dur"]), count + 1)
+        out[device] = sums
+    return out
+
+
+def breakdown_table(events: list[dict], top: int = 10) -> str:
+    """The `top` kernels by their largest time on any GPU, ms per GPU (and
+    calls on the first GPU); the rest summed in one line."""
+    times = kernel_times(events)
+    devices = sorted(times)
+    names = sorted({name for sums in times.values() for name in sums},
+                   key=lambda name: (-max(times[d].get(name, (0.0, 0))[0] for d in devices),
+                                     name))
+    lines = ["| kernel | calls | " + " | ".join(f"{d} ms" for d in devices) + " |",
+             "|:--|--:|" + "--:|" * len(devices)]
+    for name in names[:top]:
+        cells = " | ".join(f"{times[d].get(name, (0.0, 0))[0] / 1e3:.2f}" for d in devices)
+        lines.append(f"| {name} | {times[devices[0]].get(name, (0.0, 0))[1]} | {cells} |")
+    if len(names) > top:
+        rest = [sum(times[d].get(name, (0.0, 0))[0] for name in names[top:]) for d in devices]
+        lines.append(f"| {len(names) - top} others | | "
+                     + " | ".join(f"{us / 1e3:.2f}" for us in rest) + " |")
+    return "\n".join(lines)
+
+
 def find_traces(path: str | pathlib.Path) -> list[pathlib.Path]:
     """A trace file, or every trace under a directory (--profile_dir's
     folders): JAX's perfetto_trace.json.gz (not the TensorBoard copy beside
@@ -147,9 +189,13 @@ def main(argv: list[str]) -> int:
               file=sys.stderr)
         return 2
     for path in paths:
-        found = overlap(load_events(path))
+        events = load_events(path)
+        found = overlap(events)
         print(f"{path}\n")
         print(table(found) if found else "no device kernels in this trace (a CPU run?)")
+        if found:
+            print()
+            print(breakdown_table(events))
         print()
     return 0
 

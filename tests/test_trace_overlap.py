@@ -110,3 +110,21 @@ def test_profile_dir_writes_a_trace_per_case_and_keeps_the_rows(tmp_path, framew
     assert all(r["max_err"] is not None and r["max_err"] < 1e-4 for r in rows)
     (trace,) = find_traces(tmp_path / "prof" / f"{backend}_causal_256")
     assert load_events(trace)  # a CPU trace: host events, no device kernels
+
+
+def test_the_breakdown_sums_each_kernel_per_gpu(tmp_path):
+    from lcab.trace_overlap import breakdown_table, kernel_times
+
+    events = load_events(jax_like(tmp_path))
+    events.append({"ph": "X", "pid": 1, "ts": 9000, "dur": 500,
+                   "name": "ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)"})
+    times = kernel_times(events)
+    assert times["GPU 0"]["ncclDevKernel_SendRecv"] == (4500.0, 2)  # one name, args cut
+    assert times["GPU 1"] == {"collective-permute-start": (1000.0, 1),
+                              "triton_kernel": (1000.0, 1)}
+    text = breakdown_table(events, top=2)
+    lines = text.splitlines()
+    assert lines[0] == "| kernel | calls | GPU 0 ms | GPU 1 ms |"
+    assert lines[2] == "| ncclDevKernel_SendRecv | 2 | 4.50 | 0.00 |"
+    assert lines[3] == "| fusion_attention | 1 | 2.00 | 0.00 |"
+    assert lines[4] == "| 3 others | | 2.00 | 2.00 |"

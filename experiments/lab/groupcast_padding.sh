@@ -6,6 +6,8 @@
 # between repeats); the second pair also writes one profiled call per case
 # (--profile_dir) for `python -m lcab.trace_overlap` and a per-kernel sum.
 # Each run writes OUT/<name>/; the last lines are one short table per run.
+# Measured at fcd1851 (results/gpu/2026-11-28-h200x4-groupcast-padding/);
+# zeros won and the option left main at bf4c1cc, so rerun it from fcd1851.
 #
 #   experiments/lab/groupcast_padding.sh OUT COMMIT
 set -uo pipefail
