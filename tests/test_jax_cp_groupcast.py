@@ -26,7 +26,8 @@ def test_every_family_matches_the_reference_with_its_own_dispatch(mask_name):
 
 @pytest.mark.parametrize("cp, dispatch, transfer", [
     (2, "zigzag", "all_to_all"), (4, "balanced", "all_to_all"), (4, "balanced", "shifts"),
-    (8, "contiguous", "all_to_all"), (8, "groupcast", "shifts")])
+    (8, "contiguous", "all_to_all"), (8, "groupcast", "shifts"),
+    (4, "groupcast_tiles", "all_to_all")])
 def test_the_tabled_kernel_serves_every_rank_at_cp_2_4_and_8(cp, dispatch, transfer):
     for mask_name in ("causal_document", "full_document"):
         how = check("jax.cp_groupcast", mask_name, cp, dispatch, seqlen=128, heads=(4, 2),

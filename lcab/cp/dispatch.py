@@ -9,7 +9,8 @@ chunks greedily by their exact area, `ring_balanced` goes on from there
 to even every ring step, not only every rank's total, and
 `tile_balanced` deals finer chunks by the kernel tiles they touch. `groupcast`
 (lcab.cp.groupcast.solve) keeps balanced's even areas and moves few K/V
-chunks under a group-cast plan.
+chunks under a group-cast plan; `groupcast_tiles` does the same with even
+tiles instead of areas.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from lcab.masks.mask import AttnMask
 from lcab.masks.schedule import EMPTY
 
 DISPATCH_NAMES = ("contiguous", "zigzag", "balanced", "ring_balanced", "tile_balanced",
-                  "groupcast")
+                  "groupcast", "groupcast_tiles")
 # tile_balanced's unit of work: the square tile a block-sparse flash kernel
 # computes whole or skips (pallas_flex's forward, FA3).
 TILE = 128
@@ -364,10 +365,10 @@ def make_dispatch(name: str, mask: AttnMask, cp: int, *, chunk: int | None = Non
     if name in ("balanced", "ring_balanced", "tile_balanced"):
         return {"balanced": balanced, "ring_balanced": ring_balanced,
                 "tile_balanced": tile_balanced}[name](mask, cp, chunk)
-    if name == "groupcast":
+    if name in ("groupcast", "groupcast_tiles"):
         from lcab.cp.groupcast import solve  # it builds on this module
 
-        return solve(mask, cp, chunk)
+        return solve(mask, cp, chunk, by_tiles=name == "groupcast_tiles")
     if chunk is not None:
         raise ValueError(f"chunk={chunk} applies to the balanced dispatches only, not {name!r}")
     seqlen = square_seqlen(mask, name)
