@@ -245,6 +245,54 @@ def test_a_failed_part_stays_failed_until_retried(tmp_path, plugin_path):
     assert len(run_states(tmp_path)["broken"]["runs"]) == 2
 
 
+@pytest.mark.slow
+def test_a_part_measured_again_keeps_its_earlier_rows_beside_the_new(tmp_path, plugin_path):
+    """--measure_again: a done part runs from the start at the new commit;
+    its earlier rows move to a file the tables still read, the newest row
+    of each measurement stands; the same command again does not start over."""
+    from lcab.report import sources
+
+    one = part("one", "--backends=numpy.reference", "--seqlens=64")
+    other = part("other", "--backends=numpy.reference", "--seqlens=96")
+    assert runner.run_sweep("blog", tmp_path, [one, other], "old", [], None) == 0
+    assert runner.run_sweep("blog", tmp_path, [one, other], "new", [], None,
+                            again=["one"]) == 0
+    files = sorted(p.name for p in (tmp_path / "one").glob("*.jsonl"))
+    assert len(files) == 2 and any(".before-" in name for name in files)
+    rows = results.read_rows([tmp_path / "one"])
+    assert sorted(r["git_commit"] for r in rows) == ["new", "old"]
+    assert [r["git_commit"] for r in results.read_rows([tmp_path / "other"])] == ["old"]
+    shown = sources.load([tmp_path])
+    newest = results.newest_rows(results.read_rows([tmp_path / "one"]))
+    assert [r["git_commit"] for r in newest] == ["new"]
+    assert set(shown["git_commit"]) == {"old", "new"}  # every file is read
+    state = json.loads((tmp_path / runner.STATE_NAME).read_text())
+    assert state["calls"][-1]["measured_again"] == ["one"]
+    assert state["parts"]["one"]["measured_again_at"] == "new"
+    assert "measured again from the start: `one`" in (tmp_path / "RUN.md").read_text()
+    # The same command again: the part is done at this commit, nothing moves.
+    assert runner.run_sweep("blog", tmp_path, [one, other], "new", [], None,
+                            again=["one"]) == 0
+    assert len(list((tmp_path / "one").glob("*.jsonl"))) == 2
+    assert len(run_states(tmp_path)["one"]["runs"]) == 2
+
+
+def test_parts_to_measure_again_are_named_from_the_sweep(tmp_path):
+    def listed(*flags):
+        return subprocess.run(
+            [sys.executable, "-m", "lcab.experiments.canonical", "cp", "--list",
+             f"--out={tmp_path}", *flags], capture_output=True, text=True, cwd=ROOT,
+            timeout=120, check=False)
+
+    done = listed("--parts=comm", "--measure_again=jax-cp2-8k-full,comm")
+    assert done.returncode == 0, done.stderr
+    names = re.findall(r"^(\S+)  \(", done.stdout, re.MULTILINE)
+    assert names == ["comm", "jax-cp2-8k-full"]  # --parts' order, then the others
+    refused = listed("--measure_again=nonsense")
+    assert refused.returncode != 0 and "cp has no part nonsense" in refused.stderr
+    assert "Traceback" not in refused.stderr
+
+
 def test_a_folder_of_another_sweep_is_refused(tmp_path):
     (tmp_path / runner.STATE_NAME).write_text(json.dumps({"sweep": "cp", "calls": [],
                                                           "parts": {}}))

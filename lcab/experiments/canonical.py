@@ -11,7 +11,10 @@ UTC times, exit status) and RUN.md is rewritten from it after each run, with
 the commit, the package versions and each GPU's name and serial. A part
 whose runs all ended well is done and skipped by later calls; a part cut by
 the time budget or by a stop resumes where it stopped (the CLI's --resume);
-a part that failed is kept as failed and only rerun with --retry. Parts that
+a part that failed is kept as failed and only rerun with --retry; a part
+named in --measure_again is measured from the start with the code at hand
+(its earlier rows stay beside the new ones, the newest row of each
+measurement standing in the tables). Parts that
 repeat another part as a cluster starts it (multi-process JAX, torchrun
 with two nodes) are compared with it, row by row, in RUN.md.
 Exit status: 0 when every chosen part is done, 3 when some remain, 1 when
@@ -68,6 +71,12 @@ EXTRA = flags.DEFINE_string(
     "extra", "", "Flags appended to every run, e.g. a small CPU rehearsal: "
     "--extra='--seqlens=512 --heads=4:2 --head_dim=16'.", flag_values=FLAGS)
 RETRY = flags.DEFINE_bool("retry", False, "Rerun parts that failed.", flag_values=FLAGS)
+MEASURE_AGAIN = flags.DEFINE_list(
+    "measure_again", [], "Measure these parts again from the start (after a change to the "
+    "code they time): each part's rows files are renamed <name>.before-<UTC time>.jsonl, "
+    "which the tables still read (the newest row of each measurement stands), and its "
+    "record starts over. Once per commit: the same command again resumes them.",
+    flag_values=FLAGS)
 PARALLEL = flags.DEFINE_bool(
     "parallel", False, "Run one-GPU parts side by side, one on each visible GPU, each "
     "pinned to its share of the CPU cores; parts of several GPUs still run alone. RUN.md "
@@ -298,23 +307,45 @@ def _commit() -> str:
 
 
 def chosen_parts(sweep: str) -> list[defined.Part]:
+    """--parts in their order, then the --measure_again parts not among them."""
     every = {part.name: part for part in defined.parts(sweep)}
-    if not PARTS.value:
-        return list(every.values())
-    unknown = [name for name in PARTS.value if name not in every]
+    names = PARTS.value or list(every)
+    names += [name for name in MEASURE_AGAIN.value if name not in names]
+    unknown = [name for name in names if name not in every]
     if unknown:
         raise app.UsageError(f"{sweep} has no part {', '.join(unknown)}; its parts: "
                              f"{', '.join(every)}")
-    return [every[name] for name in PARTS.value]
+    return [every[name] for name in names]
+
+
+def measure_again(state: State, folder: pathlib.Path, parts: Sequence[defined.Part],
+                  commit: str, stamp: str) -> list[str]:
+    """Set each part to be measured from the start at `commit`: its rows
+    files moved aside as <name>.before-<stamp>.jsonl and its record reset;
+    a part already set so at this commit is left to resume. The names of
+    the parts set now."""
+    again = []
+    for part in parts:
+        record = state.part(part.name)
+        if record.get("measured_again_at") == commit:
+            continue
+        rows = folder / part.folder
+        for path in sorted(rows.glob("*.jsonl")) if rows.exists() else []:
+            if ".before-" not in path.name:
+                path.rename(path.with_name(f"{path.stem}.before-{stamp}.jsonl"))
+        record.update(status=None, finished_runs=[], measured_again_at=commit)
+        again.append(part.name)
+    return again
 
 
 def run_sweep(sweep: str, folder: pathlib.Path, parts: list[defined.Part], commit: str,
               extra: list[str], budget_s: float | None, *, retry: bool = False,
               min_run_s: float = 60, gpus: list[dict[str, str]] | None = None,
-              parallel: bool = False) -> int:
+              parallel: bool = False, again: Sequence[str] = ()) -> int:
     """Run the parts that are not done, within the budget (with `parallel`,
-    one-GPU parts side by side, one per GPU); 0 all done, 3 some remain,
-    1 one failed, 130 stopped by a signal."""
+    one-GPU parts side by side, one per GPU; the parts named in `again`
+    from the start, see measure_again); 0 all done, 3 some remain, 1 one
+    failed, 130 stopped by a signal."""
     from lcab.experiments.run_record import write_run_md  # pandas: only when running
 
     folder.mkdir(parents=True, exist_ok=True)
@@ -322,10 +353,16 @@ def run_sweep(sweep: str, folder: pathlib.Path, parts: list[defined.Part], commi
     found = machine.gpus() if gpus is None else gpus
     state.check_card(folder, found)
     gpu_ids = machine.visible_gpu_ids(found) if found else []
-    state.data["calls"].append({"start": _now(), "commit": commit, "gpus": found,
-                                "visible": gpu_ids, "versions": machine.versions(),
-                                "extra": extra, "budget_s": budget_s,
-                                "parallel": parallel})
+    start = _now()
+    call = {"start": start, "commit": commit, "gpus": found, "visible": gpu_ids,
+            "versions": machine.versions(), "extra": extra, "budget_s": budget_s,
+            "parallel": parallel}
+    stamp = "".join(ch for ch in start if ch.isdigit())  # 20261128201533
+    measured_again = measure_again(state, folder, [p for p in parts if p.name in again],
+                                   commit, stamp)
+    if measured_again:
+        call["measured_again"] = measured_again
+    state.data["calls"].append(call)
     state.save()
     deadline = None if budget_s is None else time.monotonic() + budget_s
     queue, waiting = [], []
@@ -574,7 +611,8 @@ def main(argv: list[str]) -> int:
     # SIGTERM (an outer time limit) stops like Ctrl-C: children told, state saved.
     signal.signal(signal.SIGTERM, _interrupt)
     return run_sweep(sweep, folder, parts, _commit(), extra, BUDGET.value, retry=RETRY.value,
-                     min_run_s=MIN_RUN.value, gpus=found, parallel=PARALLEL.value)
+                     min_run_s=MIN_RUN.value, gpus=found, parallel=PARALLEL.value,
+                     again=MEASURE_AGAIN.value)
 
 
 def _interrupt(signum, frame):

@@ -77,6 +77,9 @@ def write_run_md(folder: pathlib.Path, state: dict, parts=()) -> pathlib.Path:
         extra = f", extra flags `{' '.join(call['extra'])}`" if call.get("extra") else ""
         if call.get("parallel"):
             extra += ", one-GPU parts side by side (--parallel)"
+        if call.get("measured_again"):
+            extra += (", measured again from the start: "
+                      + ", ".join(f"`{name}`" for name in call["measured_again"]))
         lines.append(f"{number}. {call['start']}, commit `{call['commit']}`{budget}{extra}")
         machine = (gpus, call.get("versions"))
         if machine == machine_before:
