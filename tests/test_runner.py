@@ -198,12 +198,16 @@ def test_resume_retries_errors_but_not_settled_rows(tmp_path):
     path = tmp_path / "rows.jsonl"
     cases = [Case("numpy.raises", workload("causal")), Case("numpy.reference", workload("causal"))]
     run_cases(cases, results.Writer(path), SETTINGS)
+    # On a loaded CPU the reference's tiny backward (fwd+bwd minus fwd) can
+    # come out "not measurable", an ERROR like any other: retried too.
+    noise = {results.row_key(r) for r in results.read_rows([path])
+             if r["backend"] == "numpy.reference" and timed(r) == "OK" and r["status"] != "OK"}
     settled = results.done_keys([path], settled_only=True)
-    assert settled == set(cases[1].keys())
+    assert settled == set(cases[1].keys()) - noise
     run_cases(cases, results.Writer(path), SETTINGS, skip=settled)
     rows = results.read_rows([path])
     assert [r["backend"] for r in rows].count("numpy.raises") == 4  # measured again
-    assert [r["backend"] for r in rows].count("numpy.reference") == 2  # not
+    assert [r["backend"] for r in rows].count("numpy.reference") == 2 + len(noise)  # not
 
 
 def test_rows_record_their_options_and_resume_tells_option_sets_apart(tmp_path):

@@ -55,11 +55,9 @@ def cast_of(mask: AttnMask, dispatch, chunk: int | None) -> GroupCast:
 # to the largest bucket of its own shift (fewer padded bytes where only
 # near ranks see much of each other, as on documents; cp - 1 collectives).
 TRANSFERS = ("all_to_all", "shifts")
-# What a bucket's empty slots carry: a copy of the rank's first chunk (what
-# every row so far ran; its gradient, zero, is scatter-added back onto that
-# chunk, every padded slot onto the same addresses) or zeros (an index past
-# the rank's chunks: the gather fills zeros, the backward's scatter drops
-# them). No query sees either.
+# A bucket's empty slots: Layout.sends marks them PADDING; the backend
+# indexes them past the rank's chunks (send_table), so they carry zeros and
+# the backward's scatter drops them. No query sees them.
 PADDING = -1  # a padded slot in Layout.sends
 
 

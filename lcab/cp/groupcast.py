@@ -192,9 +192,9 @@ def solve(mask: AttnMask, cp: int, chunk: int | None = None,
     TILE tiles its query rows touch (tile_balanced's measure) instead of
     its area, at TILES_CHUNKS_PER_RANK chunks a rank. A block-sparse
     kernel's time follows its tiles: on the 4 x H200 profile of group-cast
-    at cp 4 (docs/context_parallel.md) the ranks' forward kernel times were 1.075 /
-    0.971 / 0.977 / 0.977 of their mean where their tiles were 1.076 /
-    0.968 / 0.971 / 0.985 and their areas 1.058 at most.
+    at cp 4 (docs/context_parallel.md) the ranks' forward kernel times
+    were 1.075 / 0.971 / 0.977 / 0.977 of their mean where their tiles
+    were 1.076 / 0.968 / 0.971 / 0.985 and their areas 1.058 at most.
     """
     name = TILES_SOLVER_NAME if by_tiles else SOLVER_NAME
     seqlen = square_seqlen(mask, name)

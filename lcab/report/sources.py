@@ -136,8 +136,9 @@ def describe(sweep: str, folder: str | pathlib.Path, frame: pd.DataFrame) -> Sou
     def short_commit(commit) -> str:  # rows carry what --git_commit was given, short or full
         return str(commit)[:7]
 
-    return Source(sweep, shown_path(folder), joined("git_commit", short_commit), joined("device"),
-                  tables.date_range(frame), len(frame), progress_text(folder))
+    return Source(sweep, shown_path(folder), joined("git_commit", short_commit),
+                  joined("device"), tables.date_range(frame), len(frame),
+                  progress_text(folder))
 
 
 def progress_text(folder: str | pathlib.Path) -> str:
