@@ -148,14 +148,14 @@ def test_the_device_label_names_the_model_and_count(gpus, label):
     assert machine.device_label(gpus) == label
 
 
-def write_rows(folder, medians):
+def write_rows(folder, medians, commit="c0ffee1"):
     writer = results.Writer(folder / "kernel_numpy.jsonl")
     for (backend, direction), ms in medians.items():
         writer.write(results.make_row(
             framework="numpy", backend=backend, suite="cp", mask="causal", seqlen=512,
             direction=direction, status="OK", median_ms=ms, device="cpu", workload_key="w",
             batch=1, heads_q=2, heads_kv=1, head_dim=8, dtype="float32", cp_size=4,
-            tflops=1.0))
+            tflops=1.0, git_commit=commit))
 
 
 def test_the_comparison_tells_whether_a_cluster_run_reproduces_the_single_process(tmp_path):
@@ -167,6 +167,26 @@ def test_the_comparison_tells_whether_a_cluster_run_reproduces_the_single_proces
     assert "2 cases; largest deviation 5.0%, within 10%." in lines[-1]
     write_rows(cluster, {("x", "fwd"): 13.0})
     assert comparison(single, cluster)[1] == pytest.approx(0.3)
+
+
+def test_the_comparison_sets_rows_of_one_commit_side_by_side(tmp_path):
+    """A single-process part measured again after the cluster-style run:
+    the cluster row is compared with the single row of its own commit; a
+    cluster row of a commit the single part never ran takes the newest and
+    says so."""
+    single, cluster = tmp_path / "a", tmp_path / "b"
+    write_rows(single, {("x", "fwd"): 10.0}, commit="old0000")
+    write_rows(single, {("x", "fwd"): 8.0}, commit="new0000")  # newer, faster code
+    write_rows(cluster, {("x", "fwd"): 10.2}, commit="old0000aaaa")  # a full hash
+    lines, worst = comparison(single, cluster)
+    assert worst == pytest.approx(0.02)
+    assert "| 10.000 | 10.200 | 1.020 | both old0000 |" in lines[2]
+    assert "set rows of two commits" not in lines[-1]
+    write_rows(cluster, {("x", "fwd"): 8.4}, commit="other00")
+    lines, worst = comparison(single, cluster)
+    assert worst == pytest.approx(0.05)
+    assert "| 8.000 | 8.400 | 1.050 | single new0000, this other00 |" in lines[2]
+    assert "1 of them set rows of two commits side by side" in lines[-1]
 
 
 # The runner itself, on NumPy plugin backends.

@@ -37,27 +37,48 @@ def _row_counts(folder: pathlib.Path) -> str:
 def comparison(single: pathlib.Path, cluster: pathlib.Path) -> tuple[list[str], float | None]:
     """Markdown lines comparing two folders' OK rows case by case (the
     cluster-style run's median over the single-process one's), and the
-    largest deviation from 1."""
-    def medians(path):
-        rows = results.newest_rows(results.read_rows([path])) if path.exists() else []
-        return {(r["backend"], r["mask"], r["seqlen"], r["direction"], results.options_key(
-            r.get("options"))): r["median_ms"] for r in rows if r["status"] == "OK"}
+    largest deviation from 1. Each case takes the single-process row of
+    the cluster row's own commit where there is one (the same code), else
+    the newest, and says which commits it set side by side."""
+    def key(row):
+        return (row["backend"], row["mask"], row["seqlen"], row["direction"],
+                results.options_key(row.get("options")))
 
-    ours, theirs = medians(cluster), medians(single)
-    shared = sorted(set(ours) & set(theirs))
+    def ok_rows(path):
+        rows = results.read_rows([path]) if path.exists() else []
+        return [r for r in rows if r["status"] == "OK"]
+
+    ours = {key(r): r for r in results.newest_rows(ok_rows(cluster))}
+    singles: dict[tuple, list[dict]] = {}
+    for row in ok_rows(single):  # file order: the newest last
+        singles.setdefault(key(row), []).append(row)
+    shared = sorted(set(ours) & set(singles))
     if not shared:
         return ["no case has an OK row in both runs yet"], None
-    lines = ["| backend | mask | S | direction | single-process ms | this run ms | ratio |",
-             "|---|---|---:|---|---:|---:|---:|"]
-    worst = 0.0
-    for key in shared:
-        ratio = ours[key] / theirs[key]
+    lines = [("| backend | mask | S | direction | single-process ms | this run ms | ratio | "
+              "commits |"), "|---|---|---:|---|---:|---:|---:|---|"]
+    worst, mixed = 0.0, 0
+    for case in shared:
+        mine = ours[case]
+        commit = str(mine.get("git_commit"))[:7]
+        same = [r for r in singles[case] if str(r.get("git_commit"))[:7] == commit]
+        theirs = (same or singles[case])[-1]
+        ratio = mine["median_ms"] / theirs["median_ms"]
         worst = max(worst, abs(ratio - 1))
-        lines.append(f"| {key[0]} | {key[1]} | {key[2]} | {key[3]} | {theirs[key]:.3f} | "
-                     f"{ours[key]:.3f} | {ratio:.3f} |")
+        if same:
+            commits = f"both {commit}"
+        else:
+            mixed += 1
+            commits = f"single {str(theirs.get('git_commit'))[:7]}, this {commit}"
+        lines.append(f"| {case[0]} | {case[1]} | {case[2]} | {case[3]} | "
+                     f"{theirs['median_ms']:.3f} | {mine['median_ms']:.3f} | {ratio:.3f} | "
+                     f"{commits} |")
     verdict = "within" if worst <= SAME_WITHIN else "NOT within"
     lines.append(f"\n{len(shared)} cases; largest deviation {worst:.1%}, {verdict} "
-                 f"{SAME_WITHIN:.0%}.")
+                 f"{SAME_WITHIN:.0%}."
+                 + (f" {mixed} of them set rows of two commits side by side (no single-process "
+                    "row of the cluster run's commit): measure both again to compare like "
+                    "with like." if mixed else ""))
     return lines, worst
 
 
