@@ -464,6 +464,12 @@ def inner_kernel(row: Mapping) -> str | None:
     return found.group(1) if found else None
 
 
+def short_commit(commit) -> str:
+    """A row's commit as seven hex digits: rows carry what --git_commit was
+    given, short or full."""
+    return str(commit)[:7]
+
+
 def parsed_time(value) -> datetime.datetime | None:
     """An ISO 8601 time as an aware datetime (UTC where it names no zone);
     None where it is not one."""

@@ -154,16 +154,19 @@ def breakdown_table(events: list[dict], top: int = 10) -> str:
     calls on the first GPU); the rest summed in one line."""
     times = kernel_times(events)
     devices = sorted(times)
+
+    def us(device: str, name: str) -> float:
+        return times[device].get(name, (0.0, 0))[0]
+
     names = sorted({name for sums in times.values() for name in sums},
-                   key=lambda name: (-max(times[d].get(name, (0.0, 0))[0] for d in devices),
-                                     name))
+                   key=lambda name: (-max(us(d, name) for d in devices), name))
     lines = ["| kernel | calls | " + " | ".join(f"{d} ms" for d in devices) + " |",
              "|:--|--:|" + "--:|" * len(devices)]
     for name in names[:top]:
-        cells = " | ".join(f"{times[d].get(name, (0.0, 0))[0] / 1e3:.2f}" for d in devices)
+        cells = " | ".join(f"{us(d, name) / 1e3:.2f}" for d in devices)
         lines.append(f"| {name} | {times[devices[0]].get(name, (0.0, 0))[1]} | {cells} |")
     if len(names) > top:
-        rest = [sum(times[d].get(name, (0.0, 0))[0] for name in names[top:]) for d in devices]
+        rest = [sum(us(d, name) for name in names[top:]) for d in devices]
         lines.append(f"| {len(names) - top} others | | "
                      + " | ".join(f"{us / 1e3:.2f}" for us in rest) + " |")
     return "\n".join(lines)

@@ -1,5 +1,7 @@
 """lcab.cp.groupcast: the chunks each rank receives, against a dense count, and\nthe solver that deals chunks evenly with few of them moved."""
 
+import math
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -21,9 +23,7 @@ def dense_receives(mask, dispatch, chunk):
     """receives[r][s] by brute force: the chunks of rank s's keys that one
     of rank r's query rows sees in the dense mask."""
     dense = mask.to_dense()
-    owner = np.empty(dispatch.seqlen // chunk, dtype=int)
-    for rank in range(dispatch.cp):
-        owner[dispatch.rank_rows(rank) // chunk] = rank
+    owner = chunk_owners(dispatch, chunk)
     found = []
     for r in range(dispatch.cp):
         keys = np.flatnonzero(dense[dispatch.rank_rows(r)].any(axis=0))
@@ -111,11 +111,17 @@ def test_the_solver_keeps_areas_even_and_moves_no_more_than_balanced(name, seed,
     assert moved <= plan(mask, again, chunk).moved_chunks() or most < most_balanced
 
 
+def chunk_owners(dispatch, chunk):
+    """The rank of every chunk of `chunk` tokens."""
+    owner = np.empty(dispatch.seqlen // chunk, dtype=np.int64)
+    for rank in range(dispatch.cp):
+        owner[dispatch.rank_rows(rank) // chunk] = rank
+    return owner
+
+
 def rank_tiles(mask, dispatch, chunk):
     """Each rank's tiles, by brute force over the dense mask (TILE = 128
     square tiles, or gcd(128, chunk) where the chunk is smaller)."""
-    import math
-
     tile = math.gcd(128, chunk)
     dense = mask.to_dense()
     n = mask.seqlen_q // tile
@@ -138,14 +144,9 @@ def test_the_tile_solver_evens_tiles_and_moves_no_more_than_tile_deals(name, see
     tiles = rank_tiles(mask, solved, chunk)
     weights = chunk_tiles(mask, chunk)
     greedy = make_dispatch("tile_balanced", mask, cp, chunk=chunk)
-    owner = np.empty(1024 // chunk, dtype=np.int64)
-    for rank in range(cp):
-        owner[np.unique(greedy.rank_rows(rank) // chunk)] = rank
-    assert tiles.max() <= rank_loads(owner, weights, cp).max() * (1 + AREA_TOLERANCE)
-    solved_owner = np.empty_like(owner)
-    for rank in range(cp):
-        solved_owner[np.unique(solved.rank_rows(rank) // chunk)] = rank
-    np.testing.assert_array_equal(tiles, rank_loads(solved_owner, weights, cp))
+    most_even = rank_loads(chunk_owners(greedy, chunk), weights, cp).max()
+    assert tiles.max() <= most_even * (1 + AREA_TOLERANCE)
+    np.testing.assert_array_equal(tiles, rank_loads(chunk_owners(solved, chunk), weights, cp))
 
 
 def test_the_tile_solver_evens_the_profiled_case():
@@ -155,12 +156,8 @@ def test_the_tile_solver_evens_the_profiled_case():
     mask = make_mask("causal_document", 32768, seed=0, sampler="magi_pack")
     by_area, by_tiles = balanced(mask, 4), make_dispatch("groupcast_tiles", mask, 4)
     per_chunk = chunk_tiles(mask, 512)  # too large for the dense count; the test above checks it
-
-    def tiles(dispatch):
-        return np.array([per_chunk[np.unique(dispatch.rank_rows(r) // 512)].sum()
-                         for r in range(4)])
-
-    area_tiles, solved_tiles = tiles(by_area), tiles(by_tiles)
+    area_tiles, solved_tiles = (rank_loads(chunk_owners(d, 512), per_chunk, 4)
+                                for d in (by_area, by_tiles))
     assert area_tiles.max() / area_tiles.mean() == pytest.approx(1383 / 1285.25, abs=1e-4)
     assert solved_tiles.max() / solved_tiles.mean() < 1.025
     assert plan(mask, by_tiles, 512).padded_chunks() <= plan(mask, by_area, 512).padded_chunks()

@@ -329,8 +329,7 @@ def measure_again(state: State, folder: pathlib.Path, parts: Sequence[defined.Pa
         record = state.part(part.name)
         if record.get("measured_again_at") == commit:
             continue
-        rows = folder / part.folder
-        for path in sorted(rows.glob("*.jsonl")) if rows.exists() else []:
+        for path in sorted((folder / part.folder).glob("*.jsonl")):
             if ".before-" not in path.name:
                 path.rename(path.with_name(f"{path.stem}.before-{stamp}.jsonl"))
         record.update(status=None, finished_runs=[], measured_again_at=commit)

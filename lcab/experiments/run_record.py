@@ -50,7 +50,7 @@ def comparison(single: pathlib.Path, cluster: pathlib.Path) -> tuple[list[str], 
 
     ours = {key(r): r for r in results.newest_rows(ok_rows(cluster))}
     singles: dict[tuple, list[dict]] = {}
-    for row in ok_rows(single):  # file order: the newest last
+    for row in ok_rows(single):
         singles.setdefault(key(row), []).append(row)
     shared = sorted(set(ours) & set(singles))
     if not shared:
@@ -60,16 +60,16 @@ def comparison(single: pathlib.Path, cluster: pathlib.Path) -> tuple[list[str], 
     worst, mixed = 0.0, 0
     for case in shared:
         mine = ours[case]
-        commit = str(mine.get("git_commit"))[:7]
-        same = [r for r in singles[case] if str(r.get("git_commit"))[:7] == commit]
-        theirs = (same or singles[case])[-1]
+        commit = results.short_commit(mine.get("git_commit"))
+        same = [r for r in singles[case] if results.short_commit(r.get("git_commit")) == commit]
+        theirs = results.newest_rows(same or singles[case])[0]
         ratio = mine["median_ms"] / theirs["median_ms"]
         worst = max(worst, abs(ratio - 1))
         if same:
             commits = f"both {commit}"
         else:
             mixed += 1
-            commits = f"single {str(theirs.get('git_commit'))[:7]}, this {commit}"
+            commits = f"single {results.short_commit(theirs.get('git_commit'))}, this {commit}"
         lines.append(f"| {case[0]} | {case[1]} | {case[2]} | {case[3]} | "
                      f"{theirs['median_ms']:.3f} | {mine['median_ms']:.3f} | {ratio:.3f} | "
                      f"{commits} |")

@@ -133,10 +133,7 @@ def describe(sweep: str, folder: str | pathlib.Path, frame: pd.DataFrame) -> Sou
         values = sorted({shown(v) for v in frame[column].dropna()})
         return ", ".join(values) or "unknown"
 
-    def short_commit(commit) -> str:  # rows carry what --git_commit was given, short or full
-        return str(commit)[:7]
-
-    return Source(sweep, shown_path(folder), joined("git_commit", short_commit),
+    return Source(sweep, shown_path(folder), joined("git_commit", results.short_commit),
                   joined("device"), tables.date_range(frame), len(frame),
                   progress_text(folder))
 
