@@ -499,6 +499,10 @@ def test_the_packages_parts_need_are_the_ones_pyproject_declares():
     for framework, packages in defined.STRATEGY_PACKAGES.items():
         declared = {re.split(r"[<>=!~; \[]", spec, maxsplit=1)[0] for spec in extras[framework]}
         assert set(packages) <= declared, framework
+    gpu_extras = {re.split(r"[<>=!~; \[]", spec, maxsplit=1)[0].replace("-", "_")
+                  for name in ("tokamax", "fa3jax") for spec in extras[name]}
+    for packages in defined.GPU_KERNEL_PACKAGES.values():
+        assert set(packages) <= gpu_extras
     cp = {part.name: part.needs for part in defined.parts("cp")}
     assert cp["torch-cp2-8k"] == ("torch", "yunchang") and cp["jax-cp2-8k-full"] == ("jax",)
     assert cp["torch-single-16k+32k"] == ("torch",)  # its kernels need no yunchang
@@ -515,6 +519,23 @@ def test_a_part_whose_packages_cannot_be_imported_does_not_start(tmp_path, capsy
     assert runner.run_sweep("blog", tmp_path, [lacking], "c", [], None, gpus=[]) == 3
     assert "lacking: needs lcab_no_such_package" in capsys.readouterr().out
     assert "lacking" not in run_states(tmp_path)  # nothing ran, nothing recorded
+
+
+def test_a_gpu_kernel_package_is_needed_only_where_a_gpu_is(tmp_path, plugin_path, capsys):
+    """A kernel part on a GPU machine without the GPU kernels it compares
+    with (tokamax that cannot import xprof) waits rather than quietly
+    losing their columns; on a CPU it runs without them."""
+    lacking = dataclasses.replace(part("kernels", "--backends=numpy.reference", "--seqlens=64"),
+                                  gpu_needs=("lcab_no_such_package",))
+    h200 = {"name": "NVIDIA H200"}
+    assert runner.run_sweep("blog", tmp_path / "gpu", [lacking], "c", [], None,
+                            gpus=[h200]) == 3
+    assert "kernels: needs lcab_no_such_package" in capsys.readouterr().out
+    assert runner.run_sweep("blog", tmp_path / "cpu", [lacking], "c", [], None, gpus=[]) == 0
+    blog = {p.name: p.gpu_needs for p in defined.parts("blog")}
+    assert blog["jax-1k-8k-full"] == ("tokamax", "flash_attn3_jax")
+    assert blog["torch-32k-full+causal"] == ()
+    assert all(not p.gpu_needs for p in defined.parts("cp"))  # strategies: pallas_flex only
 
 
 def _done_with_rows(folder, reason):

@@ -130,3 +130,21 @@ def test_a_run_given_its_full_commit_hash_is_named_by_its_short_one(tmp_path):
     text = headline.markdown([folder])
     assert f"at {COMMIT}, bf4c1cc, {GPU}" in text  # sorted, each once
     assert full not in text
+
+
+def test_a_length_only_some_backends_reached_does_not_head_the_table(tmp_path):
+    # A part stopped at 8k after jax.a: jax.b's 8k cell is still to come.
+    rows = [row("jax.a", seqlen=4096, tflops=300.0), row("jax.b", seqlen=4096, tflops=350.0),
+            row("jax.a", seqlen=8192, tflops=320.0)]
+    frame = results.load([write(tmp_path / f"{DATE}-h100-blog", rows)])
+    lined = tables.with_line(tables.suite_rows(frame, "kernel"))
+    assert headline.reached_lengths(lined) == {"causal": 4096}
+    table = headline.best_table(headline.counted(lined), ["jax"],
+                                lengths=headline.reached_lengths(lined))
+    assert list(table.index) == [("causal", "4k")]
+    assert table.loc[("causal", "4k"), "jax"] == "350 b"  # forward rows only
+    # A row of any status counts as reached: an out-of-memory cell is measured.
+    rows.append(row("jax.b", seqlen=8192, status="OOM"))
+    lined = tables.with_line(tables.suite_rows(
+        results.load([write(tmp_path / "again" / f"{DATE}-h100-blog", rows)]), "kernel"))
+    assert headline.reached_lengths(lined) == {"causal": 8192}

@@ -381,7 +381,7 @@ def run_sweep(sweep: str, folder: pathlib.Path, parts: list[defined.Part], commi
             missed = packages_its_rows_missed(folder, part)
             if not missed:
                 continue
-            if missing_packages(part):
+            if missing_packages(part, bool(found)):
                 print(f"== {part.name}: its rows say {', '.join(missed)} could not be "
                       "imported when they ran, nor here: left as it is", flush=True)
                 continue
@@ -389,7 +389,7 @@ def run_sweep(sweep: str, folder: pathlib.Path, parts: list[defined.Part], commi
                   "when they ran; it runs again (--resume retries those rows)", flush=True)
             record.update(status=None, finished_runs=[])
             state.save()
-        elif missing := missing_packages(part):
+        elif missing := missing_packages(part, bool(found)):
             # Run without them, its rows would say UNAVAILABLE: measurements
             # lost to how the machine was set up, not to the backends.
             print(f"== {part.name}: needs {', '.join(missing)}, which cannot be imported "
@@ -483,11 +483,12 @@ class _Lanes:
         return self._cores.get(ids[0], []) if self.parallel and len(ids) == 1 else []
 
 
-def missing_packages(part: defined.Part) -> list[str]:
-    """The packages the part needs (Part.needs) that cannot be imported
-    here: missing, or broken (the backend's own import would fail alike)."""
+def missing_packages(part: defined.Part, on_gpu: bool = False) -> list[str]:
+    """The packages the part needs (Part.needs, and Part.gpu_needs where
+    there is a GPU) that cannot be imported here: missing, or broken (the
+    backend's own import would fail alike, as tokamax's without xprof)."""
     missing = []
-    for name in part.needs:
+    for name in (*part.needs, *(part.gpu_needs if on_gpu else ())):
         try:
             importlib.import_module(name)
         except Exception:  # noqa: BLE001 - any failure to import is a missing package

@@ -39,6 +39,12 @@ class Run:
 # not be imported is not done (lcab.experiments.canonical). torch's CP
 # strategies run yunchang's; its kernels do not.
 STRATEGY_PACKAGES = {"jax": (), "torch": ("yunchang",)}
+# The GPU-only kernels a kernel part compares with (pyproject's GPU extras),
+# needed only where a GPU is: a sweep without --backends leaves out what
+# cannot load here without writing a row (the CPU default run must), so on a
+# GPU machine set up without them a part would quietly lose those columns.
+# torch's flash-attn has no build for the GPU machine's torch: not required.
+GPU_KERNEL_PACKAGES = {"jax": ("tokamax", "flash_attn3_jax"), "torch": ()}
 
 
 def _needs(framework: str, strategies: bool = False) -> tuple[str, ...]:
@@ -55,6 +61,7 @@ class Part:
     # multi-process runs against the single-process ones).
     same_as: str | None = None
     needs: tuple[str, ...] = ()  # packages it cannot run without (_needs)
+    gpu_needs: tuple[str, ...] = ()  # and on a GPU machine (GPU_KERNEL_PACKAGES)
 
     @property
     def folder(self) -> str:
@@ -105,7 +112,8 @@ def _kernel_parts(flagfile: str, masks: tuple[str, ...],
                          f"--seqlens={','.join(lengths)}", f"--masks={','.join(group)}")
                 parts.append(Part(name, f"{framework} kernels, {', '.join(group)} at "
                                   f"{', '.join(lengths)}", (Run(flags),),
-                                  needs=_needs(framework)))
+                                  needs=_needs(framework),
+                                  gpu_needs=GPU_KERNEL_PACKAGES[framework]))
     return parts
 
 
@@ -140,7 +148,8 @@ def _sparsity() -> list[Part]:
                                   f"{framework} kernels, {mask} sweep at {length}",
                                   (Run((_flagfile(flagfile), f"--framework={framework}",
                                         f"--seqlens={length}")),),
-                                  needs=_needs(framework)))
+                                  needs=_needs(framework),
+                                  gpu_needs=GPU_KERNEL_PACKAGES[framework]))
     return parts
 
 

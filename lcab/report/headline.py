@@ -10,8 +10,10 @@ runs (the newest on each card, lcab.canonical.current); a line under the
 tables names the other cards' current runs, whose tables are on the
 results pages:
 
-- kernels: per mask, at the longest length with a counted row, the
-  fastest backend of each framework in each direction;
+- kernels: per mask, at the longest length that every backend of the
+  mask reached (a row of any status: an unfinished part's length, where
+  only some have run, would crown whichever ran), the fastest backend of
+  each framework in each direction;
 - context parallel: per mask, at every global length a strategy ran
   (cp sizes run different lengths: tokens per GPU x cp), the fastest
   strategy of each framework and cp size in each direction (per-GPU
@@ -89,11 +91,24 @@ def frameworks_of(rows: pd.DataFrame) -> list[str]:
             + sorted(present - set(tables.FRAMEWORK_ORDER)))
 
 
+def reached_lengths(rows: pd.DataFrame) -> dict[str, int]:
+    """Per mask, the longest length at which every line that ran the mask
+    has a row of any status (its longest length where none has them all)."""
+    reached = {}
+    for mask, mine in rows.groupby("mask", sort=False):
+        lines = set(mine["line"])
+        whole = [length for length, here in mine.groupby("seqlen") if set(here["line"]) >= lines]
+        reached[mask] = max(whole) if whole else mine["seqlen"].max()
+    return reached
+
+
 def best_table(rows: pd.DataFrame, frameworks: list[str], by_cp_size: bool = False,
-               winners: list | None = None) -> pd.DataFrame:
-    """Per mask (in order of appearance), at its longest length (for CP
-    rows, at every length a strategy ran), the best line of each framework
-    (and cp size, for CP rows; cp size 1 is the kernel alone), "fwd / bwd".
+               winners: list | None = None, lengths: dict[str, int] | None = None
+               ) -> pd.DataFrame:
+    """Per mask (in order of appearance), at its length in `lengths`
+    (reached_lengths; its longest counted one where not given; for CP rows,
+    at every length a strategy ran), the best line of each framework (and
+    cp size, for CP rows; cp size 1 is the kernel alone), "fwd / bwd".
 
     rows: counted rows of one setting with "line" (tables.with_line);
     winners: a list that receives the row behind every figure shown.
@@ -108,10 +123,10 @@ def best_table(rows: pd.DataFrame, frameworks: list[str], by_cp_size: bool = Fal
     for mask in pd.unique(rows["mask"]):
         mine = rows[rows["mask"] == mask]
         if by_cp_size:  # every length a strategy ran at: cp sizes run different lengths
-            lengths = sorted(pd.unique(mine.loc[mine["cp_size"] > 1, "seqlen"]))
+            shown_lengths = sorted(pd.unique(mine.loc[mine["cp_size"] > 1, "seqlen"]))
         else:
-            lengths = [mine["seqlen"].max()]
-        for length in lengths:
+            shown_lengths = [(lengths or {}).get(mask, mine["seqlen"].max())]
+        for length in shown_lengths:
             here = mine[mine["seqlen"] == length]
             records.append([_cell([_best(here[
                 (here["framework"] == framework) & (here["direction"] == direction)
@@ -167,15 +182,16 @@ def _sections(sweep: str, source: loading.Source, frame: pd.DataFrame, require_c
     for label, group in tables.setting_groups(tables.with_line(rows)):
         unit = measure.of_rows(group).name
         directions = " / ".join(d for d in tables.DIRECTIONS if (group["direction"] == d).any())
-        where = "at each length" if has_cp else "at each mask's longest length"
+        where = "at each length" if has_cp else "at each mask's longest length run by all"
         title = (f"**{sweep}**: {what} of each framework, {unit} {directions}, {where}; "
                  f"{label.rsplit(' on ', 1)[0]}; rows "
                  f"[{source.folder}]({source.folder}) at {source.commit}, {source.device}, "
                  f"{source.date}"
                  + (f"; **unfinished: {source.progress}**" if source.progress else ""))
+        reached = None if has_cp else reached_lengths(group)
         group, winners = counted(group, require_check), []
-        table = (best_table(group, frameworks_of(group), by_cp_size=has_cp, winners=winners)
-                 if len(group) else None)
+        table = (best_table(group, frameworks_of(group), by_cp_size=has_cp, winners=winners,
+                            lengths=reached) if len(group) else None)
         yield title, table, pd.DataFrame(winners)
 
 
