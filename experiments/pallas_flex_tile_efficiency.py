@@ -13,7 +13,15 @@ every slice had tiles of its own aligned to its first row and column
 plan's tiles that are partial, the measured TFLOP/s over the full mask's
 (`fwd / full`, `bwd / full`), and that ratio over `useful`: the rate per
 computed tile against the full mask's. A mask drawn from documents is
-named with its document distribution. Prints a markdown table.
+named with its document distribution and sampler. Prints a markdown table.
+
+    python3 experiments/pallas_flex_tile_efficiency.py --shapes
+
+instead prints, without rows, the useful fraction of plans of other tile
+shapes (64 query rows: one compute warpgroup's share of a 128-row block;
+64 key columns: half a K/V tile) on the seed blog's masks at 16k-64k,
+documents drawn both ways: what tiles that follow the mask more finely
+could gain.
 """
 
 from __future__ import annotations
@@ -27,6 +35,11 @@ from lcab.masks.slices import AttnSlice
 from lcab.model.validation import mask_of
 
 _BLOCK = flags.DEFINE_integer("block", 128, "the plan's q and kv block (the Mosaic kernels' 128)")
+_SHAPES = flags.DEFINE_bool("shapes", False, "print the useful fraction of other tile shapes "
+                            "on the seed blog's masks instead (no rows read)")
+TILE_SHAPES = ((128, 128), (64, 128), (128, 64), (64, 64))  # (q rows, kv columns)
+SHAPE_MASKS = ("causal_document", "full_document", "varlen_block_causal", "sliding_window_causal")
+SHAPE_LENGTHS = (16384, 32768, 65536)
 
 
 def aligned_tiles(mask: AttnMask, block: int) -> int:
@@ -40,11 +53,40 @@ def aligned_tiles(mask: AttnMask, block: int) -> int:
 
 
 def _label(row) -> str:
-    documents = results.json_field(row["mask_params"]).get("distribution")
-    return f"{row['mask']} ({documents})" if documents else row["mask"]
+    params = results.json_field(row["mask_params"])
+    documents = params.get("distribution")
+    if not documents:
+        return row["mask"]
+    # The sampler moves the waste a lot: magi_pack's cap at a quarter of
+    # the length leaves fewer, shorter documents' edges than uncapped.
+    sampler = params.get("sampler", "uncapped")
+    return f"{row['mask']} ({documents}, {sampler})"
+
+
+def shapes_table() -> list[str]:
+    """The useful fraction (exact area over computed tiles) of a plan of
+    each TILE_SHAPES on SHAPE_MASKS (the seed blog's window and documents,
+    both samplers), as markdown lines."""
+    from lcab.masks import make_mask, taken_params
+
+    heads = " | ".join(f"{rows} x {cols}" for rows, cols in TILE_SHAPES)
+    lines = [f"| mask | sampler | length | {heads} |", "|---" * (3 + len(TILE_SHAPES)) + "|"]
+    for name in SHAPE_MASKS:
+        samplers = ("uncapped", "magi_pack") if "document" in name else (None,)
+        for sampler, length in ((s, n) for s in samplers for n in SHAPE_LENGTHS):
+            mask = make_mask(name, length, seed=0, **taken_params(
+                name, distribution="chatqa2_long_sft", sampler=sampler, window=1024))
+            useful = [mask.area() / (make_plan(mask, rows, cols).tiles() * rows * cols)
+                      for rows, cols in TILE_SHAPES]
+            lines.append(f"| {name} | {sampler or '-'} | {length // 1024}k | "
+                         + " | ".join(f"{u:.3f}" for u in useful) + " |")
+    return lines
 
 
 def main(argv):
+    if _SHAPES.value:
+        print("\n".join(shapes_table()))
+        return
     block = _BLOCK.value
     frame = results.load(argv[1:])
     rows = frame[(frame["backend"] == "jax.pallas_flex") & (frame["status"] == "OK")]

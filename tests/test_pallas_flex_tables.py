@@ -38,7 +38,7 @@ def test_the_committed_tile_efficiency_table_is_what_the_script_prints(folder):
                     if line.startswith("| ") and not line.startswith("| mask")]
     assert printed == committed
     causal_document = next(line for line in printed
-                           if line.startswith("| causal_document (chatqa2_long_sft) | 32k"))
+                           if line.startswith("| causal_document (chatqa2_long_sft, uncapped) | 32k"))
     useful, aligned = causal_document.split(" | ")[2:4]
     assert (useful, aligned) == ("0.83", "0.87")  # the documents target is out of 128-tile reach
 
@@ -58,3 +58,21 @@ def test_slice_aligned_tiles_count_each_slice_from_its_own_corner():
                                AttnSlice(64, 320, 64, 320, "causal")])
     assert make_plan(mask, 128, 128).tiles() == 6
     assert script.aligned_tiles(mask, 128) == 4
+
+
+def test_finer_tiles_and_the_seed_blogs_sampler_leave_less_waste():
+    """--shapes: the seed blog's capped documents (magi_pack) waste less of
+    a 128 x 128 plan than uncapped ones, and every finer shape wastes no
+    more than the coarser one it splits (a tile cut in two computes a
+    subset of it)."""
+    from tests import experiment_scripts
+
+    script = experiment_scripts.load("pallas_flex_tile_efficiency")
+    table = {tuple(cells[:3]): [float(x) for x in cells[3:]]
+             for line in script.shapes_table()[2:]
+             for cells in [[c.strip() for c in line.strip("|").split("|")]]}
+    assert table[("causal_document", "uncapped", "32k")][0] == 0.831  # the docs' 0.83
+    assert table[("causal_document", "magi_pack", "16k")] == [0.893, 0.925, 0.893, 0.945]
+    assert table[("sliding_window_causal", "-", "32k")] == [0.890, 0.890, 0.890, 0.942]
+    for whole, q_halves, k_halves, quarters in table.values():
+        assert whole <= min(q_halves, k_halves) and max(q_halves, k_halves) <= quarters

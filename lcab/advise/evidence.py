@@ -151,7 +151,8 @@ class Evidence:
                          None)
             if curve is None:
                 return pd.DataFrame()
-            return against_published(curve, self.network("jax", gpus_per_node, inter), shape)
+            return against_published(curve, self.network("jax", gpus_per_node, inter), shape,
+                                     directions=("fwd",))
         return self._cached(("published", gpus_per_node, inter, shape), build)
 
     @functools.cached_property

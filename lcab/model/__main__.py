@@ -322,9 +322,10 @@ def main(argv):
             measured, gpus_per_node=_GPUS_PER_NODE.value, inter=inter))
         print("\nModel against measured rows (a cp 1 row is left out of its own curve):\n")
         print(to_markdown(error_summary(checked)))
-        print("\nModel against published figures (forward, 8k tokens per GPU):\n")
-        print(to_markdown(against_published(curve, network, shape).set_index(
-            ["mask", "published", "cp"])))
+        print("\nModel against published figures (8k tokens per GPU):\n")
+        print(to_markdown(against_published(
+            curve, network, shape, directions=tuple(workload.DIRECTIONS.value)).set_index(
+            ["mask", "direction", "published", "cp"])))
     if _OUT.value:
         out = pathlib.Path(_OUT.value)
         out.mkdir(parents=True, exist_ok=True)

@@ -41,8 +41,13 @@ network's alpha-beta model. How the strategies overlap, as the real ones do:
   ragged transfers (each rank receives exactly the chunks its queries see,
   no padding), sent node-aware (a rank's bytes from its own node cross
   NVLink, the rest the inter-node links, at the same time), overlapped as
-  groupcast's stages with MAGI_STAGES calls. It is what the published
-  MagiAttention figures are compared with.
+  groupcast's stages with MAGI_STAGES calls: MagiAttention's all-to-all-v
+  group collectives (its "a2av" runs).
+- magi_native: the same with MagiAttention's native group collectives
+  (DeepEP-style, hierarchical; its "native" runs, the headline figures): a
+  chunk crosses to another node once, to the rank of the same local index
+  there, which forwards it over NVLink to the ranks of its node that see
+  it; the two legs are pipelined, so the slower one sets the time.
 
 The breakdown adds up to the total: compute (the mean rank's kernel time),
 imbalance (the slowest rank's extra kernel time), exposed communication
@@ -64,8 +69,8 @@ from lcab.masks.mask import AttnMask
 from lcab.model.kernel_curve import KernelCurve
 from lcab.model.network import Network
 
-STRATEGIES = ("ring", "allgather", "ulysses", "usp", "groupcast", "magi")
-# The strategies LCAB runs (magi is modelled only): what "our best" means.
+STRATEGIES = ("ring", "allgather", "ulysses", "usp", "groupcast", "magi", "magi_native")
+# The strategies LCAB runs (the magi ones are modelled only): what "our best" means.
 RUN_HERE = ("ring", "allgather", "ulysses", "usp", "groupcast")
 # magi's kernel calls: the own keys, then the received keys in two pieces,
 # as the published MagiAttention runs overlap them (exps/dist_attn/
@@ -212,15 +217,16 @@ def predict(strategy: str, mask: AttnMask, cp: int, shape: Shape, curve: KernelC
             return refuse(f"Ulysses splits heads over cp: {shape.heads_q} query heads do not "
                           f"divide by {cp}")
         return done(*_ulysses_part(mask, cp, cp, shape, curve, network, direction, grad))
-    if strategy in ("groupcast", "magi"):
+    if strategy in ("groupcast", "magi", "magi_native"):
         try:
             split = cached_dispatch(dispatch, mask, cp)
             cast = plan(mask, split, transfer_chunk(split))
         except ValueError as exc:
             return refuse(str(exc))
-        if strategy == "magi":
+        if strategy != "groupcast":
+            moving = _ragged_seconds if strategy == "magi" else _native_seconds
             return done(*_groupcast(mask, split, cast, shape, curve, network, direction,
-                                    _ragged_seconds(cast, shape, network), MAGI_STAGES,
+                                    moving(cast, shape, network), MAGI_STAGES,
                                     int(cast.received().max()) * cast.chunk, memory_bytes_per_s))
         bucket_bytes = 2 * cast.bucket() * cast.chunk * shape.token_bytes(shape.heads_kv)
         return done(*_groupcast(mask, split, cast, shape, curve, network, direction,
@@ -305,6 +311,46 @@ def _ragged_seconds(cast, shape: Shape, network: Network) -> float:
     return slowest
 
 
+def _native_seconds(cast, shape: Shape, network: Network) -> float:
+    """The slowest rank's hierarchical group-cast (MagiAttention's native
+    group collectives): chunks between GPUs of one node go over NVLink; a
+    chunk that ranks of another node see crosses the inter-node link once,
+    to the rank of that node with the sender's local index, which forwards
+    it over NVLink to each of them. Each rank's inter-node and NVLink legs,
+    sent and received, run at once (pipelined in pieces)."""
+    cp, per_node = cast.cp, network.gpus_per_node
+    chunk_bytes = 2 * cast.chunk * shape.token_bytes(shape.heads_kv)
+    node = np.arange(cp) // per_node
+    # [rank]: chunks sent and received over each kind of link
+    across_out, across_in, inside_out, inside_in = (np.zeros(cp) for _ in range(4))
+    for sender in range(cp):
+        for there in range(int(node[-1]) + 1):
+            members = np.flatnonzero(node == there)
+            if there == node[sender]:
+                relay = sender  # its own node: straight over NVLink
+            else:
+                seen = set().union(*(cast.receives[r][sender] for r in members))
+                if not seen:
+                    continue
+                relay = int(members[(sender % per_node) % len(members)])
+                across_out[sender] += len(seen)
+                across_in[relay] += len(seen)
+            for r in members:
+                if r != relay and r != sender:
+                    moved = len(cast.receives[r][sender])
+                    inside_out[relay] += moved
+                    inside_in[r] += moved
+    link, inter = network.intra["all_to_all"], network.inter
+    slowest = 0.0
+    for across, inside in ((across_out, inside_out), (across_in, inside_in)):
+        alpha = np.where(across > 0, inter.alpha_s, link.alpha_s)
+        seconds = alpha + chunk_bytes * np.maximum(inside / link.beta_bytes_per_s,
+                                                   across / inter.beta_bytes_per_s)
+        busy = (across + inside) > 0
+        slowest = max(slowest, float(seconds[busy].max(initial=0.0)))
+    return slowest
+
+
 def _default_ulysses(cp: int, heads_kv: int, gpus_per_node: int) -> int:
     """The largest Ulysses group that divides cp and the K/V heads and stays in a node."""
     return max(u for u in range(1, min(cp, heads_kv, gpus_per_node) + 1)
@@ -322,7 +368,8 @@ def layout(strategy: str, cp: int, heads_kv: int, gpus_per_node: int,
         where = "inside a node" if size <= gpus_per_node else "across nodes"
         return f"Ulysses {size} {where} x ring {cp // size}" + (" across" if nodes > 1 else "")
     words = {"ring": "ring of", "allgather": "all-gather over", "ulysses": "Ulysses (heads) over",
-             "groupcast": "group-cast over", "magi": "MagiAttention group-cast over"}
+             "groupcast": "group-cast over", "magi": "MagiAttention group-cast (a2av) over",
+             "magi_native": "MagiAttention group-cast (native) over"}
     return f"{words[strategy]} {cp}{across}"
 
 

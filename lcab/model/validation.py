@@ -18,21 +18,39 @@ from lcab.model.strategies import RUN_HERE, STRATEGIES, Shape, predict
 from lcab.report.tables import inner_kernel
 from lcab.results import default_options, json_field
 
-# MagiAttention's CP figures (../shared/docs/anchors.md: H100, 8k tokens per
-# GPU, forward, per-GPU TFLOP/s, bars read by eye +-10), beside the model of
-# ours closest in kind: MagiAttention balances the exact mask area (our
-# balanced dispatch) with its own communication, so it faces the model of
-# its own form of group-cast (magi: ragged, node-aware, overlapped) and the
-# best of the strategies we run under that dispatch; a ring P2P baseline
-# faces our ring.
-PUBLISHED = (
-    ("causal_document", "MagiAttention", "magi", "balanced", {8: 460, 16: 425, 32: 315, 64: 238}),
-    ("causal_document", "MagiAttention", "best", "balanced", {8: 460, 16: 425, 32: 315, 64: 238}),
-    ("causal_document", "ring P2P", "ring", "contiguous", {8: 89, 64: 28}),
-    ("full", "MagiAttention", "magi", "balanced", {8: 665, 64: 630}),
-    ("full", "MagiAttention", "best", "balanced", {8: 665, 64: 630}),
-    ("full", "ring P2P", "ring", "zigzag", {8: 510, 64: 510}),
-)
+# MagiAttention's CP figures (H100, 8k tokens per GPU, per-GPU TFLOP/s
+# from the exact mask area and the slowest rank; bars read by eye, +-10,
+# from its repository's assets/magi_attn/exp/distributed/h100/*/{fwd,bwd}/
+# flops_report.png at commit 09fc31b2), beside the model of ours closest in
+# kind: MagiAttention balances the exact mask area (our balanced dispatch)
+# and moves only the K/V each rank sees, through all-to-all-v group
+# collectives ("a2av": our magi) or its native hierarchical ones ("native",
+# the headline bars: our magi_native); the native bars also face the best
+# of the strategies we run under that dispatch; a ring P2P baseline faces
+# our ring. (mask, who, strategy, dispatch, direction, {cp: TFLOP/s})
+_NATIVE_DOCUMENTS = {"fwd": {8: 460, 16: 425, 32: 315, 64: 238},
+                     "bwd": {8: 360, 16: 371, 32: 333, 64: 264}}
+_NATIVE_FULL = {"fwd": {8: 665, 64: 630}, "bwd": {8: 535, 64: 549}}
+PUBLISHED = tuple(
+    (mask, who, strategy, dispatch, direction, figures)
+    for direction in ("fwd", "bwd")
+    for mask, who, strategy, dispatch, figures in (
+        ("causal_document", "MagiAttention native", "magi_native", "balanced",
+         _NATIVE_DOCUMENTS[direction]),
+        ("causal_document", "MagiAttention native", "best", "balanced",
+         _NATIVE_DOCUMENTS[direction]),
+        ("causal_document", "MagiAttention a2av", "magi", "balanced",
+         {"fwd": {8: 387, 16: 305, 32: 276, 64: 207},
+          "bwd": {8: 335, 16: 353, 32: 325, 64: 242}}[direction]),
+        ("causal_document", "ring P2P", "ring", "contiguous",
+         {"fwd": {8: 89, 64: 28}, "bwd": {8: 97, 64: 29}}[direction]),
+        ("full", "MagiAttention native", "magi_native", "balanced", _NATIVE_FULL[direction]),
+        ("full", "MagiAttention native", "best", "balanced", _NATIVE_FULL[direction]),
+        ("full", "MagiAttention a2av", "magi", "balanced",
+         {"fwd": {8: 648, 64: 618}, "bwd": {8: 514, 64: 515}}[direction]),
+        ("full", "ring P2P", "ring", "zigzag",
+         {"fwd": {8: 510, 64: 510}, "bwd": {8: 497, 64: 505}}[direction]),
+    ))
 # How the published runs drew their documents (MagiAttention's
 # exps/dist_attn/benchmark_conf.py, SAMPLE_CONFIG): its packing with
 # documents cut at a quarter of the sequence (chunk_ratio 0.25, our
@@ -148,13 +166,17 @@ def error_summary(frame: pd.DataFrame) -> pd.DataFrame:
 
 def against_published(curve: KernelCurve, network: Network, shape: Shape,
                       seqlen_per_gpu: int = 8192, distribution: str = "chatqa2_long_sft",
-                      packs: int = PUBLISHED_PACKS) -> pd.DataFrame:
-    """The model's forward per-GPU TFLOP/s beside PUBLISHED, same cp sizes:
-    like the published figures, the mean over `packs` packs of documents
-    (seeds 0 to packs - 1) of each pack's TFLOP/s, with the packs' range.
-    "best" is the strategy we run whose mean is highest."""
+                      packs: int = PUBLISHED_PACKS,
+                      directions: tuple[str, ...] = ("fwd", "bwd")) -> pd.DataFrame:
+    """The model's per-GPU TFLOP/s beside PUBLISHED, same cp sizes and
+    direction: like the published figures, the mean over `packs` packs of
+    documents (seeds 0 to packs - 1) of each pack's TFLOP/s, with the
+    packs' range. "best" is the strategy we run whose mean is highest.
+    `directions`: the ones to compare (forward only is the cheap half)."""
     records = []
-    for mask_name, who, strategy, dispatch, figures in PUBLISHED:
+    for mask_name, who, strategy, dispatch, direction, figures in PUBLISHED:
+        if direction not in directions:
+            continue
         names = RUN_HERE if strategy == "best" else (strategy,)
         drawn = taken_params(mask_name, distribution=distribution, sampler=PUBLISHED_SAMPLER)
         for cp, published in figures.items():
@@ -162,13 +184,15 @@ def against_published(curve: KernelCurve, network: Network, shape: Shape,
             for seed in range(packs if drawn else 1):  # a mask that draws nothing: one
                 mask = make_mask(mask_name, seqlen_per_gpu * cp, seed=seed, **drawn)
                 for name in names:
-                    found = predict(name, mask, cp, shape, curve, network, dispatch=dispatch)
+                    found = predict(name, mask, cp, shape, curve, network, dispatch=dispatch,
+                                    direction=direction)
                     speeds[name].append(np.nan if found.problem else found.tflops_per_gpu)
             means = {name: float(np.mean(found)) for name, found in speeds.items()
                      if not np.isnan(found).any()}
             best = max(means, key=means.get)
             model = round(means[best])
-            records.append({"mask": mask_name, "published": who, "cp": cp,
+            records.append({"mask": mask_name, "direction": direction, "published": who,
+                            "cp": cp,
                             "published TFLOP/s": published,
                             "model": f"{best}, {dispatch}, {curve.backend}",
                             "model TFLOP/s": model,
