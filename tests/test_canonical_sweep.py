@@ -297,6 +297,39 @@ def test_a_part_measured_again_keeps_its_earlier_rows_beside_the_new(tmp_path, p
     assert len(run_states(tmp_path)["one"]["runs"]) == 2
 
 
+def test_a_part_measured_again_is_set_beside_the_rows_it_replaced(tmp_path):
+    """RUN.md's reproduction table: per backend, the new time over the old
+    of each case OK both times, a backend with a registered change between
+    the two rows apart from the rest."""
+    from lcab.experiments.run_record import remeasured
+    from tests.test_report_rows import row, write
+
+    def at(day, **more):
+        return {"timestamp": f"2026-11-{day}T10:00:00+00:00", **more}
+
+    folder = tmp_path / "part"
+    # jax.pallas_flex's backward changed on 11-28 (lcab.registry); jax.xla never did.
+    write(folder, [row("jax.xla", median_ms=10.0, **at(27)),
+                   row("jax.xla", seqlen=4096, median_ms=4.0, **at(27)),
+                   row("jax.pallas_flex", direction="bwd", median_ms=10.0, **at(27)),
+                   row("jax.pallas_flex", median_ms=5.0, **at(27)),
+                   row("jax.cudnn", status="OOM", **at(27))],
+          name="kernel_jax.before-20261129001318.jsonl")
+    assert remeasured(folder) == ["no case is OK both times yet"]
+    write(folder, [row("jax.xla", median_ms=10.5, **at(29)),
+                   row("jax.xla", seqlen=4096, median_ms=3.9, **at(29)),
+                   row("jax.pallas_flex", direction="bwd", median_ms=8.0, **at(29)),
+                   row("jax.pallas_flex", median_ms=5.1, **at(29)),
+                   row("jax.cudnn", median_ms=1.0, **at(29))], name="kernel_jax.jsonl")
+    lines = remeasured(folder)
+    assert "| jax.xla | 2 | 1.012 | 0.975-1.050 | no |" in lines
+    assert "| jax.pallas_flex | 1 | 1.020 | 1.020-1.020 | no |" in lines  # its forward
+    assert "| jax.pallas_flex | 1 | 0.800 | 0.800-0.800 | yes |" in lines
+    assert not any(line.startswith("| jax.cudnn") for line in lines)  # not OK both times
+    assert lines[-1].endswith("3 cases differ by at most 5.0% (one case's time, new over old).")
+    assert remeasured(tmp_path / "never") == []
+
+
 def test_parts_to_measure_again_are_named_from_the_sweep(tmp_path):
     def listed(*flags):
         return subprocess.run(

@@ -8,7 +8,7 @@ import collections
 import pathlib
 import re
 
-from lcab import canonical, results
+from lcab import canonical, registry, results
 from lcab.experiments import canonical_parts as defined
 
 # Within noise: the median of a cluster-style run against the same case's
@@ -82,6 +82,53 @@ def comparison(single: pathlib.Path, cluster: pathlib.Path) -> tuple[list[str], 
     return lines, worst
 
 
+def remeasured(part_folder: pathlib.Path) -> list[str]:
+    """Markdown lines setting a part measured again (--measure_again) beside
+    the rows it replaced (its `*.before-*.jsonl`): per backend, the new
+    median time over the old of every case OK both times, apart where a
+    registered change to the backend (lcab.registry.Change) lies between
+    the two rows, so what is left shows how closely the sweep reproduces;
+    [] for a part never measured again."""
+    before = sorted(part_folder.glob("*.before-*.jsonl"))
+    if not before:
+        return []
+    now = [path for path in sorted(part_folder.glob("*.jsonl")) if path not in before]
+
+    def ok(paths):
+        rows = results.newest_rows(results.read_rows(paths)) if paths else []
+        return {(r["backend"], r["mask"], r["seqlen"], r["direction"],
+                 results.options_key(r.get("options"))): r
+                for r in rows if r["status"] == "OK"}
+
+    old, new = ok(before), ok(now)
+    groups: dict[tuple[str, bool], list[float]] = {}
+    for case in sorted(set(old) & set(new)):
+        then, again = old[case], new[case]
+        measured = results.parsed_time(again.get("timestamp"))
+        changed = any(measured is None or results.parsed_time(change.when) <= measured
+                      for change in registry.changes_since(then))
+        groups.setdefault((case[0], changed), []).append(
+            again["median_ms"] / then["median_ms"])
+    if not groups:
+        return ["no case is OK both times yet"]
+    lines = ["| backend | cases | new / old time, median | range | a change to it between |",
+             "|---|---:|---:|---|---|"]
+    steady = []
+    for (backend, changed), ratios in sorted(groups.items()):
+        ratios.sort()
+        middle = ratios[len(ratios) // 2] if len(ratios) % 2 else (
+            ratios[len(ratios) // 2 - 1] + ratios[len(ratios) // 2]) / 2
+        lines.append(f"| {backend} | {len(ratios)} | {middle:.3f} | {ratios[0]:.3f}-"
+                     f"{ratios[-1]:.3f} | {'yes' if changed else 'no'} |")
+        if not changed:
+            steady += ratios
+    if steady:
+        worst = max(abs(ratio - 1) for ratio in steady)
+        lines.append(f"\nWithout a change between them, {len(steady)} cases differ by at most "
+                     f"{worst:.1%} (one case's time, new over old).")
+    return lines
+
+
 def write_run_md(folder: pathlib.Path, state: dict, parts=()) -> pathlib.Path:
     """RUN.md from parts.json; `parts` adds to the sweep's defined parts
     (what each is, which part it must reproduce)."""
@@ -141,6 +188,12 @@ def write_run_md(folder: pathlib.Path, state: dict, parts=()) -> pathlib.Path:
                       f"Its rows are in `{part.folder}/`, which tables do not read: they "
                       "check the path a cluster takes, and the single-process part stands in "
                       "the tables.", "", *table, ""]
+    for name in state["parts"]:
+        where = by_name[name].folder if name in by_name else name
+        if table := remeasured(folder / where):
+            lines += [f"## `{name}` measured again", "",
+                      ("Against the rows it replaced (`*.before-*.jsonl`, still read by the "
+                       "tables where no newer row stands):"), "", *table, ""]
     if state.get("notes"):
         lines += ["## Notes", "", *(f"- {note}" for note in state["notes"]), ""]
     path = folder / "RUN.md"
