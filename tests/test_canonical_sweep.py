@@ -569,6 +569,9 @@ def test_a_gpu_kernel_package_is_needed_only_where_a_gpu_is(tmp_path, plugin_pat
     assert blog["jax-1k-8k-full"] == ("tokamax", "flash_attn3_jax")
     assert blog["torch-32k-full+causal"] == ()
     assert all(not p.gpu_needs for p in defined.parts("cp"))  # strategies: pallas_flex only
+    # The rest of what a kernel part cannot run there gets rows saying why.
+    assert all(defined.RECORD_UNAVAILABLE in p.runs[0].flags
+               for sweep in ("blog", "paper", "sparsity") for p in defined.parts(sweep))
 
 
 def _done_with_rows(folder, reason):

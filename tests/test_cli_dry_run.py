@@ -71,6 +71,19 @@ def test_without_backends_a_dry_run_names_those_left_out(tmp_path):
     assert not list(tmp_path.iterdir())
 
 
+def test_record_unavailable_gives_rows_to_those_it_would_leave_out(tmp_path):
+    """--record_unavailable (the canonical sweeps): a backend of the default
+    sweep that cannot run here gets UNAVAILABLE rows saying why."""
+    run = cli("--framework=numpy", "--masks=causal", "--seqlens=64", "--directions=fwd",
+              "--record_unavailable", "--dry_run", f"--out={tmp_path}")
+    assert run.returncode == 0, run.stderr
+    assert "left out (no rows): numpy.missing" not in run.stdout
+    planned_rows = planned(run.stdout)
+    assert ("numpy.missing", "causal", "64", "fwd", "UNAVAILABLE") in planned_rows
+    assert ("numpy.reference", "causal", "64", "fwd", "run") in planned_rows
+    assert not list(tmp_path.iterdir())
+
+
 def test_under_resume_a_dry_run_marks_the_rows_already_there(tmp_path):
     sweep = ("--backends=numpy.reference", "--masks=causal", "--directions=fwd",
              f"--out={tmp_path}")

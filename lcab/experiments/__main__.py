@@ -6,8 +6,8 @@ Settings not given come from a preset flagfile (lcab.experiments.presets:
 experiments/cpu_smoke.flags without a GPU, experiments/seed_kernels.flags
 with one). Without --backends, every registered backend that can run here
 is used, except those too slow to set up for every sweep
-(in_default_sweep, e.g. tokamax autotuning); naming unavailable ones gives
-UNAVAILABLE rows instead. --framework=all runs each framework in its own
+(in_default_sweep, e.g. tokamax autotuning); naming unavailable ones, or
+--record_unavailable, gives UNAVAILABLE rows instead. --framework=all runs each framework in its own
 process (JAX and PyTorch fight over GPU memory) and prints one table of
 their rows. --suite=comm times the CP strategies' collectives alone.
 
@@ -126,7 +126,7 @@ def _attention_job(framework: str, backends: list[str], run_id: str) -> launch.J
     return launch.Job(
         framework, sweep.suite, _rows_path(framework), tuple(sweep.cases()),
         _settings(run_id, record, backend_options=options), ranks=cli.CP_SIZE.value or 2,
-        skip_unavailable=not cli.BACKENDS.value)
+        skip_unavailable=not cli.BACKENDS.value, record_unavailable=cli.RECORD_UNAVAILABLE.value)
 
 
 def _comm_job(framework: str, run_id: str) -> launch.Job:

@@ -45,6 +45,9 @@ STRATEGY_PACKAGES = {"jax": (), "torch": ("yunchang",)}
 # GPU machine set up without them a part would quietly lose those columns.
 # torch's flash-attn has no build for the GPU machine's torch: not required.
 GPU_KERNEL_PACKAGES = {"jax": ("tokamax", "flash_attn3_jax"), "torch": ()}
+# And every other backend a kernel part's sweep would run that cannot run
+# on the machine (torch's flash-attn there) gets rows saying so.
+RECORD_UNAVAILABLE = "--record_unavailable"
 
 
 def _needs(framework: str, strategies: bool = False) -> tuple[str, ...]:
@@ -109,7 +112,8 @@ def _kernel_parts(flagfile: str, masks: tuple[str, ...],
             for group in _groups(masks, per_part[framework]):
                 name = f"{framework}-{label}" + (f"-{'+'.join(group)}" if group != masks else "")
                 flags = (_flagfile(flagfile), f"--framework={framework}",
-                         f"--seqlens={','.join(lengths)}", f"--masks={','.join(group)}")
+                         f"--seqlens={','.join(lengths)}", f"--masks={','.join(group)}",
+                         RECORD_UNAVAILABLE)
                 parts.append(Part(name, f"{framework} kernels, {', '.join(group)} at "
                                   f"{', '.join(lengths)}", (Run(flags),),
                                   needs=_needs(framework),
@@ -147,7 +151,7 @@ def _sparsity() -> list[Part]:
                 parts.append(Part(f"{framework}-{mask}-{length}",
                                   f"{framework} kernels, {mask} sweep at {length}",
                                   (Run((_flagfile(flagfile), f"--framework={framework}",
-                                        f"--seqlens={length}")),),
+                                        f"--seqlens={length}", RECORD_UNAVAILABLE)),),
                                   needs=_needs(framework),
                                   gpu_needs=GPU_KERNEL_PACKAGES[framework]))
     return parts

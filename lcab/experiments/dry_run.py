@@ -62,7 +62,8 @@ def _job_text(job: launch.Job, resume: bool) -> tuple[str, collections.Counter]:
     done = results.done_keys([job.path], settled_only=True) if resume else set()
     cases, notes = list(job.cases), []
     if job.skip_unavailable and not job.per_rank:
-        reasons = {name: launch.left_out(name) for name in dict.fromkeys(c.backend for c in cases)}
+        reasons = {name: launch.left_out(name, job.record_unavailable)
+                   for name in dict.fromkeys(c.backend for c in cases)}
         notes += [f"left out (no rows): {name}: {why}"
                   for name, why in reasons.items() if why]
         cases = [case for case in cases if not reasons[case.backend]]

@@ -41,6 +41,11 @@ OUT = flags.DEFINE_string("out", "out", "Directory for the run's JSONL rows.")
 RESUME = flags.DEFINE_bool(
     "resume", False,
     "Skip rows already in the output files (ERROR and UNAVAILABLE rows are measured again).")
+RECORD_UNAVAILABLE = flags.DEFINE_bool(
+    "record_unavailable", False,
+    "Without --backends, give each backend of the default sweep that cannot run here "
+    "(a missing package or device) UNAVAILABLE rows saying why, instead of leaving it out "
+    "(the canonical sweeps do: a published table shows what it lacks).")
 ISOLATE = flags.DEFINE_bool(
     "isolate", False, "Run each case in a child process (a crash loses one case).")
 ISOLATE_TIMEOUT = flags.DEFINE_float(

@@ -122,6 +122,9 @@ class Job:
     settings: Settings
     ranks: int  # processes torchrun starts for a per-rank suite
     skip_unavailable: bool = False  # leave out backends that cannot run here
+    # ... except those a default sweep runs where they can: they write
+    # UNAVAILABLE rows saying why (--record_unavailable)
+    record_unavailable: bool = False
 
     @property
     def per_rank(self) -> bool:
@@ -170,7 +173,8 @@ def unwritable(folder: str | None) -> str | None:
 
 def run_here(job: Job, *, isolate: bool, resume: bool, progress: bool) -> None:
     """Run the job's cases in this process (rank 0 of a multi-process run writes)."""
-    cases = _available(job.cases) if job.skip_unavailable else list(job.cases)
+    cases = (_available(job.cases, job.record_unavailable) if job.skip_unavailable
+             else list(job.cases))
     skip = results.done_keys([job.path], settled_only=True) if resume else set()
     rank = launched_rank()
     if not rank:
@@ -287,21 +291,34 @@ def without_flags(argv: Sequence[str], valued: tuple[str, ...], boolean: tuple[s
     return kept
 
 
-def left_out(name: str) -> str | None:
+def left_out(name: str, record_unavailable: bool = False) -> str | None:
     """Why a sweep without --backends leaves this backend out, or None when
-    it runs it: it cannot run here, or is too slow to set up for every sweep."""
+    it runs it: it cannot run here, or is too slow to set up for every sweep.
+    With record_unavailable, one that cannot run here is run all the same
+    (its rows say UNAVAILABLE and why) unless its class says it is not in
+    the default sweep (a claim only an instance can make counts as in)."""
     try:
         backend = registry.load_backend(name)
     except registry.Unavailable as exc:
+        if record_unavailable and _in_default_sweep(name):
+            return None
         return str(exc)
     return None if backend.in_default_sweep else "runs only when named in --backends"
 
 
-def _available(cases: Sequence) -> list:
+def _in_default_sweep(name: str) -> bool:
+    try:
+        claim = registry.all_backends()[name].load().in_default_sweep
+    except Exception:  # noqa: BLE001 - its module cannot load: its rows will say why
+        return True
+    return claim if isinstance(claim, bool) else True
+
+
+def _available(cases: Sequence, record_unavailable: bool = False) -> list:
     """Without --backends, run what can run here and say what was left out."""
     usable = set()
     for name in dict.fromkeys(case.backend for case in cases):
-        reason = left_out(name)
+        reason = left_out(name, record_unavailable)
         if reason:
             logging.info("skipping %s: %s", name, reason)
         else:
