@@ -595,6 +595,11 @@ def test_a_done_part_whose_rows_missed_a_needed_package_is_not_done(tmp_path):
     other = "cannot import flash_attn: ModuleNotFoundError"  # not a needed package
     _done_with_rows(tmp_path / "other", other)
     assert runner.packages_its_rows_missed(tmp_path / "other", done) == []
+    # A GPU kernel a part compares with counts only on a GPU machine.
+    _done_with_rows(tmp_path / "gpu", "cannot import tokamax: No module named 'xprof'")
+    kernels = dataclasses.replace(done, gpu_needs=("tokamax",))
+    assert runner.packages_its_rows_missed(tmp_path / "gpu", kernels) == []
+    assert runner.packages_its_rows_missed(tmp_path / "gpu", kernels, on_gpu=True) == ["tokamax"]
 
 
 def test_a_done_part_that_missed_a_package_still_missing_here_is_left_alone(tmp_path, capsys):

@@ -378,7 +378,7 @@ def run_sweep(sweep: str, folder: pathlib.Path, parts: list[defined.Part], commi
         if same and record.get("status") == FAILED and not retry:
             continue
         if same and record.get("status") == DONE:
-            missed = packages_its_rows_missed(folder, part)
+            missed = packages_its_rows_missed(folder, part, bool(found))
             if not missed:
                 continue
             if missing_packages(part, bool(found)):
@@ -496,16 +496,18 @@ def missing_packages(part: defined.Part, on_gpu: bool = False) -> list[str]:
     return missing
 
 
-def packages_its_rows_missed(folder: pathlib.Path, part: defined.Part) -> list[str]:
-    """The needed packages that the part's UNAVAILABLE rows (the newest of
-    each measurement: a rerun's row replaces them) say could not be
-    imported when they ran (a machine set up without them)."""
+def packages_its_rows_missed(folder: pathlib.Path, part: defined.Part,
+                             on_gpu: bool = False) -> list[str]:
+    """The needed packages (Part.needs, and Part.gpu_needs where there is a
+    GPU) that the part's UNAVAILABLE rows (the newest of each measurement: a
+    rerun's row replaces them) say could not be imported when they ran (a
+    machine set up without them)."""
     from lcab import results  # pandas: only when running
 
     files = sorted((folder / part.folder).glob("*.jsonl"))
     rows = results.newest_rows(results.read_rows(files)) if files else []
     reasons = [row.get("reason") or "" for row in rows if row.get("status") == "UNAVAILABLE"]
-    return [name for name in part.needs
+    return [name for name in (*part.needs, *(part.gpu_needs if on_gpu else ()))
             if any(f"cannot import {name}:" in reason for reason in reasons)]
 
 
