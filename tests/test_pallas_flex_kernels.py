@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from jax_backends.pallas_flex.ops import Lowering, block_gradients, flex_attention
@@ -68,9 +68,13 @@ def test_every_family_matches_the_reference_forward_and_backward(name, lowering)
 @given(name=st.sampled_from(MASK_NAMES), seed=st.integers(0, 10_000),
        seqlen=st.integers(40, 160), group=st.sampled_from([1, 2, 4]),
        lowering=st.sampled_from([HEAD_MAJOR, HEADS_TOGETHER]))
+@example(name="var_block_sparse", seed=0, seqlen=40, group=1, lowering=HEAD_MAJOR)
 def test_random_masks_lengths_and_groups(name, seed, seqlen, group, lowering):
-    mask = make_mask(name, seqlen, seed=seed) if name != "block_causal_document" else \
-        small_mask(name, seqlen)
+    try:
+        mask = make_mask(name, seqlen, seed=seed) if name != "block_causal_document" else \
+            small_mask(name, seqlen)
+    except ValueError:  # defaults made for longer sequences (var_block_sparse's 128-token blocks)
+        mask = small_mask(name, seqlen, seed=seed)
     q, k, v, dout = inputs(seqlen, heads=(4, 4 // group), batch=1, seed=seed)
     got = run_flex(mask, q, k, v, dout, blocks=(16, 32), backward_blocks=(32, 16),
                    lowering=lowering)
