@@ -7,9 +7,10 @@ experiments/cpu_smoke.flags without a GPU, experiments/seed_kernels.flags
 with one). Without --backends, every registered backend that can run here
 is used, except those too slow to set up for every sweep
 (in_default_sweep, e.g. tokamax autotuning); naming unavailable ones, or
---record_unavailable, gives UNAVAILABLE rows instead. --framework=all runs each framework in its own
-process (JAX and PyTorch fight over GPU memory) and prints one table of
-their rows. --suite=comm times the CP strategies' collectives alone.
+--record_unavailable, gives UNAVAILABLE rows instead. --framework=all runs
+each framework in its own process (JAX and PyTorch fight over GPU memory)
+and prints one table of their rows. --suite=comm times the CP strategies'
+collectives alone.
 
 A --flagfile named inside a flagfile is found relative to that file
 (lcab.experiments.flagfiles), so any working directory will do.

@@ -7,6 +7,7 @@ from __future__ import annotations
 import collections
 import pathlib
 import re
+import statistics
 
 from lcab import canonical, registry, results
 from lcab.experiments import canonical_parts as defined
@@ -115,11 +116,8 @@ def remeasured(part_folder: pathlib.Path) -> list[str]:
              "|---|---:|---:|---|---|"]
     steady = []
     for (backend, changed), ratios in sorted(groups.items()):
-        ratios.sort()
-        middle = ratios[len(ratios) // 2] if len(ratios) % 2 else (
-            ratios[len(ratios) // 2 - 1] + ratios[len(ratios) // 2]) / 2
-        lines.append(f"| {backend} | {len(ratios)} | {middle:.3f} | {ratios[0]:.3f}-"
-                     f"{ratios[-1]:.3f} | {'yes' if changed else 'no'} |")
+        lines.append(f"| {backend} | {len(ratios)} | {statistics.median(ratios):.3f} | "
+                     f"{min(ratios):.3f}-{max(ratios):.3f} | {'yes' if changed else 'no'} |")
         if not changed:
             steady += ratios
     if steady:
