@@ -488,7 +488,7 @@ def missing_packages(part: defined.Part, on_gpu: bool = False) -> list[str]:
     there is a GPU) that cannot be imported here: missing, or broken (the
     backend's own import would fail alike, as tokamax's without xprof)."""
     missing = []
-    for name in (*part.needs, *(part.gpu_needs if on_gpu else ())):
+    for name in part.packages(on_gpu):
         try:
             importlib.import_module(name)
         except Exception:  # noqa: BLE001 - any failure to import is a missing package
@@ -507,7 +507,7 @@ def packages_its_rows_missed(folder: pathlib.Path, part: defined.Part,
     files = sorted((folder / part.folder).glob("*.jsonl"))
     rows = results.newest_rows(results.read_rows(files)) if files else []
     reasons = [row.get("reason") or "" for row in rows if row.get("status") == "UNAVAILABLE"]
-    return [name for name in (*part.needs, *(part.gpu_needs if on_gpu else ()))
+    return [name for name in part.packages(on_gpu)
             if any(f"cannot import {name}:" in reason for reason in reasons)]
 
 

@@ -66,6 +66,10 @@ class Part:
     needs: tuple[str, ...] = ()  # packages it cannot run without (_needs)
     gpu_needs: tuple[str, ...] = ()  # and on a GPU machine (GPU_KERNEL_PACKAGES)
 
+    def packages(self, on_gpu: bool) -> tuple[str, ...]:
+        """What it cannot run without on this machine (needs, and gpu_needs on a GPU)."""
+        return (*self.needs, *(self.gpu_needs if on_gpu else ()))
+
     @property
     def folder(self) -> str:
         """Its folder in the run: a rerun's rows are kept out of tables."""

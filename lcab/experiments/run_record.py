@@ -35,24 +35,26 @@ def _row_counts(folder: pathlib.Path) -> str:
     return ", ".join(f"{n} {status}" for status, n in sorted(counts.items())) or "no rows"
 
 
+def _case(row) -> tuple:
+    """What two runs' rows must share to be the same measurement here."""
+    return (row["backend"], row["mask"], row["seqlen"], row["direction"],
+            results.options_key(row.get("options")))
+
+
 def comparison(single: pathlib.Path, cluster: pathlib.Path) -> tuple[list[str], float | None]:
     """Markdown lines comparing two folders' OK rows case by case (the
     cluster-style run's median over the single-process one's), and the
     largest deviation from 1. Each case takes the single-process row of
     the cluster row's own commit where there is one (the same code), else
     the newest, and says which commits it set side by side."""
-    def key(row):
-        return (row["backend"], row["mask"], row["seqlen"], row["direction"],
-                results.options_key(row.get("options")))
-
     def ok_rows(path):
         rows = results.read_rows([path]) if path.exists() else []
         return [r for r in rows if r["status"] == "OK"]
 
-    ours = {key(r): r for r in results.newest_rows(ok_rows(cluster))}
+    ours = {_case(r): r for r in results.newest_rows(ok_rows(cluster))}
     singles: dict[tuple, list[dict]] = {}
     for row in ok_rows(single):
-        singles.setdefault(key(row), []).append(row)
+        singles.setdefault(_case(row), []).append(row)
     shared = sorted(set(ours) & set(singles))
     if not shared:
         return ["no case has an OK row in both runs yet"], None
@@ -97,9 +99,7 @@ def remeasured(part_folder: pathlib.Path) -> list[str]:
 
     def ok(paths):
         rows = results.newest_rows(results.read_rows(paths)) if paths else []
-        return {(r["backend"], r["mask"], r["seqlen"], r["direction"],
-                 results.options_key(r.get("options"))): r
-                for r in rows if r["status"] == "OK"}
+        return {_case(r): r for r in rows if r["status"] == "OK"}
 
     old, new = ok(before), ok(now)
     groups: dict[tuple[str, bool], list[float]] = {}

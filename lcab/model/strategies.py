@@ -298,11 +298,17 @@ def _ragged_seconds(cast, shape: Shape, network: Network) -> float:
     counts = cast.counts() * chunk_bytes  # [r, s]: bytes r receives from s
     node = np.arange(cp) // per_node
     same = node[:, None] == node[None, :]
+    return _slowest_leg([(np.where(same, moved, 0).sum(axis=1),
+                          np.where(same, 0, moved).sum(axis=1))
+                         for moved in (counts, counts.T)], network)  # received, sent
+
+
+def _slowest_leg(legs, network: Network) -> float:
+    """The slowest rank's transfer: per leg (received, sent), each rank's
+    bytes over NVLink and over the inter-node links, both at once."""
     link, inter = network.intra["all_to_all"], network.inter
     slowest = 0.0
-    for moved in (counts, counts.T):  # received, sent
-        inside = np.where(same, moved, 0).sum(axis=1)
-        outside = np.where(same, 0, moved).sum(axis=1)
+    for inside, outside in legs:
         alpha = np.where(outside > 0, inter.alpha_s, link.alpha_s)
         seconds = alpha + np.maximum(inside / link.beta_bytes_per_s,
                                      outside / inter.beta_bytes_per_s)
@@ -340,15 +346,8 @@ def _native_seconds(cast, shape: Shape, network: Network) -> float:
                     moved = len(cast.receives[r][sender])
                     inside_out[relay] += moved
                     inside_in[r] += moved
-    link, inter = network.intra["all_to_all"], network.inter
-    slowest = 0.0
-    for across, inside in ((across_out, inside_out), (across_in, inside_in)):
-        alpha = np.where(across > 0, inter.alpha_s, link.alpha_s)
-        seconds = alpha + chunk_bytes * np.maximum(inside / link.beta_bytes_per_s,
-                                                   across / inter.beta_bytes_per_s)
-        busy = (across + inside) > 0
-        slowest = max(slowest, float(seconds[busy].max(initial=0.0)))
-    return slowest
+    return _slowest_leg([(chunk_bytes * inside_in, chunk_bytes * across_in),
+                         (chunk_bytes * inside_out, chunk_bytes * across_out)], network)
 
 
 def _default_ulysses(cp: int, heads_kv: int, gpus_per_node: int) -> int:
