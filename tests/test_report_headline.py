@@ -148,3 +148,17 @@ def test_a_length_only_some_backends_reached_does_not_head_the_table(tmp_path):
     lined = tables.with_line(tables.suite_rows(
         results.load([write(tmp_path / "again" / f"{DATE}-h100-blog", rows)]), "kernel"))
     assert headline.reached_lengths(lined) == {"causal": 8192}
+
+
+def test_masks_follow_the_family_order_not_the_file_order(tmp_path):
+    # Canonical parts sort by name, so causal's files come before full's.
+    rows = [row("jax.a", mask="causal"), row("jax.a", mask="full"),
+            row("jax.a", mask="causal_document")]
+    lined = tables.with_line(tables.suite_rows(
+        results.load([write(tmp_path / f"{DATE}-h100-blog", rows)]), "kernel"))
+    table = headline.best_table(headline.counted(lined), ["jax"])
+    assert [mask for mask, _ in table.index] == ["full", "causal", "causal_document"]
+    assert tables.mask_order(["block_sparse(keep=0.2, block=128)", "mystery", "full",
+                              "block_sparse(keep=0.5, block=128)"]) == [
+        "full", "block_sparse(keep=0.2, block=128)", "block_sparse(keep=0.5, block=128)",
+        "mystery"]

@@ -298,7 +298,7 @@ def write_figures(writer: ReportWriter, frame: pd.DataFrame) -> list[pathlib.Pat
         for label, group in groups:
             # The whole group is drawn from: each figure selects its own rows,
             # naming backends and masks as its table does.
-            for mask in pd.unique(rows_of(group)["mask"]):
+            for mask in tables.mask_order(rows_of(group)["mask"]):
                 if kind in ("kernel", "memory") and tables.swept_label(mask):
                     continue  # one point per setting: the sparsity figure draws these
                 stem = _figure_stem(kind, mask, label, len(groups) > 1)

@@ -105,7 +105,7 @@ def reached_lengths(rows: pd.DataFrame) -> dict[str, int]:
 def best_table(rows: pd.DataFrame, frameworks: list[str], by_cp_size: bool = False,
                winners: list | None = None, lengths: dict[str, int] | None = None
                ) -> pd.DataFrame:
-    """Per mask (in order of appearance), at its length in `lengths`
+    """Per mask (tables.mask_order), at its length in `lengths`
     (reached_lengths; its longest counted one where not given; for CP rows,
     at every length a strategy ran), the best line of each framework (and
     cp size, for CP rows; cp size 1 is the kernel alone), "fwd / bwd".
@@ -120,7 +120,7 @@ def best_table(rows: pd.DataFrame, frameworks: list[str], by_cp_size: bool = Fal
     # CP: each framework's one-GPU kernel, then its strategies by cp size.
     columns = [(framework, size) for framework in frameworks for size in sizes]
     records, index = [], []
-    for mask in pd.unique(rows["mask"]):
+    for mask in tables.mask_order(rows["mask"]):
         mine = rows[rows["mask"] == mask]
         if by_cp_size:  # every length a strategy ran at: cp sizes run different lengths
             shown_lengths = sorted(pd.unique(mine.loc[mine["cp_size"] > 1, "seqlen"]))

@@ -183,7 +183,7 @@ class Page:
         kernel = group[group["suite"] == "kernel"]
         per_gpu = f"per-GPU {shown.name}" if shown.higher_is_better else shown.name
         self.add(f"### Context parallel: {per_gpu}, fwd / bwd")
-        for mask in pd.unique(cp["mask"]):
+        for mask in tables.mask_order(cp["mask"]):
             rows = cp[cp["mask"] == mask]
             self.add(f"#### {mask}")
             self.noted(rows, ["seqlen", "cp_size"])

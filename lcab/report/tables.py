@@ -26,6 +26,7 @@ import pandas as pd
 
 from lcab import registry, results
 from lcab.flops import TIMED_DIRECTIONS
+from lcab.masks.factory import MASK_NAMES
 from lcab.report import legend, measure
 from lcab.report.legend import FLAG_CHANGED, FLAG_UNCHECKED, FLAG_UNSTEADY
 from lcab.results import MEASUREMENT_KEY, inner_kernel
@@ -61,8 +62,7 @@ def _oldest_first(frame: pd.DataFrame) -> pd.DataFrame:
 def latest(frame: pd.DataFrame) -> pd.DataFrame:
     """One row per measurement (MEASUREMENT_KEY): the one with the newest timestamp.
 
-    The kept rows stay in their original order, so "the order masks first
-    appear" still means the order of the files.
+    The kept rows stay in their original order (the order of the files).
     """
     positions = pd.Series(range(len(frame)), index=frame.index)
     newest = _oldest_first(frame.assign(_position=positions.to_numpy()))
@@ -222,8 +222,24 @@ def line_order(rows: pd.DataFrame) -> list[str]:
     return list(dict.fromkeys(line for _, _, line in ranked))
 
 
+def mask_order(masks: Iterable[str]) -> list[str]:
+    """The masks (family names or mask_setting_label) in report order: by
+    family in the order lcab.masks registers them (full, causal, ...), each
+    family's settings and unknown names in order of first appearance.
+
+    Not the order of the files: a canonical folder's parts sort by name,
+    which would put causal before full.
+    """
+    unique = list(dict.fromkeys(masks))
+
+    def family_rank(mask: str) -> int:
+        family = str(mask).split("(", 1)[0]
+        return MASK_NAMES.index(family) if family in MASK_NAMES else len(MASK_NAMES)
+    return sorted(unique, key=family_rank)
+
+
 def _sort_rank(column: pd.Series, masks: Sequence[str]) -> pd.Series:
-    """Sort key of one index column: masks by first appearance, directions fwd first."""
+    """Sort key of one index column: masks in mask_order, directions fwd first."""
     if column.name == "mask":
         return column.map({mask: i for i, mask in enumerate(masks)})
     if column.name == "direction":
@@ -235,7 +251,7 @@ def _sort_rank(column: pd.Series, masks: Sequence[str]) -> pd.Series:
 
 def sorted_index(rows: pd.DataFrame, columns: Sequence[str]) -> pd.MultiIndex:
     """Every combination of `columns` present in rows, in report order."""
-    masks = list(pd.unique(rows["mask"]))
+    masks = mask_order(rows["mask"])
     combos = rows[list(columns)].drop_duplicates().sort_values(
         by=list(columns), key=lambda column: _sort_rank(column, masks), kind="stable"
     )
