@@ -34,9 +34,11 @@ def test_the_kernels_lower_to_triton_for_a_gpu():
                                              "lcab_flex_dkv"))
 
 
-@pytest.mark.parametrize("head_dim,dtype,block_k", [
-    (128, jnp.bfloat16, 128), (64, jnp.float16, 64), (256, jnp.bfloat16, 64)])
-def test_the_mosaic_forward_lowers_for_a_gpu_on_every_family(head_dim, dtype, block_k):
+@pytest.mark.parametrize("head_dim,dtype,block_k,schedule", [
+    (128, jnp.bfloat16, 128, "rendezvous"), (64, jnp.float16, 64, "rendezvous"),
+    (256, jnp.bfloat16, 64, "rendezvous"), (128, jnp.bfloat16, 128, "handoff")])
+def test_the_mosaic_forward_lowers_for_a_gpu_on_every_family(head_dim, dtype, block_k,
+                                                             schedule):
     """Mosaic GPU's interpret mode cannot run this kernel (mosaic_fwd_sm90
     says why), so on a CPU it is lowered to Mosaic GPU's MLIR instead: that
     catches ops and layouts the lowering lacks; its numbers are checked on a
@@ -47,7 +49,7 @@ def test_the_mosaic_forward_lowers_for_a_gpu_on_every_family(head_dim, dtype, bl
         q = jax.ShapeDtypeStruct((2, plan.padded_q, 4, head_dim), dtype)
         kv = jax.ShapeDtypeStruct((2, plan.padded_k, 2, head_dim), dtype)
         forward = lambda q, k, v, t, plan=plan: mosaic_fwd_sm90.forward(  # noqa: E731
-            q, k, v, plan.geometry, t)
+            q, k, v, plan.geometry, t, mosaic_fwd_sm90.Config(schedule=schedule))
         text = jax.jit(forward).trace(q, kv, kv, tables).lower(
             lowering_platforms=("cuda",)).as_text()
         assert text.count("stablehlo.custom_call @mosaic_gpu") == 1, name
@@ -197,6 +199,16 @@ def test_the_launch_orders_are_options_that_reach_the_lowering():
         "auto", "heads_together")  # rows: what every Mosaic row so far ran
     with pytest.raises(registry.Unavailable, match="choose one of heads_together, head_major"):
         registry.load_backend("jax.pallas_flex", {"rows_launch": "sideways"})
+
+
+def test_the_forward_schedule_is_an_option_that_reaches_the_mosaic_forward():
+    backend = registry.load_backend("jax.pallas_flex", {"forward_schedule": "handoff"})
+    assert backend.lowering.mosaic_forward.schedule == "handoff"
+    assert "forward_schedule=handoff" in backend.mask_support(cpu_workload()).how
+    assert registry.load_backend("jax.pallas_flex", {}).lowering.mosaic_forward.schedule == (
+        "rendezvous")  # what every Mosaic forward row so far ran
+    with pytest.raises(registry.Unavailable, match="choose one of rendezvous, handoff"):
+        registry.load_backend("jax.pallas_flex", {"forward_schedule": "sometimes"})
 
 
 @pytest.mark.parametrize("dkv_launch,rows_launch", [("head_major", "heads_together"),

@@ -10,6 +10,13 @@ The memory warpgroup follows the program's plan row: its full runs, then
 its partial tiles; the compute warpgroups walk the same row and mask the
 partial tiles' scores by the union of their slices.
 
+Two ways to take turns (Config.schedule): "rendezvous", an mbarrier both
+warpgroups arrive at and wait on twice a tile (so each waits for the other's
+softmax before reading its own scores), and "handoff", FA3's and tokamax's:
+two hardware named barriers, a warpgroup handing the tensor cores over
+(bar.arrive) once its scores' matmul is issued and waiting (bar.sync) only
+before its P @ V.
+
 The backward is mosaic_bwd_sm90's (it shares fold_visits, masked and
 the K/V feeder with this module). Needs bf16 or f16, head_dim a multiple
 of 64 (at most 256) and a plan of 128-row q blocks and 64- or 128-column
@@ -24,6 +31,7 @@ checks it against the reference before it is timed.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 import jax
@@ -31,6 +39,8 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
+from jaxlib.mlir import ir
+from jaxlib.mlir.dialects import llvm
 
 from jax_backends.pallas_flex.plan import Geometry
 from lcab.masks.slices import BI_CAUSAL, CAUSAL, INV_CAUSAL
@@ -41,6 +51,10 @@ COMPUTE_WARPGROUPS = 2
 BLOCK_Q = ROWS_PER_WARPGROUP * COMPUTE_WARPGROUPS
 SM90 = (9, 0)  # wgmma and TMA as lowered here: Hopper
 _FAR = 1 << 30  # a diagonal offset no tile reaches: "no edge on this side"
+SCHEDULES = ("rendezvous", "handoff")
+# Named barriers of the handoff schedule, one per compute warpgroup: Mosaic
+# GPU takes barrier 0 and one per warpgroup (1-3) for itself.
+_TURN_BARRIER = 4
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -48,10 +62,13 @@ class Config:
     """The Mosaic forward's settings."""
 
     stages: int = 2  # shared-memory slots of the K/V ring
+    schedule: str = "rendezvous"  # how the compute warpgroups take turns (module doc)
 
     def __post_init__(self):
         if self.stages < 2:
             raise ValueError(f"stages={self.stages}: the K/V ring needs 2 or more")
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"schedule={self.schedule!r}: choose one of {', '.join(SCHEDULES)}")
 
 
 def problem(block_q: int, block_k: int, dtype, head_dim: int) -> str | None:
@@ -120,9 +137,7 @@ def forward(q, k, v, geometry: Geometry, tables, config: Config = Config(),
         def slot_of(step):
             return lax.rem(step, jnp.int32(stages))
 
-        def take_turn():
-            plgpu.barrier_arrive(schedule)
-            plgpu.barrier_wait(schedule)
+        turns = _Turns(config.schedule, wg, schedule)
 
         @pl.when(wg < COMPUTE_WARPGROUPS)
         def _compute():
@@ -147,7 +162,7 @@ def forward(q, k, v, geometry: Geometry, tables, config: Config = Config(),
                 def _():
                     plgpu.barrier_wait(k_loaded.at[0])
 
-                pl.when(wg == 1)(take_turn)
+                turns.start()
 
                 def visit(step, kb, j, carry):
                     acc, m, l = carry
@@ -159,7 +174,7 @@ def forward(q, k, v, geometry: Geometry, tables, config: Config = Config(),
                     def scores(acc_ref):
                         plgpu.wgmma(acc_ref, qo_smem,
                                     plgpu.transpose_ref(k_smem.at[slot], (1, 0)))
-                        take_turn()
+                        turns.scores_issued()
                         return acc_ref[...]
 
                     s = pl.run_scoped(scores, plgpu.ACC((rows, block_k), jnp.float32))
@@ -178,9 +193,7 @@ def forward(q, k, v, geometry: Geometry, tables, config: Config = Config(),
                     if head_dim <= 128:  # FA3's order for small heads (measured in JAX's kernel)
                         l = l + p.sum(axis=1)
                         acc, l, m_next, p16 = lax.optimization_barrier((acc, l, m_next, p16))
-                    plgpu.barrier_arrive(schedule)  # softmax done
-                    plgpu.barrier_wait(v_loaded.at[slot])
-                    plgpu.barrier_wait(schedule)  # the tensor cores are ours
+                    turns.before_values(v_loaded.at[slot])
                     if head_dim > 128:
                         l = l + p.sum(axis=1)
                     acc = accumulate(acc, p16, v_smem.at[slot],
@@ -189,7 +202,7 @@ def forward(q, k, v, geometry: Geometry, tables, config: Config = Config(),
                     return acc, m_next, l
 
                 step, (acc, m, l) = fold_visits(walk_refs, qi, visit, (step0, (acc, m, l)))
-                pl.when(wg == 0)(take_turn)
+                turns.finish()
                 seen = l > 0
                 l_safe = jnp.where(seen, l, 1.0)
                 acc = acc / lax.broadcast_in_dim(l_safe, acc.shape, [0])
@@ -244,6 +257,67 @@ def forward(q, k, v, geometry: Geometry, tables, config: Config = Config(),
         kernel_name="lcab_flex_forward_mosaic",
     )
     return call(*walk, q, k, v)
+
+
+class _Turns:
+    """How the two compute warpgroups take turns on the tensor cores
+    (Config.schedule), so one's softmax runs under the other's matmuls.
+    Warpgroup 1 starts second; each hook is called by both."""
+
+    def __init__(self, schedule: str, wg, rendezvous_barrier):
+        self.handoff = schedule == "handoff"
+        self.wg, self.barrier = wg, rendezvous_barrier
+
+    def _rendezvous(self):
+        plgpu.barrier_arrive(self.barrier)
+        plgpu.barrier_wait(self.barrier)
+
+    def _hand_over(self):  # to the other warpgroup, without waiting
+        for wg in range(COMPUTE_WARPGROUPS):
+            pl.when(self.wg == wg)(functools.partial(
+                _named_barrier, "arrive", _TURN_BARRIER + 1 - wg))
+
+    def _await_turn(self):  # until the other warpgroup hands over
+        for wg in range(COMPUTE_WARPGROUPS):
+            pl.when(self.wg == wg)(functools.partial(_named_barrier, "sync", _TURN_BARRIER + wg))
+
+    def start(self):
+        """Before an item's first tile."""
+        pl.when(self.wg == 1)(self._await_turn if self.handoff else self._rendezvous)
+
+    def scores_issued(self):
+        """Right after the scores' matmul is issued."""
+        if self.handoff:
+            self._hand_over()
+        else:
+            self._rendezvous()
+
+    def before_values(self, v_loaded):
+        """After the softmax, before P @ V: the V tile loaded, our turn."""
+        if self.handoff:
+            plgpu.barrier_wait(v_loaded)
+            self._await_turn()
+        else:
+            plgpu.barrier_arrive(self.barrier)  # softmax done
+            plgpu.barrier_wait(v_loaded)
+            plgpu.barrier_wait(self.barrier)  # the tensor cores are ours
+
+    def finish(self):
+        """After an item's last tile: warpgroup 1's last wait is released."""
+        pl.when(self.wg == 0)(self._hand_over if self.handoff else self._rendezvous)
+
+
+def _named_barrier(op: str, barrier: int):
+    """PTX bar.<op> on a hardware named barrier that both compute
+    warpgroups meet at (256 threads): "arrive" does not wait, "sync" does."""
+    threads = COMPUTE_WARPGROUPS * 128
+
+    @plgpu.inline_mgpu()
+    def ptx(_):
+        llvm.inline_asm(ir.Type.parse("!llvm.void"), [], f"bar.{op} {barrier}, {threads};",
+                        "", has_side_effects=True)
+
+    ptx()
 
 
 def fold_visits(walk, row, body, state):

@@ -143,7 +143,7 @@ class Page:
             return
         unit = measure.of_rows(kernel).name
         self.add(f"### Kernels: {unit}, fwd / bwd")
-        for mask in pd.unique(kernel["family"]):
+        for mask in tables.mask_order(kernel["family"]):
             family = kernel[kernel["family"] == mask]
             swept = _swept(family)
             stem = _stem("kernel", mask, setting)
