@@ -11,7 +11,12 @@
 # Predicted (docs/pallas_flex.md, v10, written before any run): handoff
 # +1-3 % forward on full and causal, +0-2 % on the others; with head_major
 # on full and causal at 32k +2-3 % more (measured before on an H200).
-# Each run writes OUT/<name>/; the last lines are one short table per run.
+# The first two runs print ptxas's register and spill report of every
+# kernel they compile (MOSAIC_GPU_DUMP_PTXAS=1): the forward's lines come
+# last, per schedule, to see whether the partial tiles' path spills (a
+# partial tile costs 1.8-2.1x a whole one forward on causal-edged masks,
+# docs/pallas_flex.md). Each run writes OUT/<name>/; the last lines are one
+# short table per run.
 #
 #   experiments/lab/forward_schedule.sh OUT COMMIT
 set -uo pipefail
@@ -29,15 +34,19 @@ run() {  # name, then lcab.experiments flags
   echo "$name: exit $?"
 }
 families=$(python3 -c "from lcab.masks import MASK_NAMES; print(','.join(MASK_NAMES))")
-run handoff-families --masks="$families" --seqlens=2k \
+MOSAIC_GPU_DUMP_PTXAS=1 run handoff-families --masks="$families" --seqlens=2k \
   --backend_options=jax.pallas_flex:forward_schedule=handoff
 ab=(--directions=fwd --seqlens=16k,32k
     --masks=full,causal,causal_document,sliding_window_causal)
-run rendezvous-1 "${ab[@]}"
+MOSAIC_GPU_DUMP_PTXAS=1 run rendezvous-1 "${ab[@]}"
 run handoff "${ab[@]}" --backend_options=jax.pallas_flex:forward_schedule=handoff
 run handoff-head_major "${ab[@]}" --backend_options=jax.pallas_flex:forward_schedule=handoff \
   --backend_options=jax.pallas_flex:rows_launch=head_major
 run rendezvous-2 "${ab[@]}"
+for name in handoff-families rendezvous-1; do
+  echo "## ptxas, the forward, $name"
+  grep -A4 "entry function 'lcab_flex_forward_mosaic" "$out/$name.log" | grep -E "spill|Used" | sort | uniq -c
+done
 for name in "${runs[@]}"; do
   echo "## $name"
   python3 -m lcab.report --results="$out/$name" --summary 2>/dev/null | grep '^|'
