@@ -1,27 +1,34 @@
 #!/usr/bin/env bash
-# Does the Mosaic forward gain from FA3's way of taking turns
-# (forward_schedule=handoff: hardware named barriers, a warpgroup hands the
-# tensor cores over once its scores' matmul is issued and waits only before
-# its P @ V) over the mbarrier rendezvous it runs now, alone and with the
-# forward's programs head after head (rows_launch=head_major)? One call, one
-# GPU: first every mask family at 2k through the handoff forward with the
-# full-size check (a schedule that races shows as MISMATCH, one that
-# deadlocks as a timeout), then forward-only A/B/C/A on the seed blog's
-# full, causal, causal_document and sliding_window_causal at 16k and 32k.
-# Predicted (docs/pallas_flex.md, v10, written before any run): handoff
-# +1-3 % forward on full and causal, +0-2 % on the others; with head_major
-# on full and causal at 32k +2-3 % more (measured before on an H200).
-# The first two runs print ptxas's register and spill report of every
-# kernel they compile (MOSAIC_GPU_DUMP_PTXAS=1): the forward's lines come
-# last, per schedule, to see whether the partial tiles' path spills (a
-# partial tile costs 1.8-2.1x a whole one forward on causal-edged masks,
-# docs/pallas_flex.md). Each run writes OUT/<name>/; the last lines are one
-# short table per run.
+# Two options of jax.pallas_flex's Mosaic kernels against the defaults, on
+# one GPU (docs/pallas_flex.md, v10 and v11; predictions written there and
+# here before any run):
+#   forward_schedule=handoff  the forward's compute warpgroups take turns as
+#     FA3 does (hardware named barriers, the turn handed over once the
+#     scores' matmul is issued) instead of meeting at one mbarrier twice a
+#     tile: +1-3 % forward on full and causal, +0-2 % on the others; with
+#     rows_launch=head_major +2-3 % more on full and causal at 32k.
+#   partial_tiles=single_fast a partial tile's slice range loaded before its
+#     matmul and the loop over further slices only where there are some
+#     (forward, dQ, dK/dV): +3-8 % forward on sliding_window_causal and
+#     causal_document at 16k-32k, within 1 % on full and causal, backward
+#     +0-3 %.
+# Parts (one device call each, about 2, 8 and 8 minutes):
+#   check     every mask family at 2k with both options, forward and
+#             backward, full-size check on (a race shows as MISMATCH, a
+#             deadlock as a timeout); ptxas's register and spill report of
+#             each kernel, default and with the options (MOSAIC_GPU_DUMP_PTXAS)
+#   forward   forward only, A/B/C/D/A: default, handoff, single_fast, both
+#             with head_major, default; seed blog's full, causal,
+#             causal_document and sliding_window_causal at 16k and 32k
+#   backward  forward and backward, A/B/A: default, single_fast, default
+# Each run writes OUT/<name>/; the last lines are one short table per run.
 #
-#   experiments/lab/forward_schedule.sh OUT COMMIT
+#   experiments/lab/forward_schedule.sh OUT COMMIT check|forward|backward
 set -uo pipefail
-out=${1:?usage: $0 OUT COMMIT}
-commit=${2:?usage: $0 OUT COMMIT}
+usage="usage: $0 OUT COMMIT check|forward|backward"
+out=${1:?$usage}
+commit=${2:?$usage}
+part=${3:?$usage}
 export XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1 CUDA_VISIBLE_DEVICES=0
 mkdir -p "$out"
 runs=()
@@ -33,20 +40,33 @@ run() {  # name, then lcab.experiments flags
     --nosummary --out="$out/$name" "$@" >"$out/$name.log" 2>&1
   echo "$name: exit $?"
 }
-families=$(python3 -c "from lcab.masks import MASK_NAMES; print(','.join(MASK_NAMES))")
-MOSAIC_GPU_DUMP_PTXAS=1 run handoff-families --masks="$families" --seqlens=2k \
-  --backend_options=jax.pallas_flex:forward_schedule=handoff
-ab=(--directions=fwd --seqlens=16k,32k
-    --masks=full,causal,causal_document,sliding_window_causal)
-MOSAIC_GPU_DUMP_PTXAS=1 run rendezvous-1 "${ab[@]}"
-run handoff "${ab[@]}" --backend_options=jax.pallas_flex:forward_schedule=handoff
-run handoff-head_major "${ab[@]}" --backend_options=jax.pallas_flex:forward_schedule=handoff \
-  --backend_options=jax.pallas_flex:rows_launch=head_major
-run rendezvous-2 "${ab[@]}"
-for name in handoff-families rendezvous-1; do
-  echo "## ptxas, the forward, $name"
-  grep -A4 "entry function 'lcab_flex_forward_mosaic" "$out/$name.log" | grep -E "spill|Used" | sort | uniq -c
-done
+option() { echo "--backend_options=jax.pallas_flex:$1"; }
+ab=(--seqlens=16k,32k --masks=full,causal,causal_document,sliding_window_causal)
+case $part in
+  check)
+    families=$(python3 -c "from lcab.masks import MASK_NAMES; print(','.join(MASK_NAMES))")
+    MOSAIC_GPU_DUMP_PTXAS=1 run check-options --masks="$families" --seqlens=2k \
+      "$(option forward_schedule=handoff)" "$(option partial_tiles=single_fast)"
+    MOSAIC_GPU_DUMP_PTXAS=1 run check-default --masks=causal_document --seqlens=2k
+    for name in check-default check-options; do
+      echo "## ptxas, $name: registers and spills per kernel"
+      grep -A3 "entry function 'lcab_flex" "$out/$name.log" \
+        | grep -oE "entry function '[a-z_]+|[0-9]+ bytes spill stores|Used [0-9]+ registers" \
+        | paste -d' ' - - - | sort | uniq -c
+    done ;;
+  forward)
+    run default-1 "${ab[@]}" --directions=fwd
+    run handoff "${ab[@]}" --directions=fwd "$(option forward_schedule=handoff)"
+    run single_fast "${ab[@]}" --directions=fwd "$(option partial_tiles=single_fast)"
+    run both-head_major "${ab[@]}" --directions=fwd "$(option forward_schedule=handoff)" \
+      "$(option partial_tiles=single_fast)" "$(option rows_launch=head_major)"
+    run default-2 "${ab[@]}" --directions=fwd ;;
+  backward)
+    run default-1 "${ab[@]}"
+    run single_fast "${ab[@]}" "$(option partial_tiles=single_fast)"
+    run default-2 "${ab[@]}" ;;
+  *) echo "$usage" >&2; exit 2 ;;
+esac
 for name in "${runs[@]}"; do
   echo "## $name"
   python3 -m lcab.report --results="$out/$name" --summary 2>/dev/null | grep '^|'
