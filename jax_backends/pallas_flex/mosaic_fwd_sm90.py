@@ -33,6 +33,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -411,11 +412,11 @@ class PartialTile:
     the plan's slice ids (PARTIAL_TILES says when it is loaded)."""
 
     first: tuple
-    span: object  # () -> (lo, hi)
+    span: Callable[[], tuple]  # () -> (lo, hi)
     single_fast: bool
 
     @classmethod
-    def load(cls, ids, slices, lo, hi, row: int, j, how: str) -> PartialTile:
+    def load(cls, ids, slices, lo, hi, row, j, how: str) -> PartialTile:
         """Partial tile j of plan row (or column) `row`; `lo` and `hi` the
         walk's slice-range refs."""
         first = slice_bounds(ids, slices, lo[row, j])
