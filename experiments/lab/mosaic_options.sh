@@ -23,7 +23,10 @@
 #   backward  forward and backward, A/B/A: default, single_fast, default
 # Each run writes OUT/<name>/; the last lines are one short table per run.
 #
-#   experiments/lab/forward_schedule.sh OUT COMMIT check|forward|backward
+#   experiments/lab/mosaic_options.sh OUT COMMIT check|forward|backward
+#
+# LCAB_LAB_SEQLENS (default 16k,32k) and LCAB_LAB_CHECK_SEQLEN (2k) shrink
+# it for a rehearsal on a CPU, where the Triton kernels run instead.
 set -uo pipefail
 usage="usage: $0 OUT COMMIT check|forward|backward"
 out=${1:?$usage}
@@ -41,13 +44,15 @@ run() {  # name, then lcab.experiments flags
   echo "$name: exit $?"
 }
 option() { echo "--backend_options=jax.pallas_flex:$1"; }
-ab=(--seqlens=16k,32k --masks=full,causal,causal_document,sliding_window_causal)
+ab=(--seqlens="${LCAB_LAB_SEQLENS:-16k,32k}"
+    --masks=full,causal,causal_document,sliding_window_causal)
+check_seqlen=${LCAB_LAB_CHECK_SEQLEN:-2k}
 case $part in
   check)
     families=$(python3 -c "from lcab.masks import MASK_NAMES; print(','.join(MASK_NAMES))")
-    MOSAIC_GPU_DUMP_PTXAS=1 run check-options --masks="$families" --seqlens=2k \
+    MOSAIC_GPU_DUMP_PTXAS=1 run check-options --masks="$families" --seqlens="$check_seqlen" \
       "$(option forward_schedule=handoff)" "$(option partial_tiles=single_fast)"
-    MOSAIC_GPU_DUMP_PTXAS=1 run check-default --masks=causal_document --seqlens=2k
+    MOSAIC_GPU_DUMP_PTXAS=1 run check-default --masks=causal_document --seqlens="$check_seqlen"
     for name in check-default check-options; do
       echo "## ptxas, $name: registers and spills per kernel"
       grep -A3 "entry function 'lcab_flex" "$out/$name.log" \
