@@ -297,6 +297,33 @@ def test_a_part_measured_again_keeps_its_earlier_rows_beside_the_new(tmp_path, p
     assert len(run_states(tmp_path)["one"]["runs"]) == 2
 
 
+def test_measuring_one_backend_again_moves_only_its_rows_aside(tmp_path):
+    """--measure_again_backends: the named backends' rows move to the
+    .before file, line for line; the other rows (and a damaged tail) stay
+    where --resume reads them, so only those backends run again. Once per
+    commit and set of backends."""
+    folder = tmp_path / "one"
+    folder.mkdir()
+    rows = [json.dumps({"backend": name, "seqlen": n}) + "\n"
+            for name, n in (("jax.xla", 1), ("jax.pallas_flex", 1), ("jax.xla", 2))]
+    (folder / "kernel_jax.jsonl").write_text("".join(rows) + '{"backend": "jax.pall')
+    (folder / "kernel_torch.jsonl").write_text(json.dumps({"backend": "torch.flex"}) + "\n")
+    state = runner.State(tmp_path, "blog")
+    one = part("one")
+    assert runner.measure_again(state, tmp_path, [one], "new", "20261129", ["jax.pallas_flex"])
+    assert (folder / "kernel_jax.before-20261129.jsonl").read_text() == rows[1]
+    assert (folder / "kernel_jax.jsonl").read_text() == (
+        rows[0] + rows[2] + '{"backend": "jax.pall')
+    assert not (folder / "kernel_torch.before-20261129.jsonl").exists()  # nothing of it moved
+    record = state.part("one")
+    assert (record["measured_again_at"], record["measured_again_backends"]) == (
+        "new", ["jax.pallas_flex"])
+    # The same again: left to resume; another backend at the same commit: set again.
+    assert runner.measure_again(state, tmp_path, [one], "new", "2", ["jax.pallas_flex"]) == []
+    assert runner.measure_again(state, tmp_path, [one], "new", "3", ["jax.xla"]) == ["one"]
+    assert (folder / "kernel_jax.before-3.jsonl").read_text() == rows[0] + rows[2]
+
+
 def test_a_part_measured_again_is_set_beside_the_rows_it_replaced(tmp_path):
     """RUN.md's reproduction table: per backend, the new time over the old
     of each case OK both times, a backend with a registered change between
@@ -344,6 +371,11 @@ def test_parts_to_measure_again_are_named_from_the_sweep(tmp_path):
     refused = listed("--measure_again=nonsense")
     assert refused.returncode != 0 and "cp has no part nonsense" in refused.stderr
     assert "Traceback" not in refused.stderr
+    alone = listed("--measure_again_backends=jax.pallas_flex")
+    assert alone.returncode != 0 and "needs --measure_again" in alone.stderr
+    unknown = listed("--measure_again=comm", "--measure_again_backends=jax.nope")
+    assert unknown.returncode != 0 and "unknown backend 'jax.nope'" in unknown.stderr
+    assert "Traceback" not in alone.stderr + unknown.stderr
 
 
 def test_a_folder_of_another_sweep_is_refused(tmp_path):

@@ -14,7 +14,8 @@ the time budget or by a stop resumes where it stopped (the CLI's --resume);
 a part that failed is kept as failed and only rerun with --retry; a part
 named in --measure_again is measured from the start with the code at hand
 (its earlier rows stay beside the new ones, the newest row of each
-measurement standing in the tables). Parts that
+measurement standing in the tables; with --measure_again_backends only
+those backends' rows, after a change to one kernel). Parts that
 repeat another part as a cluster starts it (multi-process JAX, torchrun
 with two nodes) are compared with it, row by row, in RUN.md.
 Exit status: 0 when every chosen part is done, 3 when some remain, 1 when
@@ -39,7 +40,7 @@ from collections.abc import Sequence
 
 from absl import app, flags
 
-from lcab import canonical, processes
+from lcab import canonical, processes, registry
 from lcab.experiments import canonical_parts as defined
 from lcab.experiments import machine
 from lcab.spans import spans_text
@@ -76,6 +77,11 @@ MEASURE_AGAIN = flags.DEFINE_list(
     "code they time): each part's rows files are renamed <name>.before-<UTC time>.jsonl, "
     "which the tables still read (the newest row of each measurement stands), and its "
     "record starts over. Once per commit: the same command again resumes them.",
+    flag_values=FLAGS)
+MEASURE_AGAIN_BACKENDS = flags.DEFINE_list(
+    "measure_again_backends", [], "With --measure_again: only these backends' rows move "
+    "aside (into <name>.before-<UTC time>.jsonl); the other rows stay where --resume reads "
+    "them, so only these backends run again (after a change to one kernel).",
     flag_values=FLAGS)
 PARALLEL = flags.DEFINE_bool(
     "parallel", False, "Run one-GPU parts side by side, one on each visible GPU, each "
@@ -319,32 +325,58 @@ def chosen_parts(sweep: str) -> list[defined.Part]:
 
 
 def measure_again(state: State, folder: pathlib.Path, parts: Sequence[defined.Part],
-                  commit: str, stamp: str) -> list[str]:
+                  commit: str, stamp: str, backends: Sequence[str] = ()) -> list[str]:
     """Set each part to be measured from the start at `commit`: its rows
     files moved aside as <name>.before-<stamp>.jsonl and its record reset;
-    a part already set so at this commit is left to resume. The names of
-    the parts set now."""
-    again = []
+    with `backends`, only those backends' rows move (set_aside_rows), so
+    --resume measures only them again. A part already set so at this
+    commit (for the same backends) is left to resume. The names of the
+    parts set now."""
+    again, mark = [], sorted(backends)
     for part in parts:
         record = state.part(part.name)
-        if record.get("measured_again_at") == commit:
+        if (record.get("measured_again_at") == commit
+                and record.get("measured_again_backends", []) == mark):
             continue
         for path in sorted((folder / part.folder).glob("*.jsonl")):
-            if ".before-" not in path.name:
-                path.rename(path.with_name(f"{path.stem}.before-{stamp}.jsonl"))
-        record.update(status=None, finished_runs=[], measured_again_at=commit)
+            if ".before-" in path.name:
+                continue
+            aside = path.with_name(f"{path.stem}.before-{stamp}.jsonl")
+            if backends:
+                set_aside_rows(path, aside, set(backends))
+            else:
+                path.rename(aside)
+        record.update(status=None, finished_runs=[], measured_again_at=commit,
+                      measured_again_backends=mark)
         again.append(part.name)
     return again
+
+
+def set_aside_rows(path: pathlib.Path, aside: pathlib.Path, backends: set[str]) -> None:
+    """Move the rows of `backends` from rows file `path` to `aside` (a new
+    file; nothing written where none match), each line as it was; lines
+    that are not a row (a damaged tail) stay."""
+    kept, moved = [], []
+    for line in path.read_text().splitlines(keepends=True):
+        try:
+            backend = json.loads(line).get("backend")
+        except (ValueError, AttributeError):
+            backend = None
+        (moved if backend in backends else kept).append(line)
+    if moved:
+        aside.write_text("".join(moved))
+        path.write_text("".join(kept))
 
 
 def run_sweep(sweep: str, folder: pathlib.Path, parts: list[defined.Part], commit: str,
               extra: list[str], budget_s: float | None, *, retry: bool = False,
               min_run_s: float = 60, gpus: list[dict[str, str]] | None = None,
-              parallel: bool = False, again: Sequence[str] = ()) -> int:
+              parallel: bool = False, again: Sequence[str] = (),
+              again_backends: Sequence[str] = ()) -> int:
     """Run the parts that are not done, within the budget (with `parallel`,
     one-GPU parts side by side, one per GPU; the parts named in `again`
-    from the start, see measure_again); 0 all done, 3 some remain, 1 one
-    failed, 130 stopped by a signal."""
+    from the start, or only `again_backends` in them, see measure_again);
+    0 all done, 3 some remain, 1 one failed, 130 stopped by a signal."""
     from lcab.experiments.run_record import write_run_md  # pandas: only when running
 
     folder.mkdir(parents=True, exist_ok=True)
@@ -358,9 +390,11 @@ def run_sweep(sweep: str, folder: pathlib.Path, parts: list[defined.Part], commi
             "parallel": parallel}
     stamp = "".join(ch for ch in start if ch.isdigit())  # 20261128201533
     measured_again = measure_again(state, folder, [p for p in parts if p.name in again],
-                                   commit, stamp)
+                                   commit, stamp, again_backends)
     if measured_again:
         call["measured_again"] = measured_again
+        if again_backends:
+            call["measured_again_backends"] = sorted(again_backends)
     state.data["calls"].append(call)
     state.save()
     deadline = None if budget_s is None else time.monotonic() + budget_s
@@ -593,6 +627,13 @@ def main(argv: list[str]) -> int:
             f"{name} ({what})" for name, what in canonical.SWEEPS.items()))
     sweep = argv[1]
     parts = chosen_parts(sweep)
+    if MEASURE_AGAIN_BACKENDS.value and not MEASURE_AGAIN.value:
+        raise app.UsageError("--measure_again_backends needs --measure_again (the parts)")
+    for name in MEASURE_AGAIN_BACKENDS.value:
+        try:
+            registry.check_backend_name(name)
+        except ValueError as error:
+            raise app.UsageError(f"--measure_again_backends: {error}") from None
     extra = shlex.split(EXTRA.value)
     found = machine.gpus()
     if LIST.value:
@@ -614,7 +655,7 @@ def main(argv: list[str]) -> int:
     signal.signal(signal.SIGTERM, _interrupt)
     return run_sweep(sweep, folder, parts, _commit(), extra, BUDGET.value, retry=RETRY.value,
                      min_run_s=MIN_RUN.value, gpus=found, parallel=PARALLEL.value,
-                     again=MEASURE_AGAIN.value)
+                     again=MEASURE_AGAIN.value, again_backends=MEASURE_AGAIN_BACKENDS.value)
 
 
 def _interrupt(signum, frame):

@@ -146,6 +146,9 @@ def write_run_md(folder: pathlib.Path, state: dict, parts=()) -> pathlib.Path:
         if call.get("measured_again"):
             extra += (", measured again from the start: "
                       + ", ".join(f"`{name}`" for name in call["measured_again"]))
+            if call.get("measured_again_backends"):
+                extra += " (only " + ", ".join(
+                    f"`{name}`" for name in call["measured_again_backends"]) + ")"
         lines.append(f"{number}. {call['start']}, commit `{call['commit']}`{budget}{extra}")
         machine = (gpus, call.get("versions"))
         if machine == machine_before:
