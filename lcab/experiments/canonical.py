@@ -365,7 +365,10 @@ def set_aside_rows(path: pathlib.Path, aside: pathlib.Path, backends: set[str]) 
         (moved if backend in backends else kept).append(line)
     if moved:
         aside.write_text("".join(moved))
-        path.write_text("".join(kept))
+        # Replaced whole, so a stop part way loses no row of either file.
+        partial = path.with_name(path.name + ".partial")
+        partial.write_text("".join(kept))
+        os.replace(partial, path)
 
 
 def run_sweep(sweep: str, folder: pathlib.Path, parts: list[defined.Part], commit: str,
