@@ -79,8 +79,7 @@ class PallasFlexBackend(Backend):
             raise ValueError(f"forward_schedule={schedule!r}: choose one of "
                              f"{', '.join(mosaic_fwd_sm90.SCHEDULES)}")
         partial_tiles = options.get("partial_tiles", mosaic_fwd_sm90.Config.partial_tiles)
-        mosaic_fwd_sm90.check_partial_tiles(partial_tiles)
-        self.mosaic_configs = (
+        self.mosaic_configs = (  # each Config checks partial_tiles
             mosaic_fwd_sm90.Config(schedule=schedule, partial_tiles=partial_tiles),
             mosaic_bwd_sm90.Config(partial_tiles=partial_tiles))
 

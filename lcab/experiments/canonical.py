@@ -263,9 +263,15 @@ class State:
                 "for this machine's card)")
 
     def save(self) -> None:
-        temporary = self.path.with_suffix(".tmp")
-        temporary.write_text(json.dumps(self.data, indent=1))
-        temporary.replace(self.path)
+        _write_whole(self.path, json.dumps(self.data, indent=1))
+
+
+def _write_whole(path: pathlib.Path, text: str) -> None:
+    """Write `text` to a file beside `path`, then put it in path's place:
+    a stop part way leaves the old file whole."""
+    temporary = path.with_name(path.name + ".tmp")
+    temporary.write_text(text)
+    temporary.replace(path)
 
 
 def default_out(sweep: str, gpus: list[dict[str, str]],
@@ -332,7 +338,7 @@ def measure_again(state: State, folder: pathlib.Path, parts: Sequence[defined.Pa
     --resume measures only them again. A part already set so at this
     commit (for the same backends) is left to resume. The names of the
     parts set now."""
-    again, mark = [], sorted(backends)
+    again, chosen, mark = [], set(backends), sorted(backends)
     for part in parts:
         record = state.part(part.name)
         if (record.get("measured_again_at") == commit
@@ -342,8 +348,8 @@ def measure_again(state: State, folder: pathlib.Path, parts: Sequence[defined.Pa
             if ".before-" in path.name:
                 continue
             aside = path.with_name(f"{path.stem}.before-{stamp}.jsonl")
-            if backends:
-                set_aside_rows(path, aside, set(backends))
+            if chosen:
+                set_aside_rows(path, aside, chosen)
             else:
                 path.rename(aside)
         record.update(status=None, finished_runs=[], measured_again_at=commit,
@@ -365,10 +371,7 @@ def set_aside_rows(path: pathlib.Path, aside: pathlib.Path, backends: set[str]) 
         (moved if backend in backends else kept).append(line)
     if moved:
         aside.write_text("".join(moved))
-        # Replaced whole, so a stop part way loses no row of either file.
-        partial = path.with_name(path.name + ".partial")
-        partial.write_text("".join(kept))
-        os.replace(partial, path)
+        _write_whole(path, "".join(kept))  # a stop part way loses no row of either file
 
 
 def run_sweep(sweep: str, folder: pathlib.Path, parts: list[defined.Part], commit: str,
