@@ -1,34 +1,32 @@
 #!/usr/bin/env bash
-# Two options of jax.pallas_flex's Mosaic kernels against the defaults, on
-# one GPU (docs/pallas_flex.md, v10 and v11; predictions written there and
-# here before any run):
+# The forward_schedule option of jax.pallas_flex's Mosaic forward against
+# the default, on one GPU (docs/pallas_flex.md, v10; prediction written
+# there before any run):
 #   forward_schedule=handoff  the forward's compute warpgroups take turns as
 #     FA3 does (hardware named barriers, the turn handed over once the
 #     scores' matmul is issued) instead of meeting at one mbarrier twice a
 #     tile: +1-3 % forward on full and causal, +0-2 % on the others; with
 #     rows_launch=head_major +2-3 % more on full and causal at 32k.
-#   partial_tiles=single_fast a partial tile's slice range loaded before its
-#     matmul and the loop over further slices only where there are some
-#     (forward, dQ, dK/dV): +3-8 % forward on sliding_window_causal and
-#     causal_document at 16k-32k, within 1 % on full and causal, backward
-#     +0-3 %.
-# Parts (one device call each, about 2, 8 and 8 minutes):
-#   check     every mask family at 2k with both options, forward and
+# Parts (one device call each, about 9 and 7 minutes on an H200 with a
+# warm machine):
+#   check     every mask family at 2k with the option, forward and
 #             backward, full-size check on (a race shows as MISMATCH, a
 #             deadlock as a timeout); ptxas's register and spill report of
-#             each kernel, default and with the options (MOSAIC_GPU_DUMP_PTXAS)
-#   forward   forward only, A/B/C/D/A: default, handoff, single_fast, both
-#             with head_major, default; seed blog's full, causal,
+#             each kernel, default and with the option (MOSAIC_GPU_DUMP_PTXAS)
+#   forward   forward only, A/B/C/D/A: default, handoff, head_major,
+#             handoff with head_major, default; seed blog's full, causal,
 #             causal_document and sliding_window_causal at 16k and 32k
-#   backward  forward and backward, A/B/A: default, single_fast, default
-# Each run writes OUT/<name>/; the last lines are one short table per run.
+# Each run writes OUT/<name>/ and OUT/<name>.log; after each run every
+# row so far is packed into OUT/rows.tgz (one file, so a transfer that
+# limits its file count loses none; a run cut short keeps the ones
+# before it). The last lines are one short table per run.
 #
-#   experiments/lab/mosaic_options.sh OUT COMMIT check|forward|backward
+#   experiments/lab/mosaic_options.sh OUT COMMIT check|forward
 #
 # LCAB_LAB_SEQLENS (default 16k,32k) and LCAB_LAB_CHECK_SEQLEN (2k) shrink
 # it for a rehearsal on a CPU, where the Triton kernels run instead.
 set -uo pipefail
-usage="usage: $0 OUT COMMIT check|forward|backward"
+usage="usage: $0 OUT COMMIT check|forward"
 out=${1:?$usage}
 commit=${2:?$usage}
 part=${3:?$usage}
@@ -42,33 +40,32 @@ run() {  # name, then lcab.experiments flags
     --framework=jax --backends=jax.pallas_flex "--git_commit=$commit" --noprogress \
     --nosummary --out="$out/$name" "$@" >"$out/$name.log" 2>&1
   echo "$name: exit $?"
+  tar czf "$out/rows.tgz.part" -C "$out" --exclude=rows.tgz --exclude=rows.tgz.part \
+    --exclude=.lcab.lock "${runs[@]/%/.log}" "${runs[@]}" 2>/dev/null
+  mv "$out/rows.tgz.part" "$out/rows.tgz"
 }
 option() { echo "--backend_options=jax.pallas_flex:$1"; }
 ab=(--seqlens="${LCAB_LAB_SEQLENS:-16k,32k}"
-    --masks=full,causal,causal_document,sliding_window_causal)
+    --masks=full,causal,causal_document,sliding_window_causal --directions=fwd)
 check_seqlen=${LCAB_LAB_CHECK_SEQLEN:-2k}
 case $part in
   check)
     families=$(python3 -c "from lcab.masks import MASK_NAMES; print(','.join(MASK_NAMES))")
-    MOSAIC_GPU_DUMP_PTXAS=1 run check-options --masks="$families" --seqlens="$check_seqlen" \
-      "$(option forward_schedule=handoff)" "$(option partial_tiles=single_fast)"
+    MOSAIC_GPU_DUMP_PTXAS=1 run check-handoff --masks="$families" --seqlens="$check_seqlen" \
+      "$(option forward_schedule=handoff)"
     MOSAIC_GPU_DUMP_PTXAS=1 run check-default --masks=causal_document --seqlens="$check_seqlen"
-    for name in check-default check-options; do
+    for name in check-default check-handoff; do
       echo "## ptxas, $name: registers and spills per kernel"
       grep -A3 "entry function 'lcab_flex" "$out/$name.log" \
         | grep -oE "entry function '[a-z_]+|[0-9]+ bytes spill stores|Used [0-9]+ registers" \
         | paste -d' ' - - - | sort | uniq -c
     done ;;
   forward)
-    run default-1 "${ab[@]}" --directions=fwd
-    run handoff "${ab[@]}" --directions=fwd "$(option forward_schedule=handoff)"
-    run single_fast "${ab[@]}" --directions=fwd "$(option partial_tiles=single_fast)"
-    run both-head_major "${ab[@]}" --directions=fwd "$(option forward_schedule=handoff)" \
-      "$(option partial_tiles=single_fast)" "$(option rows_launch=head_major)"
-    run default-2 "${ab[@]}" --directions=fwd ;;
-  backward)
     run default-1 "${ab[@]}"
-    run single_fast "${ab[@]}" "$(option partial_tiles=single_fast)"
+    run handoff "${ab[@]}" "$(option forward_schedule=handoff)"
+    run head_major "${ab[@]}" "$(option rows_launch=head_major)"
+    run handoff-head_major "${ab[@]}" "$(option forward_schedule=handoff)" \
+      "$(option rows_launch=head_major)"
     run default-2 "${ab[@]}" ;;
   *) echo "$usage" >&2; exit 2 ;;
 esac

@@ -41,13 +41,11 @@ class PallasFlexBackend(Backend):
     # per direction, the lowering ("auto": Mosaic GPU where it fits).
     # The launch orders (ops.Lowering) are for measuring them: dkv_launch
     # "auto" decides per plan; rows_launch is the Mosaic forward's and dQ's.
-    # forward_schedule (how the Mosaic forward's warpgroups take turns) and
-    # partial_tiles (how the Mosaic kernels read a partial tile's slices),
-    # mosaic_fwd_sm90's SCHEDULES and PARTIAL_TILES, are for measuring too.
+    # forward_schedule: how the Mosaic forward's warpgroups take turns
+    # (mosaic_fwd_sm90.Config.schedule), also for measuring.
     options = {"block_q": int, "block_k": int, "backward_block_q": int,
                "backward_block_k": int, "forward_lowering": str, "backward_lowering": str,
-               "dkv_launch": str, "rows_launch": str, "forward_schedule": str,
-               "partial_tiles": str}
+               "dkv_launch": str, "rows_launch": str, "forward_schedule": str}
 
     def __init__(self, **options):
         unknown = sorted(set(options) - set(self.options))
@@ -78,10 +76,7 @@ class PallasFlexBackend(Backend):
         if schedule not in mosaic_fwd_sm90.SCHEDULES:
             raise ValueError(f"forward_schedule={schedule!r}: choose one of "
                              f"{', '.join(mosaic_fwd_sm90.SCHEDULES)}")
-        partial_tiles = options.get("partial_tiles", mosaic_fwd_sm90.Config.partial_tiles)
-        self.mosaic_configs = (  # each Config checks partial_tiles
-            mosaic_fwd_sm90.Config(schedule=schedule, partial_tiles=partial_tiles),
-            mosaic_bwd_sm90.Config(partial_tiles=partial_tiles))
+        self.forward_config = mosaic_fwd_sm90.Config(schedule=schedule)
 
     @functools.cached_property
     def lowering(self) -> ops.Lowering:
@@ -92,8 +87,7 @@ class PallasFlexBackend(Backend):
         mosaic = "mosaic" in (forward, backward)
         return ops.Lowering(forward=forward, backward=backward,
                             interpret=_shared.interpret_mode() and not mosaic,
-                            mosaic_forward=self.mosaic_configs[0],
-                            mosaic_backward=self.mosaic_configs[1], **self.launches)
+                            mosaic_forward=self.forward_config, **self.launches)
 
     @classmethod
     def environment_problem(cls) -> str | None:

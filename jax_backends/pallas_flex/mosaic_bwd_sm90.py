@@ -36,13 +36,12 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 from jax_backends.pallas_flex.mosaic_fwd_sm90 import (
     COMPUTE_WARPGROUPS,
     ROWS_PER_WARPGROUP,
-    PartialTile,
     accumulate,
-    check_partial_tiles,
     feed_kv,
     fold_visits,
     launch_grid,
     masked,
+    slice_bounds,
     wait_free,
 )
 from jax_backends.pallas_flex.plan import Geometry
@@ -80,12 +79,10 @@ class Config:
     # strips, so a warpgroup's scores take 1/parts of the registers (2 was
     # the faster measured: docs/pallas_flex.md, "Constants").
     parts: int = 2
-    partial_tiles: str = "looped"  # mosaic_fwd_sm90.PARTIAL_TILES
 
     def __post_init__(self):
         if self.parts not in PARTS:
             raise ValueError(f"parts={self.parts}: choose one of {', '.join(map(str, PARTS))}")
-        check_partial_tiles(self.partial_tiles)
         if self.stages < 2:
             raise ValueError(f"stages={self.stages}: the ring needs 2 or more")
 
@@ -101,14 +98,14 @@ def backward(q, k, v, dout, lse2, delta, geometry: Geometry, tables,
     scale = 1.0 / math.sqrt(q.shape[3])
     lse_safe = jnp.where(lse2 == -jnp.inf, 0.0, lse2)  # rows that see nothing meet only masks
     dq = _dq(q, k, v, dout, lse_safe, delta, geometry, tables, scale, stages, parts,
-             dq_heads_together, config.partial_tiles)
+             dq_heads_together)
     dk, dv = _dkv(q, k, v, dout, lse_safe, delta, geometry, tables, scale, stages,
-                  heads_together, parts, config.partial_tiles)
+                  heads_together, parts)
     return dq, dk, dv
 
 
 def _dq(q, k, v, dout, lse, delta, geometry: Geometry, tables, scale, stages, parts,
-        heads_together, partial_tiles):
+        heads_together):
     batch, _, heads, head_dim = q.shape
     group = heads // k.shape[2]
     rows, dtype = ROWS_PER_WARPGROUP, q.dtype
@@ -141,15 +138,14 @@ def _dq(q, k, v, dout, lse, delta, geometry: Geometry, tables, scale, stages, pa
 
             def visit(step, kb, j, dq):
                 slot = slot_of(step)
-                tile = None if j is None else PartialTile.load(ids, slices, lo, hi, qi, j,
-                                                               partial_tiles)
+                first = None if j is None else slice_bounds(ids, slices, lo[qi, j])
                 plgpu.barrier_wait(k_loaded.at[slot])
                 for part in range(parts):  # the tile's keys in `parts` column strips
                     k_part = k_smem.at[slot, pl.ds(part * cols, cols)]
                     v_part = v_smem.at[slot, pl.ds(part * cols, cols)]
                     s = product(q_smem, plgpu.transpose_ref(k_part, (1, 0)))
-                    if tile is not None:
-                        s = masked(s, tile, tile.span(), ids, slices, row0,
+                    if j is not None:
+                        s = masked(s, first, ids, slices, lo[qi, j], hi[qi, j], row0,
                                    kb * geometry.block_k + part * cols)
                     p = jnp.exp2(s * qk_scale - lax.broadcast_in_dim(lse, s.shape, [0]))
                     if part == 0:
@@ -204,7 +200,7 @@ def _dq(q, k, v, dout, lse, delta, geometry: Geometry, tables, scale, stages, pa
 
 
 def _dkv(q, k, v, dout, lse, delta, geometry: Geometry, tables, scale, stages,
-         heads_together, parts, partial_tiles):
+         heads_together, parts):
     batch, _, heads, head_dim = q.shape
     kv_heads = k.shape[2]
     group = heads // kv_heads
@@ -241,19 +237,19 @@ def _dkv(q, k, v, dout, lse, delta, geometry: Geometry, tables, scale, stages,
             copy_and_wait(((k_ref.at[span], k_smem), (v_ref.at[span], v_smem)), own, wg)
             q_loaded, do_loaded, lse_loaded, delta_loaded = loaded
 
-            def mask_strip(tile, col0, s_t):
-                return masked(s_t, tile, tile.span(), ids, slices, row0, col0, transposed=True)
+            def mask_strip(first, j, col0, s_t):
+                return masked(s_t, first, ids, slices, lo[kj, j], hi[kj, j], row0, col0,
+                              transposed=True)
 
             def visit(step, head, qb, j, carry):
                 dk, dv = carry
                 slot = slot_of(step)
-                tile = None if j is None else PartialTile.load(ids, slices, lo, hi, kj, j,
-                                                               partial_tiles)
+                first = None if j is None else slice_bounds(ids, slices, lo[kj, j])
                 plgpu.barrier_wait(q_loaded.at[slot])
                 for part in range(parts):  # the tile's queries in `parts` strips
                     strip = pl.ds(part * cols, cols)
-                    mask = None if tile is None else functools.partial(
-                        mask_strip, tile, qb * block_q + part * cols)
+                    mask = None if j is None else functools.partial(
+                        mask_strip, first, j, qb * block_q + part * cols)
                     waits = (lse_loaded.at[slot], do_loaded.at[slot],
                              delta_loaded.at[slot]) if part == 0 else ()
                     dk, dv, _ = dkv_strip(

@@ -33,7 +33,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -53,20 +52,9 @@ BLOCK_Q = ROWS_PER_WARPGROUP * COMPUTE_WARPGROUPS
 SM90 = (9, 0)  # wgmma and TMA as lowered here: Hopper
 _FAR = 1 << 30  # a diagonal offset no tile reaches: "no edge on this side"
 SCHEDULES = ("rendezvous", "handoff")
-# How a partial tile's slices are read (Config.partial_tiles, also the
-# backward's): "looped", its slice range's ends loaded after the matmul and
-# a loop over its further slices on every partial tile; "single_fast",
-# the ends loaded before the matmul with the first slice's bounds, the loop
-# only on tiles that have further slices.
-PARTIAL_TILES = ("looped", "single_fast")
 # Named barriers of the handoff schedule, one per compute warpgroup: Mosaic
 # GPU takes barrier 0 and one per warpgroup (1-3) for itself.
 _TURN_BARRIER = 4
-
-
-def check_partial_tiles(value: str) -> None:
-    if value not in PARTIAL_TILES:
-        raise ValueError(f"partial_tiles={value!r}: choose one of {', '.join(PARTIAL_TILES)}")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -75,14 +63,12 @@ class Config:
 
     stages: int = 2  # shared-memory slots of the K/V ring
     schedule: str = "rendezvous"  # how the compute warpgroups take turns (module doc)
-    partial_tiles: str = "looped"  # PARTIAL_TILES
 
     def __post_init__(self):
         if self.stages < 2:
             raise ValueError(f"stages={self.stages}: the K/V ring needs 2 or more")
         if self.schedule not in SCHEDULES:
             raise ValueError(f"schedule={self.schedule!r}: choose one of {', '.join(SCHEDULES)}")
-        check_partial_tiles(self.partial_tiles)
 
 
 def problem(block_q: int, block_k: int, dtype, head_dim: int) -> str | None:
@@ -183,8 +169,7 @@ def forward(q, k, v, geometry: Geometry, tables, config: Config = Config(),
                     slot = slot_of(step)
 
                     # A partial tile's first slice, loaded before the matmul.
-                    tile = None if j is None else PartialTile.load(
-                        ids, slices, lo, hi, qi, j, config.partial_tiles)
+                    first = None if j is None else slice_bounds(ids, slices, lo[qi, j])
 
                     def scores(acc_ref):
                         plgpu.wgmma(acc_ref, qo_smem,
@@ -194,8 +179,9 @@ def forward(q, k, v, geometry: Geometry, tables, config: Config = Config(),
 
                     s = pl.run_scoped(scores, plgpu.ACC((rows, block_k), jnp.float32))
                     plgpu.barrier_arrive(k_consumed.at[slot])
-                    if tile is not None:
-                        s = masked(s, tile, tile.span(), ids, slices, row0, kb * block_k)
+                    if j is not None:
+                        s = masked(s, first, ids, slices, lo[qi, j], hi[qi, j], row0,
+                                   kb * block_k)
                     m_next = jnp.maximum(m, s.max(axis=1) * qk_scale)
                     # Rows that have seen nothing yet only meet partial tiles.
                     m_safe = m_next if j is None else jnp.where(m_next == -jnp.inf, 0.0, m_next)
@@ -404,37 +390,13 @@ def slice_bounds(ids, slices, t):
     return q0, q1, k0, k1, lower, upper
 
 
-@dataclasses.dataclass(frozen=True)
-class PartialTile:
-    """What masking a partial tile needs of its slices: `first`, the
-    slice_bounds of its first slice, loaded before the tile's matmul so
-    its latency hides under it, and `span()`, its slice range (lo, hi) in
-    the plan's slice ids (PARTIAL_TILES says when it is loaded)."""
-
-    first: tuple
-    span: Callable[[], tuple]  # () -> (lo, hi)
-    single_fast: bool
-
-    @classmethod
-    def load(cls, ids, slices, lo, hi, row, j, how: str) -> PartialTile:
-        """Partial tile j of plan row (or column) `row`; `lo` and `hi` the
-        walk's slice-range refs."""
-        first = slice_bounds(ids, slices, lo[row, j])
-        if how == "single_fast":
-            span = (lo[row, j], hi[row, j])
-            return cls(first, lambda: span, True)
-        return cls(first, lambda: (lo[row, j], hi[row, j]), False)
-
-
-def masked(s, tile: PartialTile, span, ids, slices, row0, col0, transposed: bool = False):
-    """Scores of a partial tile where the union of its slices sees them,
-    -inf elsewhere; span is tile.span(), taken by the caller before it
-    computes col0 (the order of operations every measured row ran). Each
-    slice gives every row one column range [start, stop), computed on the
-    rows (a thread holds few), so an element costs two compares and a
-    select. transposed: the tile's rows are keys and its columns queries
-    (dK/dV)."""
-    lo, hi = span
+def masked(s, first, ids, slices, lo, hi, row0, col0, transposed: bool = False):
+    """Scores of a partial tile where the union of slices ids[lo:hi] sees
+    them, -inf elsewhere; `first` is slice_bounds of ids[lo], loaded
+    before the tile's matmul so its latency hides under it. Each slice
+    gives every row one column range [start, stop), computed on the rows
+    (a thread holds few), so an element costs two compares and a select.
+    transposed: the tile's rows are keys and its columns queries (dK/dV)."""
     rows = plgpu.broadcasted_iota(jnp.int32, s.shape[:1], 0, layout=plgpu.Layout.WGMMA.reduce(1))
     r = rows + row0
     c = plgpu.broadcasted_iota(jnp.int32, s.shape, 1, layout=plgpu.Layout.WGMMA) + col0
@@ -451,15 +413,8 @@ def masked(s, tile: PartialTile, span, ids, slices, row0, col0, transposed: bool
                 & (c < lax.broadcast_in_dim(stop, s.shape, [0])))
         return jnp.where(sees, s, scores)
 
-    scores = add(tile.first, -jnp.inf)
-
-    def further():  # the tile's other slices, if any
-        return lax.fori_loop(lo + 1, hi, lambda t, m: add(slice_bounds(ids, slices, t), m),
-                             scores)
-
-    if tile.single_fast:  # most partial tiles have one slice: keep the loop off their path
-        return lax.cond(hi > lo + 1, further, lambda: scores)
-    return further()
+    scores = add(first, -jnp.inf)
+    return lax.fori_loop(lo + 1, hi, lambda t, m: add(slice_bounds(ids, slices, t), m), scores)
 
 
 def _wait_next(step, end, k_loaded, slot_of):
