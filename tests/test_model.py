@@ -285,6 +285,33 @@ def test_the_native_group_cast_crosses_each_node_once_per_chunk():
     assert out.sum() < crossing  # deduplicated: fewer chunks cross than are received
 
 
+def test_the_magi_forms_leave_sms_to_their_collectives_as_magiattention_does():
+    """a2av: every call on 128 of 132 SMs; native: every SM, but while the
+    group-cast moves its 48 SMs' share of the work waits, counted as exposed
+    communication; at cp 1 nothing moves and neither costs anything."""
+    from unittest import mock
+
+    from lcab.model import strategies
+
+    assert strategies.MAGI_SMS["magi"].call_factor == pytest.approx(132 / 128)
+    native = strategies.MAGI_SMS["magi_native"]
+    assert native.call_factor == 1.0
+    assert native.lost_seconds(1.0, 2.0) == pytest.approx(48 / 132)
+    assert native.lost_seconds(3.0, 2.0) == pytest.approx(2 * 48 / 132)  # only the overlap
+    mask = doc_mask(8 * 8192)
+    network = Network(gpus_per_node=8)
+    for direction in ("fwd", "bwd"):
+        found = {s: predict(s, mask, 8, SHAPE, CURVE, network, direction=direction)
+                 for s in strategies.MAGI_SMS}
+        with mock.patch.dict(strategies.MAGI_SMS, {s: strategies.SmShare()
+                                                   for s in strategies.MAGI_SMS}):
+            plain = {s: predict(s, mask, 8, SHAPE, CURVE, network, direction=direction)
+                     for s in strategies.MAGI_SMS}
+        assert found["magi"].compute_s > plain["magi"].compute_s
+        assert found["magi_native"].compute_s == pytest.approx(plain["magi_native"].compute_s)
+        assert found["magi_native"].exposed_comm_s > plain["magi_native"].exposed_comm_s
+
+
 def test_the_published_magiattention_figures_face_magi_and_our_best():
     from lcab.model import validation
 

@@ -48,6 +48,7 @@ network's alpha-beta model. How the strategies overlap, as the real ones do:
   chunk crosses to another node once, to the rank of the same local index
   there, which forwards it over NVLink to the ranks of its node that see
   it; the two legs are pipelined, so the slower one sets the time.
+  Both magi forms share the GPU's SMs as MagiAttention does (MAGI_SMS).
 
 The breakdown adds up to the total: compute (the mean rank's kernel time),
 imbalance (the slowest rank's extra kernel time), exposed communication
@@ -77,6 +78,17 @@ RUN_HERE = ("ring", "allgather", "ulysses", "usp", "groupcast")
 # benchmark_conf.py: static overlap of degree 2, a local stage and two
 # remote ones).
 MAGI_STAGES = 3
+# How MagiAttention's kernels share the SMs with its collectives (its code
+# at commit 09fc31b2). The a2av form runs its attention kernel on all but
+# 4 SMs throughout (MAGI_ATTENTION_FFA_{FORWARD,BACKWARD}_SM_MARGIN's
+# default where CUDA_DEVICE_MAX_CONNECTIONS > 1; the benchmark sets 8). The
+# native form runs it on every SM but only after its group-collective
+# kernels have taken theirs (a kernel barrier; GrpCollConfig.num_sms, 48 in
+# the benchmark's configuration), so while they move data the attention
+# has the rest. A Hopper SXM GPU has 132 SMs.
+GPU_SMS = 132
+MAGI_SM_MARGIN = 4
+MAGI_NATIVE_COMM_SMS = 48
 _BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 # An H100 SXM's HBM3 moves 3.35 TB/s (NVIDIA's figure); streaming
 # elementwise kernels reach about 90 % of it.
@@ -224,10 +236,12 @@ def predict(strategy: str, mask: AttnMask, cp: int, shape: Shape, curve: KernelC
         except ValueError as exc:
             return refuse(str(exc))
         if strategy != "groupcast":
-            moving = _ragged_seconds if strategy == "magi" else _native_seconds
+            native = strategy == "magi_native"
+            moving = _native_seconds if native else _ragged_seconds
             return done(*_groupcast(mask, split, cast, shape, curve, network, direction,
                                     moving(cast, shape, network), MAGI_STAGES,
-                                    int(cast.received().max()) * cast.chunk, memory_bytes_per_s))
+                                    int(cast.received().max()) * cast.chunk, memory_bytes_per_s,
+                                    sms=MAGI_SMS[strategy]))
         bucket_bytes = 2 * cast.bucket() * cast.chunk * shape.token_bytes(shape.heads_kv)
         return done(*_groupcast(mask, split, cast, shape, curve, network, direction,
                                 network.seconds("all_to_all", cp * bucket_bytes, cp), stages,
@@ -248,30 +262,64 @@ def predict(strategy: str, mask: AttnMask, cp: int, shape: Shape, curve: KernelC
     return done(total + a2a, mean, slowest)
 
 
+@dataclasses.dataclass(frozen=True)
+class SmShare:
+    """The SMs an attention call leaves to communication: `always` for the
+    whole call, `while_moving` while a transfer is in flight (of GPU_SMS)."""
+
+    always: int = 0
+    while_moving: int = 0
+
+    @property
+    def call_factor(self) -> float:
+        """How much longer a call takes on the SMs left to it throughout."""
+        return GPU_SMS / (GPU_SMS - self.always)
+
+    def lost_seconds(self, transfer: float, compute: float) -> float:
+        """The attention work a transfer of `transfer` seconds displaces
+        from the SMs it takes, to be done after it: the share of the SMs
+        taken, over the time the two overlap."""
+        return self.while_moving / (GPU_SMS - self.always) * min(transfer, compute)
+
+
+MAGI_SMS = {"magi": SmShare(always=MAGI_SM_MARGIN),
+            "magi_native": SmShare(while_moving=MAGI_NATIVE_COMM_SMS)}
+
+
 def _groupcast(mask, split, cast, shape, curve, network, direction, transfer: float,
-               stages: int, received_keys: int,
-               memory_bytes_per_s: float = HBM_H100) -> tuple[float, float, float]:
+               stages: int, received_keys: int, memory_bytes_per_s: float = HBM_H100,
+               sms: SmShare = SmShare()) -> tuple[float, float, float]:
     """(total, mean compute, max compute) of group-cast whose transfer (one
     way) takes `transfer` seconds and whose received keys number
     `received_keys` per rank, in `stages` kernel calls. Each call after the
     first is merged into the running result outside the kernel (forward:
     the log-sum-exp merge; backward: dQ added to its float32 sum), at the
     GPU's memory bandwidth: the merge fusions the profile of stages=2
-    shows (results/gpu/2026-11-28-h200x2-groupcast-stages)."""
+    shows (results/gpu/2026-11-28-h200x2-groupcast-stages). `sms`: what
+    the calls leave to the communication (SmShare), none where nothing
+    moves (cp 1); the work a transfer displaces counts as exposed
+    communication."""
+    if received_keys == 0:
+        sms = SmShare()
     local = mask.seqlen_q // cast.cp
     areas = pair_areas(mask, split)
     own_area = np.diag(areas)
     heads = shape.heads_q
+
+    def calls(area, cols):
+        return sms.call_factor * _call_seconds(curve, shape, area, local, cols, heads, direction)
+
     if stages == 1 or received_keys == 0:
-        compute = _call_seconds(curve, shape, areas.sum(axis=1), local, local + received_keys,
-                                heads, direction)
-        return transfer + float(compute.max()), float(compute.mean()), float(compute.max())
+        compute = calls(areas.sum(axis=1), local + received_keys)
+        slowest = float(compute.max())
+        return (transfer + slowest + sms.lost_seconds(transfer, slowest),
+                float(compute.mean()), slowest)
     pieces = stages - 1
-    own = _call_seconds(curve, shape, own_area, local, local, heads, direction)
+    own = calls(own_area, local)
     # Each received call: an even share of the received keys and their area.
     merge = _call_merge_bytes(local, shape, direction) / memory_bytes_per_s
-    rest = pieces * (_call_seconds(curve, shape, (areas.sum(axis=1) - own_area) / pieces, local,
-                                   max(received_keys // pieces, 1), heads, direction) + merge)
+    rest = pieces * (calls((areas.sum(axis=1) - own_area) / pieces,
+                           max(received_keys // pieces, 1)) + merge)
     piece = transfer / pieces
     if direction == "fwd":
         finish = own.copy()
@@ -286,7 +334,8 @@ def _groupcast(mask, split, cast, shape, curve, network, direction, transfer: fl
             sent = max(sent, float(done_calls.max())) + piece
         total = max(float((done_calls + own).max()), sent)
     compute = own + rest
-    return total, float(compute.mean()), float(compute.max())
+    slowest = float(compute.max())
+    return total + sms.lost_seconds(transfer, slowest), float(compute.mean()), slowest
 
 
 def _ragged_seconds(cast, shape: Shape, network: Network) -> float:
