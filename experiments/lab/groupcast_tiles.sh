@@ -8,7 +8,9 @@
 # alternated (A/B/A/B) and all-gather with balanced between them.
 # Predicted (docs/context_parallel.md, written before any run): group-cast
 # +5 % on causal_document and +2 % on full_document both ways. Each run
-# writes OUT/<name>/; the last lines are one short table per run.
+# writes OUT/<name>/ and OUT/<name>.log, packed after each run into
+# OUT/rows.tgz (pack.sh says why); the last lines are one short table per
+# run.
 #
 #   experiments/lab/groupcast_tiles.sh OUT COMMIT
 set -uo pipefail
@@ -16,12 +18,16 @@ out=${1:?usage: $0 OUT COMMIT}
 commit=${2:?usage: $0 OUT COMMIT}
 export XLA_PYTHON_CLIENT_PREALLOCATE=false NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
 mkdir -p "$out"
+source "$(dirname "$0")/pack.sh"
+runs=()
 run() {  # name, then lcab.experiments flags
   local name=$1; shift
+  runs+=("$name")
   python3 -m lcab.experiments --flagfile=experiments/cp_jax.flags "--git_commit=$commit" \
     --seqlens=32k --masks=causal_document,full_document --noprogress --nosummary \
     --out="$out/$name" "$@" >"$out/$name.log" 2>&1
   echo "$name: exit $?"
+  pack_runs "$out" "${runs[@]}"
 }
 cp4=(--cp_size=4 --backends=jax.cp_groupcast)
 CUDA_VISIBLE_DEVICES=0 run kernel --suite=kernel --backends=jax.pallas_flex

@@ -16,10 +16,9 @@
 #   forward   forward only, A/B/C/D/A: default, handoff, head_major,
 #             handoff with head_major, default; seed blog's full, causal,
 #             causal_document and sliding_window_causal at 16k and 32k
-# Each run writes OUT/<name>/ and OUT/<name>.log; after each run every
-# row so far is packed into OUT/rows.tgz (one file, so a transfer that
-# limits its file count loses none; a run cut short keeps the ones
-# before it). The last lines are one short table per run.
+# Each run writes OUT/<name>/ and OUT/<name>.log, packed after each run
+# into OUT/rows.tgz (pack.sh says why). The last lines are one short
+# table per run.
 #
 #   experiments/lab/mosaic_options.sh OUT COMMIT check|forward
 #
@@ -32,6 +31,7 @@ commit=${2:?$usage}
 part=${3:?$usage}
 export XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1 CUDA_VISIBLE_DEVICES=0
 mkdir -p "$out"
+source "$(dirname "$0")/pack.sh"
 runs=()
 run() {  # name, then lcab.experiments flags
   local name=$1; shift
@@ -40,9 +40,7 @@ run() {  # name, then lcab.experiments flags
     --framework=jax --backends=jax.pallas_flex "--git_commit=$commit" --noprogress \
     --nosummary --out="$out/$name" "$@" >"$out/$name.log" 2>&1
   echo "$name: exit $?"
-  tar czf "$out/rows.tgz.part" -C "$out" --exclude=rows.tgz --exclude=rows.tgz.part \
-    --exclude=.lcab.lock "${runs[@]/%/.log}" "${runs[@]}" 2>/dev/null
-  mv "$out/rows.tgz.part" "$out/rows.tgz"
+  pack_runs "$out" "${runs[@]}"
 }
 option() { echo "--backend_options=jax.pallas_flex:$1"; }
 ab=(--seqlens="${LCAB_LAB_SEQLENS:-16k,32k}"

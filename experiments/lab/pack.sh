@@ -1,0 +1,15 @@
+# Sourced by the lab scripts. pack_runs OUT NAME... packs the named runs'
+# folders and logs under OUT into OUT/rows.tgz: one file, because the
+# device tool returns only a few files from a call (rows left out are
+# lost), and rewritten after each run, so a call cut short keeps the runs
+# before it. Written beside and then moved, so the archive is always whole.
+pack_runs() {
+  local out=$1; shift
+  local items=() name
+  for name in "$@"; do
+    [ -e "$out/$name" ] && items+=("$name")
+    [ -e "$out/$name.log" ] && items+=("$name.log")
+  done
+  tar czf "$out/rows.tgz.part" -C "$out" --exclude=.lcab.lock "${items[@]}" \
+    && mv "$out/rows.tgz.part" "$out/rows.tgz"
+}
