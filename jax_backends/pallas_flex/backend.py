@@ -41,11 +41,13 @@ class PallasFlexBackend(Backend):
     # per direction, the lowering ("auto": Mosaic GPU where it fits).
     # The launch orders (ops.Lowering) are for measuring them: dkv_launch
     # "auto" decides per plan; rows_launch is the Mosaic forward's and dQ's.
-    # forward_schedule: how the Mosaic forward's warpgroups take turns
-    # (mosaic_fwd_sm90.Config.schedule), also for measuring.
+    # forward_schedule (how the Mosaic forward's warpgroups take turns) and
+    # mask_test (how the Mosaic kernels test a partial tile's elements),
+    # mosaic_fwd_sm90's SCHEDULES and MASK_TESTS, are for measuring too.
     options = {"block_q": int, "block_k": int, "backward_block_q": int,
                "backward_block_k": int, "forward_lowering": str, "backward_lowering": str,
-               "dkv_launch": str, "rows_launch": str, "forward_schedule": str}
+               "dkv_launch": str, "rows_launch": str, "forward_schedule": str,
+               "mask_test": str}
 
     def __init__(self, **options):
         unknown = sorted(set(options) - set(self.options))
@@ -76,7 +78,10 @@ class PallasFlexBackend(Backend):
         if schedule not in mosaic_fwd_sm90.SCHEDULES:
             raise ValueError(f"forward_schedule={schedule!r}: choose one of "
                              f"{', '.join(mosaic_fwd_sm90.SCHEDULES)}")
-        self.forward_config = mosaic_fwd_sm90.Config(schedule=schedule)
+        mask_test = options.get("mask_test", mosaic_fwd_sm90.Config.mask_test)
+        self.mosaic_configs = (  # each Config checks mask_test
+            mosaic_fwd_sm90.Config(schedule=schedule, mask_test=mask_test),
+            mosaic_bwd_sm90.Config(mask_test=mask_test))
 
     @functools.cached_property
     def lowering(self) -> ops.Lowering:
@@ -87,7 +92,8 @@ class PallasFlexBackend(Backend):
         mosaic = "mosaic" in (forward, backward)
         return ops.Lowering(forward=forward, backward=backward,
                             interpret=_shared.interpret_mode() and not mosaic,
-                            mosaic_forward=self.forward_config, **self.launches)
+                            mosaic_forward=self.mosaic_configs[0],
+                            mosaic_backward=self.mosaic_configs[1], **self.launches)
 
     @classmethod
     def environment_problem(cls) -> str | None:

@@ -52,6 +52,12 @@ BLOCK_Q = ROWS_PER_WARPGROUP * COMPUTE_WARPGROUPS
 SM90 = (9, 0)  # wgmma and TMA as lowered here: Hopper
 _FAR = 1 << 30  # a diagonal offset no tile reaches: "no edge on this side"
 SCHEDULES = ("rendezvous", "handoff")
+# How a partial tile tests an element against a slice's column range
+# [start, stop) of its row (Config.mask_test, also the backward's):
+# "bounds", two compares and an and on the column (the tile's offset
+# added to each element); "offset", one unsigned compare of the element's
+# offset from the row's start against the row's width, both taken per row.
+MASK_TESTS = ("bounds", "offset")
 # Named barriers of the handoff schedule, one per compute warpgroup: Mosaic
 # GPU takes barrier 0 and one per warpgroup (1-3) for itself.
 _TURN_BARRIER = 4
@@ -63,12 +69,19 @@ class Config:
 
     stages: int = 2  # shared-memory slots of the K/V ring
     schedule: str = "rendezvous"  # how the compute warpgroups take turns (module doc)
+    mask_test: str = "bounds"  # MASK_TESTS
 
     def __post_init__(self):
         if self.stages < 2:
             raise ValueError(f"stages={self.stages}: the K/V ring needs 2 or more")
         if self.schedule not in SCHEDULES:
             raise ValueError(f"schedule={self.schedule!r}: choose one of {', '.join(SCHEDULES)}")
+        check_mask_test(self.mask_test)
+
+
+def check_mask_test(value: str) -> None:
+    if value not in MASK_TESTS:
+        raise ValueError(f"mask_test={value!r}: choose one of {', '.join(MASK_TESTS)}")
 
 
 def problem(block_q: int, block_k: int, dtype, head_dim: int) -> str | None:
@@ -181,7 +194,7 @@ def forward(q, k, v, geometry: Geometry, tables, config: Config = Config(),
                     plgpu.barrier_arrive(k_consumed.at[slot])
                     if j is not None:
                         s = masked(s, first, ids, slices, lo[qi, j], hi[qi, j], row0,
-                                   kb * block_k)
+                                   kb * block_k, test=config.mask_test)
                     m_next = jnp.maximum(m, s.max(axis=1) * qk_scale)
                     # Rows that have seen nothing yet only meet partial tiles.
                     m_safe = m_next if j is None else jnp.where(m_next == -jnp.inf, 0.0, m_next)
@@ -390,31 +403,55 @@ def slice_bounds(ids, slices, t):
     return q0, q1, k0, k1, lower, upper
 
 
-def masked(s, first, ids, slices, lo, hi, row0, col0, transposed: bool = False):
+def masked(s, first, ids, slices, lo, hi, row0, col0, transposed: bool = False,
+           test: str = "bounds"):
     """Scores of a partial tile where the union of slices ids[lo:hi] sees
     them, -inf elsewhere; `first` is slice_bounds of ids[lo], loaded
     before the tile's matmul so its latency hides under it. Each slice
     gives every row one column range [start, stop), computed on the rows
-    (a thread holds few), so an element costs two compares and a select.
-    transposed: the tile's rows are keys and its columns queries (dK/dV)."""
+    (a thread holds few); `test` (MASK_TESTS) is how an element is tested
+    against it. transposed: the tile's rows are keys and its columns
+    queries (dK/dV)."""
     rows = plgpu.broadcasted_iota(jnp.int32, s.shape[:1], 0, layout=plgpu.Layout.WGMMA.reduce(1))
     r = rows + row0
-    c = plgpu.broadcasted_iota(jnp.int32, s.shape, 1, layout=plgpu.Layout.WGMMA) + col0
+    columns = plgpu.broadcasted_iota(jnp.int32, s.shape, 1, layout=plgpu.Layout.WGMMA)
+    c = columns + col0 if test == "bounds" else columns
 
     def add(bounds, scores):
-        q0, q1, k0, k1, lower, upper = bounds
-        if transposed:  # key row r sees queries r - upper <= c <= r - lower
-            row_lo, row_hi, col_lo, col_hi, first_col, last_col = k0, k1, q0, q1, -upper, -lower
-        else:  # query row r sees keys r + lower <= c <= r + upper
-            row_lo, row_hi, col_lo, col_hi, first_col, last_col = q0, q1, k0, k1, lower, upper
-        start = jnp.maximum(r + first_col, col_lo)
-        stop = jnp.where((r >= row_lo) & (r < row_hi), jnp.minimum(r + last_col + 1, col_hi), start)
-        sees = ((c >= lax.broadcast_in_dim(start, s.shape, [0]))
-                & (c < lax.broadcast_in_dim(stop, s.shape, [0])))
+        start, stop = row_range(bounds, r, transposed)
+        if test == "bounds":  # per element: an add, two compares, an and, a select
+            sees = ((c >= lax.broadcast_in_dim(start, s.shape, [0]))
+                    & (c < lax.broadcast_in_dim(stop, s.shape, [0])))
+        else:  # per element: a subtract, one compare, a select
+            sees = in_range(c, start - col0, stop - col0, lambda x: lax.broadcast_in_dim(
+                x, s.shape, [0]))
         return jnp.where(sees, s, scores)
 
     scores = add(first, -jnp.inf)
     return lax.fori_loop(lo + 1, hi, lambda t, m: add(slice_bounds(ids, slices, t), m), scores)
+
+
+def row_range(bounds, r, transposed: bool = False):
+    """The columns [start, stop) that row r (a vector of rows) of a tile sees
+    of one slice (slice_bounds); stop == start where it sees none of them."""
+    q0, q1, k0, k1, lower, upper = bounds
+    if transposed:  # key row r sees queries r - upper <= c <= r - lower
+        row_lo, row_hi, col_lo, col_hi, first_col, last_col = k0, k1, q0, q1, -upper, -lower
+    else:  # query row r sees keys r + lower <= c <= r + upper
+        row_lo, row_hi, col_lo, col_hi, first_col, last_col = q0, q1, k0, k1, lower, upper
+    start = jnp.maximum(r + first_col, col_lo)
+    stop = jnp.where((r >= row_lo) & (r < row_hi), jnp.minimum(r + last_col + 1, col_hi), start)
+    return start, stop
+
+
+def in_range(c, start, stop, per_row=lambda x: x):
+    """start <= c < stop with one compare per element: c - start, read as
+    unsigned, is below the width stop - start (0 where stop <= start) only
+    inside the range (a negative offset reads as a huge one). start and
+    stop are per row; per_row broadcasts a row vector over the tile."""
+    width = jnp.maximum(stop - start, 0).astype(jnp.uint32)
+    offset = (c - per_row(start)).astype(jnp.uint32)
+    return offset < per_row(width)
 
 
 def _wait_next(step, end, k_loaded, slot_of):
