@@ -236,8 +236,7 @@ def predict(strategy: str, mask: AttnMask, cp: int, shape: Shape, curve: KernelC
         except ValueError as exc:
             return refuse(str(exc))
         if strategy != "groupcast":
-            native = strategy == "magi_native"
-            moving = _native_seconds if native else _ragged_seconds
+            moving = _ragged_seconds if strategy == "magi" else _native_seconds
             return done(*_groupcast(mask, split, cast, shape, curve, network, direction,
                                     moving(cast, shape, network), MAGI_STAGES,
                                     int(cast.received().max()) * cast.chunk, memory_bytes_per_s,
@@ -310,10 +309,9 @@ def _groupcast(mask, split, cast, shape, curve, network, direction, transfer: fl
         return sms.call_factor * _call_seconds(curve, shape, area, local, cols, heads, direction)
 
     if stages == 1 or received_keys == 0:
+        # The transfer is exposed before the call: it displaces no work.
         compute = calls(areas.sum(axis=1), local + received_keys)
-        slowest = float(compute.max())
-        return (transfer + slowest + sms.lost_seconds(transfer, slowest),
-                float(compute.mean()), slowest)
+        return transfer + float(compute.max()), float(compute.mean()), float(compute.max())
     pieces = stages - 1
     own = calls(own_area, local)
     # Each received call: an even share of the received keys and their area.
