@@ -16,7 +16,7 @@ import dataclasses
 import functools
 
 from jax_backends import _shared
-from jax_backends.pallas_flex import mosaic_bwd_sm90, mosaic_fwd_sm90, ops, plan, ring
+from jax_backends.pallas_flex import mosaic_bwd_sm90, ops, plan, ring
 from lcab.backend import Backend, ProbeNeeds, Support
 from lcab.masks import MASK_NAMES
 from lcab.workloads import Workload
@@ -41,13 +41,9 @@ class PallasFlexBackend(Backend):
     # per direction, the lowering ("auto": Mosaic GPU where it fits).
     # The launch orders (ops.Lowering) are for measuring them: dkv_launch
     # "auto" decides per plan; rows_launch is the Mosaic forward's and dQ's.
-    # forward_schedule (how the Mosaic forward's warpgroups take turns) and
-    # mask_test (how the Mosaic kernels test a partial tile's elements),
-    # mosaic_fwd_sm90's SCHEDULES and MASK_TESTS, are for measuring too.
     options = {"block_q": int, "block_k": int, "backward_block_q": int,
                "backward_block_k": int, "forward_lowering": str, "backward_lowering": str,
-               "dkv_launch": str, "rows_launch": str, "forward_schedule": str,
-               "mask_test": str}
+               "dkv_launch": str, "rows_launch": str}
 
     def __init__(self, **options):
         unknown = sorted(set(options) - set(self.options))
@@ -74,14 +70,6 @@ class PallasFlexBackend(Backend):
             choices = ops.DKV_LAUNCHES if key == "dkv_launch" else ops.ROWS_LAUNCHES
             if value not in choices:
                 raise ValueError(f"{key}={value!r}: choose one of {', '.join(choices)}")
-        schedule = options.get("forward_schedule", mosaic_fwd_sm90.Config.schedule)
-        if schedule not in mosaic_fwd_sm90.SCHEDULES:
-            raise ValueError(f"forward_schedule={schedule!r}: choose one of "
-                             f"{', '.join(mosaic_fwd_sm90.SCHEDULES)}")
-        mask_test = options.get("mask_test", mosaic_fwd_sm90.Config.mask_test)
-        self.mosaic_configs = (  # each Config checks mask_test
-            mosaic_fwd_sm90.Config(schedule=schedule, mask_test=mask_test),
-            mosaic_bwd_sm90.Config(mask_test=mask_test))
 
     @functools.cached_property
     def lowering(self) -> ops.Lowering:
@@ -92,8 +80,7 @@ class PallasFlexBackend(Backend):
         mosaic = "mosaic" in (forward, backward)
         return ops.Lowering(forward=forward, backward=backward,
                             interpret=_shared.interpret_mode() and not mosaic,
-                            mosaic_forward=self.mosaic_configs[0],
-                            mosaic_backward=self.mosaic_configs[1], **self.launches)
+                            **self.launches)
 
     @classmethod
     def environment_problem(cls) -> str | None:

@@ -37,7 +37,6 @@ from jax_backends.pallas_flex.mosaic_fwd_sm90 import (
     COMPUTE_WARPGROUPS,
     ROWS_PER_WARPGROUP,
     accumulate,
-    check_mask_test,
     feed_kv,
     fold_visits,
     launch_grid,
@@ -57,6 +56,10 @@ PARTS = (1, 2)  # strips per tile (Config.parts)
 # 2 x 128 x 240 + 128 x 24 of the SM's 64k, FA3's split). Timed alone on
 # a GPU, dK/dV was faster so than with 232 / 40 (docs/pallas_flex.md).
 DKV_REGISTERS = (240, 24)
+# How a partial tile's elements are tested (mosaic_fwd_sm90.MASK_TESTS):
+# "offset", the forward's, raised dK/dV's spills (244 to 372-420 bytes a
+# thread) and cost the backward 4-6 % (docs/pallas_flex.md, v12).
+MASK_TEST = "bounds"
 
 
 def problem(block_q: int, block_k: int, dtype, head_dim: int) -> str | None:
@@ -80,12 +83,10 @@ class Config:
     # strips, so a warpgroup's scores take 1/parts of the registers (2 was
     # the faster measured: docs/pallas_flex.md, "Constants").
     parts: int = 2
-    mask_test: str = "bounds"  # mosaic_fwd_sm90.MASK_TESTS
 
     def __post_init__(self):
         if self.parts not in PARTS:
             raise ValueError(f"parts={self.parts}: choose one of {', '.join(map(str, PARTS))}")
-        check_mask_test(self.mask_test)
         if self.stages < 2:
             raise ValueError(f"stages={self.stages}: the ring needs 2 or more")
 
@@ -101,14 +102,14 @@ def backward(q, k, v, dout, lse2, delta, geometry: Geometry, tables,
     scale = 1.0 / math.sqrt(q.shape[3])
     lse_safe = jnp.where(lse2 == -jnp.inf, 0.0, lse2)  # rows that see nothing meet only masks
     dq = _dq(q, k, v, dout, lse_safe, delta, geometry, tables, scale, stages, parts,
-             dq_heads_together, config.mask_test)
+             dq_heads_together)
     dk, dv = _dkv(q, k, v, dout, lse_safe, delta, geometry, tables, scale, stages,
-                  heads_together, parts, config.mask_test)
+                  heads_together, parts)
     return dq, dk, dv
 
 
 def _dq(q, k, v, dout, lse, delta, geometry: Geometry, tables, scale, stages, parts,
-        heads_together, mask_test):
+        heads_together):
     batch, _, heads, head_dim = q.shape
     group = heads // k.shape[2]
     rows, dtype = ROWS_PER_WARPGROUP, q.dtype
@@ -149,7 +150,7 @@ def _dq(q, k, v, dout, lse, delta, geometry: Geometry, tables, scale, stages, pa
                     s = product(q_smem, plgpu.transpose_ref(k_part, (1, 0)))
                     if j is not None:
                         s = masked(s, first, ids, slices, lo[qi, j], hi[qi, j], row0,
-                                   kb * geometry.block_k + part * cols, test=mask_test)
+                                   kb * geometry.block_k + part * cols, test=MASK_TEST)
                     p = jnp.exp2(s * qk_scale - lax.broadcast_in_dim(lse, s.shape, [0]))
                     if part == 0:
                         plgpu.barrier_wait(v_loaded.at[slot])
@@ -203,7 +204,7 @@ def _dq(q, k, v, dout, lse, delta, geometry: Geometry, tables, scale, stages, pa
 
 
 def _dkv(q, k, v, dout, lse, delta, geometry: Geometry, tables, scale, stages,
-         heads_together, parts, mask_test):
+         heads_together, parts):
     batch, _, heads, head_dim = q.shape
     kv_heads = k.shape[2]
     group = heads // kv_heads
@@ -242,7 +243,7 @@ def _dkv(q, k, v, dout, lse, delta, geometry: Geometry, tables, scale, stages,
 
             def mask_strip(first, j, col0, s_t):
                 return masked(s_t, first, ids, slices, lo[kj, j], hi[kj, j], row0, col0,
-                              transposed=True, test=mask_test)
+                              transposed=True, test=MASK_TEST)
 
             def visit(step, head, qb, j, carry):
                 dk, dv = carry

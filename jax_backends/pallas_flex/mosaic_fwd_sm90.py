@@ -5,17 +5,13 @@ FA3 runs on Hopper: per program three warpgroups, two computing (64 rows
 of the 128-row q block each, wgmma from shared memory) and one moving K/V
 tiles with TMA into a ring of `stages` shared-memory slots, handing them
 over through barriers. The two compute warpgroups take turns on the tensor
-cores (a schedule barrier), so one's softmax overlaps the other's matmuls.
-The memory warpgroup follows the program's plan row: its full runs, then
-its partial tiles; the compute warpgroups walk the same row and mask the
-partial tiles' scores by the union of their slices.
-
-Two ways to take turns (Config.schedule): "rendezvous", an mbarrier both
-warpgroups arrive at and wait on twice a tile (so each waits for the other's
-softmax before reading its own scores), and "handoff", FA3's and tokamax's:
-two hardware named barriers, a warpgroup handing the tensor cores over
+cores, so one's softmax overlaps the other's matmuls, as FA3 and tokamax
+do: two hardware named barriers, a warpgroup handing the tensor cores over
 (bar.arrive) once its scores' matmul is issued and waiting (bar.sync) only
-before its P @ V.
+before its P @ V. (An mbarrier both met at twice a tile was 1-4 % slower:
+docs/pallas_flex.md, v10.) The memory warpgroup follows the program's plan
+row: its full runs, then its partial tiles; the compute warpgroups walk the
+same row and mask the partial tiles' scores by the union of their slices.
 
 The backward is mosaic_bwd_sm90's (it shares fold_visits, masked and
 the K/V feeder with this module). Needs bf16 or f16, head_dim a multiple
@@ -51,15 +47,18 @@ COMPUTE_WARPGROUPS = 2
 BLOCK_Q = ROWS_PER_WARPGROUP * COMPUTE_WARPGROUPS
 SM90 = (9, 0)  # wgmma and TMA as lowered here: Hopper
 _FAR = 1 << 30  # a diagonal offset no tile reaches: "no edge on this side"
-SCHEDULES = ("rendezvous", "handoff")
 # How a partial tile tests an element against a slice's column range
-# [start, stop) of its row (Config.mask_test, also the backward's):
-# "bounds", two compares and an and on the column (the tile's offset
-# added to each element); "offset", one unsigned compare of the element's
-# offset from the row's start against the row's width, both taken per row.
+# [start, stop) of its row (masked's `test`): "bounds", two compares and an
+# and on the column (the tile's offset added to each element); "offset",
+# one unsigned compare of the element's offset from the row's start against
+# the row's width, both taken per row. The forward takes "offset" (3-5 %
+# faster on sliding windows and documents); the backward keeps "bounds"
+# ("offset" raised dK/dV's spills and cost it 4-6 %: docs/pallas_flex.md,
+# v12).
 MASK_TESTS = ("bounds", "offset")
-# Named barriers of the handoff schedule, one per compute warpgroup: Mosaic
-# GPU takes barrier 0 and one per warpgroup (1-3) for itself.
+FORWARD_MASK_TEST = "offset"
+# Named barriers of the turns, one per compute warpgroup: Mosaic GPU takes
+# barrier 0 and one per warpgroup (1-3) for itself.
 _TURN_BARRIER = 4
 
 
@@ -68,20 +67,10 @@ class Config:
     """The Mosaic forward's settings."""
 
     stages: int = 2  # shared-memory slots of the K/V ring
-    schedule: str = "rendezvous"  # how the compute warpgroups take turns (module doc)
-    mask_test: str = "bounds"  # MASK_TESTS
 
     def __post_init__(self):
         if self.stages < 2:
             raise ValueError(f"stages={self.stages}: the K/V ring needs 2 or more")
-        if self.schedule not in SCHEDULES:
-            raise ValueError(f"schedule={self.schedule!r}: choose one of {', '.join(SCHEDULES)}")
-        check_mask_test(self.mask_test)
-
-
-def check_mask_test(value: str) -> None:
-    if value not in MASK_TESTS:
-        raise ValueError(f"mask_test={value!r}: choose one of {', '.join(MASK_TESTS)}")
 
 
 def problem(block_q: int, block_k: int, dtype, head_dim: int) -> str | None:
@@ -136,7 +125,7 @@ def forward(q, k, v, geometry: Geometry, tables, config: Config = Config(),
     def kernel(*refs):
         *walk_refs, ids, slices, q_ref, k_ref, v_ref, out_ref, lse_ref, scoped = refs
         lo, hi, order = walk_refs[4], walk_refs[5], walk_refs[7]
-        (qo_smem2, k_smem, v_smem, lse_smem2), loaded, consumed, schedule = scoped
+        (qo_smem2, k_smem, v_smem, lse_smem2), loaded, consumed = scoped
         k_loaded, v_loaded, q_loaded = loaded
         k_consumed, v_consumed = consumed
         wg = lax.axis_index("wg")
@@ -150,7 +139,7 @@ def forward(q, k, v, geometry: Geometry, tables, config: Config = Config(),
         def slot_of(step):
             return lax.rem(step, jnp.int32(stages))
 
-        turns = _Turns(config.schedule, wg, schedule)
+        turns = _Turns(wg)
 
         @pl.when(wg < COMPUTE_WARPGROUPS)
         def _compute():
@@ -194,7 +183,7 @@ def forward(q, k, v, geometry: Geometry, tables, config: Config = Config(),
                     plgpu.barrier_arrive(k_consumed.at[slot])
                     if j is not None:
                         s = masked(s, first, ids, slices, lo[qi, j], hi[qi, j], row0,
-                                   kb * block_k, test=config.mask_test)
+                                   kb * block_k, test=FORWARD_MASK_TEST)
                     m_next = jnp.maximum(m, s.max(axis=1) * qk_scale)
                     # Rows that have seen nothing yet only meet partial tiles.
                     m_safe = m_next if j is None else jnp.where(m_next == -jnp.inf, 0.0, m_next)
@@ -252,7 +241,6 @@ def forward(q, k, v, geometry: Geometry, tables, config: Config = Config(),
             (plgpu.Barrier(num_barriers=stages), plgpu.Barrier(num_barriers=stages),
              plgpu.Barrier(num_barriers=COMPUTE_WARPGROUPS)),
             (plgpu.Barrier(num_arrivals=COMPUTE_WARPGROUPS, num_barriers=stages),) * 2,
-            plgpu.Barrier(num_arrivals=COMPUTE_WARPGROUPS),
             collective_axes="wg",
         )
 
@@ -273,17 +261,12 @@ def forward(q, k, v, geometry: Geometry, tables, config: Config = Config(),
 
 
 class _Turns:
-    """How the two compute warpgroups take turns on the tensor cores
-    (Config.schedule), so one's softmax runs under the other's matmuls.
-    Warpgroup 1 starts second; each hook is called by both."""
+    """How the two compute warpgroups take turns on the tensor cores, so
+    one's softmax runs under the other's matmuls (module doc). Warpgroup 1
+    starts second; each hook is called by both."""
 
-    def __init__(self, schedule: str, wg, rendezvous_barrier):
-        self.handoff = schedule == "handoff"
-        self.wg, self.barrier = wg, rendezvous_barrier
-
-    def _rendezvous(self):
-        plgpu.barrier_arrive(self.barrier)
-        plgpu.barrier_wait(self.barrier)
+    def __init__(self, wg):
+        self.wg = wg
 
     def _hand_over(self):  # to the other warpgroup, without waiting
         for wg in range(COMPUTE_WARPGROUPS):
@@ -296,28 +279,20 @@ class _Turns:
 
     def start(self):
         """Before an item's first tile."""
-        pl.when(self.wg == 1)(self._await_turn if self.handoff else self._rendezvous)
+        pl.when(self.wg == 1)(self._await_turn)
 
     def scores_issued(self):
         """Right after the scores' matmul is issued."""
-        if self.handoff:
-            self._hand_over()
-        else:
-            self._rendezvous()
+        self._hand_over()
 
     def before_values(self, v_loaded):
         """After the softmax, before P @ V: the V tile loaded, our turn."""
-        if self.handoff:
-            plgpu.barrier_wait(v_loaded)
-            self._await_turn()
-        else:
-            plgpu.barrier_arrive(self.barrier)  # softmax done
-            plgpu.barrier_wait(v_loaded)
-            plgpu.barrier_wait(self.barrier)  # the tensor cores are ours
+        plgpu.barrier_wait(v_loaded)
+        self._await_turn()
 
     def finish(self):
         """After an item's last tile: warpgroup 1's last wait is released."""
-        pl.when(self.wg == 0)(self._hand_over if self.handoff else self._rendezvous)
+        pl.when(self.wg == 0)(self._hand_over)
 
 
 def _named_barrier(op: str, barrier: int):
