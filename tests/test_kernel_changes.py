@@ -13,11 +13,12 @@ from lcab.flops import TIMED_DIRECTIONS
 from lcab.report import changes, export, headline, legend, tables
 from lcab.report import sources as loading
 
-PALLAS_FLEX_V9 = registry.all_backends()["jax.pallas_flex"].changes[-1]
+PALLAS_FLEX_V9, PALLAS_FLEX_V13 = registry.all_backends()["jax.pallas_flex"].changes
 RING_FLEX_FIX = registry.all_backends()["torch.cp_ring_flex"].changes[-1]
 GROUPCAST_PADDING = registry.all_backends()["jax.cp_groupcast"].changes[-1]
 BEFORE = "2026-11-28T11:27:32+00:00"  # a second before that commit
 AFTER = "2026-11-28T11:27:34+00:00"
+LATEST = "2026-11-29T11:00:00+00:00"  # after every change declared
 
 
 def row(**fields):
@@ -41,7 +42,10 @@ def test_every_declared_change_names_its_time_commit_and_directions():
 def test_a_row_predates_the_changes_made_after_it_in_its_direction():
     assert registry.changes_since(row()) == [PALLAS_FLEX_V9]
     assert registry.changes_since(row(timestamp=AFTER)) == []
-    assert registry.changes_since(row(direction="fwd")) == []  # the change moves bwd only
+    # Each change moves its own directions only.
+    assert registry.changes_since(row(direction="fwd")) == [PALLAS_FLEX_V13]
+    assert registry.changes_since(row(direction="fwd", timestamp=AFTER)) == [PALLAS_FLEX_V13]
+    assert registry.changes_since(row(direction="fwd", timestamp=LATEST)) == []
     # A CP row takes its inner kernel's changes; another inner, none.
     assert registry.changes_since(row(backend="jax.cp_ring", inner="jax.pallas_flex")) == [
         PALLAS_FLEX_V9]
@@ -68,7 +72,7 @@ def test_a_marked_figure_carries_the_flag_after_its_others():
 
 
 def test_a_page_names_each_change_once_with_the_figures_it_marks():
-    rows = pd.DataFrame([row(), row(direction="fwd"), row(timestamp=AFTER),
+    rows = pd.DataFrame([row(), row(direction="fwd", timestamp=LATEST), row(timestamp=AFTER),
                          row(backend="jax.cp_ring", inner="jax.pallas_flex"),
                          row(backend="jax.cp_ring", inner="jax.pallas_flex", status="OOM")])
     lines = changes.markdown(rows)
@@ -79,6 +83,10 @@ def test_a_page_names_each_change_once_with_the_figures_it_marks():
                      f"(2026-11-28): {PALLAS_FLEX_V9.what}.")
     assert changes.markdown(rows, count=False) == [headline_line]
     assert changes.markdown(rows.iloc[[1, 2]]) == []
+    # Two changes: each named once, newest last, with the figures it marks.
+    both = changes.markdown(pd.DataFrame([row(), row(direction="fwd")]))
+    assert len(both) == 3 and PALLAS_FLEX_V13.commit in both[2]
+    assert "1 fwd figures here predate it" in both[2]
 
 
 def test_the_committed_h200_cp_run_is_marked_where_it_predates_the_change():
@@ -92,11 +100,15 @@ def test_the_committed_h200_cp_run_is_marked_where_it_predates_the_change():
     tidy = export.tidy(frame, "cp-h200")
     marked = tidy[tidy["changed_since"] != ""]
     jax_marked = marked[marked["framework"] == "jax"]
+    backward = jax_marked[jax_marked["direction"] == "bwd"]
     both = f"{GROUPCAST_PADDING.commit} {PALLAS_FLEX_V9.commit}"
-    assert set(jax_marked["changed_since"]) == {PALLAS_FLEX_V9.commit, both}
-    assert set(jax_marked.loc[jax_marked["changed_since"] == both, "backend"]) == {
+    assert set(backward["changed_since"]) == {PALLAS_FLEX_V9.commit, both}
+    assert set(backward.loc[backward["changed_since"] == both, "backend"]) == {
         "jax.cp_groupcast"}
-    assert set(jax_marked["direction"]) == {"bwd"}
+    # Every pallas_flex forward there predates the later, forward-only change.
+    forward = jax_marked[jax_marked["direction"] == "fwd"]
+    assert set(forward["changed_since"]) == {PALLAS_FLEX_V13.commit}
+    assert set(jax_marked["direction"]) == {"bwd", "fwd"}
     assert (jax_marked["backend"] == "jax.pallas_flex").any()
     assert (jax_marked["suite"] == "cp").any()
     assert (marked["framework"] == "jax").all()
@@ -105,7 +117,7 @@ def test_the_committed_h200_cp_run_is_marked_where_it_predates_the_change():
     for line in text.splitlines():
         if line.startswith("| causal_document | 64k"):
             jax_single = line.split("|")[3]
-            assert re.search(r"\d+ / \d+† pallas_flex", jax_single), line
+            assert re.search(r"\d+† / \d+† pallas_flex", jax_single), line
 
 
 def test_a_ratio_to_one_gpu_marks_the_figure_that_predates_the_change():
@@ -118,8 +130,9 @@ def test_a_ratio_to_one_gpu_marks_the_figure_that_predates_the_change():
     table = tables.cp_vs_single_table(frame)
     backward = table.loc[("causal", 16384, "bwd", 2)]
     assert re.fullmatch(r"\d+† / \d+ = \d\.\d\d", backward["ring/jax.cp_ring"])
+    # The forward's later change came after both of its figures.
     forward = table.loc[("causal", 16384, "fwd", 2)]
-    assert legend.FLAG_CHANGED not in forward["ring/jax.cp_ring"]
+    assert re.fullmatch(r"\d+† / \d+† = \d\.\d\d", forward["ring/jax.cp_ring"])
     assert legend.FLAG_CHANGED not in "".join(table.loc[("causal_document", 16384, "bwd", 2)])
     assert legend.FLAG_CHANGED not in "".join(table.loc[("causal_document", 32768, "bwd", 4)])
 
@@ -139,8 +152,9 @@ def test_advice_says_which_rows_it_read_predate_a_change():
 
     said = evidence.load("H100").describe().splitlines()
     predating = [line for line in said if "predate a later change" in line]
-    # One line per change, each naming its commit.
-    assert len(predating) == 2
-    assert PALLAS_FLEX_V9.commit in predating[0] and GROUPCAST_PADDING.commit in predating[1]
-    for line in predating:
-        assert re.match(r"\d+ bwd rows read here", line), line
+    # One line per change, each naming its commit and its direction.
+    assert len(predating) == 3
+    assert [change.commit in line for change, line in zip(
+        (PALLAS_FLEX_V9, GROUPCAST_PADDING, PALLAS_FLEX_V13), predating)] == [True] * 3
+    for line, direction in zip(predating, ("bwd", "bwd", "fwd")):
+        assert re.match(rf"\d+ {direction} rows read here", line), line
