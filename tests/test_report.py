@@ -416,25 +416,26 @@ def test_the_report_writes_the_cp_comparisons(tmp_path):
 def test_the_readme_cp_targets_come_from_the_committed_h100_rows():
     """README, the CP targets: the JAX ring at cp 2 over jax.pallas_flex
     on one GPU (4 x H100, three sessions, 2026-11-26), under the balanced
-    and the ring_balanced dispatch. Backward figures carry † on both sides:
-    pallas_flex changed since."""
+    and the ring_balanced dispatch. Every figure carries † on both sides:
+    pallas_flex's backward and its forward changed since (the marks are
+    per kernel and direction, not per lowering)."""
     frame = results.load([ROOT / "results/gpu/2026-11-26-h100x4-cp",
                           ROOT / "results/gpu/2026-11-26-h100x4-cp2",
                           ROOT / "results/gpu/2026-11-26-h100x4-cp3"])
     table = tables.cp_vs_single_table(frame)
     ring = table["ring/jax.cp_ring [dispatch=balanced]"]
     even = table["ring/jax.cp_ring [dispatch=ring_balanced]"]
-    assert ring.loc[("full", 131072, "fwd", 2)] == "394 / 397 = 0.99"
+    assert ring.loc[("full", 131072, "fwd", 2)] == "394† / 397† = 0.99"
     assert ring.loc[("full", 131072, "bwd", 2)] == "144† / 145† = 0.99"
-    assert ring.loc[("causal_document", 131072, "fwd", 2)] == "395 / 425 = 0.93"
+    assert ring.loc[("causal_document", 131072, "fwd", 2)] == "395† / 425† = 0.93"
     assert ring.loc[("causal_document", 131072, "bwd", 2)] == "127† / 161† = 0.79"
     assert ring.loc[("causal_document", 65536, "bwd", 2)] == "143† / 165† = 0.87"
-    assert ring.loc[("causal_document", 16384, "fwd", 2)] == "141 / 200 = 0.70"
-    assert even.loc[("causal_document", 65536, "fwd", 2)] == "412 / 435 = 0.95"
+    assert ring.loc[("causal_document", 16384, "fwd", 2)] == "141† / 200† = 0.70"
+    assert even.loc[("causal_document", 65536, "fwd", 2)] == "412† / 435† = 0.95"
     assert even.loc[("causal_document", 65536, "bwd", 2)] == "159† / 165† = 0.96"
-    assert even.loc[("causal_document", 131072, "fwd", 2)] == "412 / 425 = 0.97"
+    assert even.loc[("causal_document", 131072, "fwd", 2)] == "412† / 425† = 0.97"
     assert even.loc[("causal_document", 131072, "bwd", 2)] == "159† / 161† = 0.99"
-    assert even.loc[("causal_document", 16384, "fwd", 2)] == "140 / 200 = 0.70"
+    assert even.loc[("causal_document", 16384, "fwd", 2)] == "140† / 200† = 0.70"
     assert even.loc[("causal_document", 16384, "bwd", 2)] == "84† / 106† = 0.79"
     # The fused-backward single-GPU rows of the third session are not the baseline.
     assert ring.loc[("full", 16384, "bwd", 2)] == "154† / 156† = 0.99"
@@ -443,23 +444,24 @@ def test_the_readme_cp_targets_come_from_the_committed_h100_rows():
 def test_the_readme_ring_at_8k_per_gpu_comes_from_the_committed_2_gpu_rows():
     """README, the ring at 8k tokens per GPU (2 x H100, 2026-11-26): the
     ring's merges in the kernels measured (v3), then the ring with
-    jax.pallas_flex v4, each against the one-GPU kernel of the same call."""
+    jax.pallas_flex v4, each against the one-GPU kernel of the same call
+    (every figure predates pallas_flex's later changes: †)."""
     folder = ROOT / "results/gpu/2026-11-26-h100x2-cp4"
     merges = tables.cp_vs_single_table(results.load([folder / "call1"]))
     separate = merges["ring/jax.cp_ring [dispatch=ring_balanced, merge=-]"]
     in_kernel = merges["ring/jax.cp_ring [dispatch=ring_balanced, merge=in_kernel]"]
-    assert separate.loc[("causal_document", 16384, "fwd", 2)] == "141 / 202 = 0.70"
+    assert separate.loc[("causal_document", 16384, "fwd", 2)] == "141† / 202† = 0.70"
     assert separate.loc[("causal_document", 16384, "bwd", 2)] == "132† / 188† = 0.71"
-    assert in_kernel.loc[("causal_document", 16384, "fwd", 2)] == "133 / 202 = 0.66"
+    assert in_kernel.loc[("causal_document", 16384, "fwd", 2)] == "133† / 202† = 0.66"
     assert in_kernel.loc[("causal_document", 16384, "bwd", 2)] == "109† / 188† = 0.58"
     v4 = tables.cp_vs_single_table(results.load([folder / "call6"]))
     ring = v4["ring/jax.cp_ring [dispatch=ring_balanced]"]
-    assert ring.loc[("causal_document", 16384, "fwd", 2)] == "142 / 201 = 0.70"
+    assert ring.loc[("causal_document", 16384, "fwd", 2)] == "142† / 201† = 0.70"
     assert ring.loc[("causal_document", 16384, "bwd", 2)] == "152† / 225† = 0.67"
-    assert ring.loc[("causal_document", 65536, "fwd", 2)] == "405 / 422 = 0.96"
+    assert ring.loc[("causal_document", 65536, "fwd", 2)] == "405† / 422† = 0.96"
     assert ring.loc[("causal_document", 65536, "bwd", 2)] == "334† / 325† = 1.03"
     allgather = v4["allgather/jax.cp_allgather"]
-    assert allgather.loc[("causal_document", 16384, "fwd", 2)] == "163 / 201 = 0.81"
+    assert allgather.loc[("causal_document", 16384, "fwd", 2)] == "163† / 201† = 0.81"
     assert allgather.loc[("causal_document", 16384, "bwd", 2)] == "167† / 225† = 0.74"
 
 
