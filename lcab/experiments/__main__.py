@@ -64,9 +64,9 @@ def _run_id() -> str:
 
 @functools.cache  # one commit for every job of the run
 def _git_commit() -> str:
-    from lcab.provenance import git_commit
+    from lcab.provenance import named_commit
 
-    return cli.GIT_COMMIT.value or git_commit()
+    return named_commit(cli.GIT_COMMIT.value)  # a ValueError: _jobs's caller says it
 
 
 def _sweep(backends: list[str]) -> Sweep:

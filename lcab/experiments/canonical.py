@@ -308,11 +308,12 @@ def _unfinished(folder: pathlib.Path) -> bool:
 
 
 def _commit() -> str:
-    if COMMIT.value:
-        return COMMIT.value
-    from lcab.provenance import git_commit
+    from lcab.provenance import named_commit
 
-    commit = git_commit()
+    try:
+        commit = named_commit(COMMIT.value)
+    except ValueError as exc:
+        raise app.UsageError(str(exc)) from exc
     if commit in ("", "unknown", None):
         raise app.UsageError("no git history here: give --git_commit=<the commit measured>")
     return commit
