@@ -1,6 +1,6 @@
 """How the Mosaic kernels mask a partial tile (mosaic_fwd_sm90.row_range,
 in_range), computed with jnp on the host over whole small masks: each
-slice's column range per row, and both element tests, must rebuild the
+slice's column range per row, and every element test, must rebuild the
 mask's dense matrix exactly, by query rows (forward, dQ) and by key rows
 (dK/dV). The kernels' own numbers are checked on a GPU."""
 
@@ -14,25 +14,33 @@ from jax_backends.pallas_flex import mosaic_fwd_sm90
 from lcab.masks import MASK_NAMES, small_mask
 
 
-def _dense(mask, test: str, transposed: bool) -> np.ndarray:
-    """The mask rebuilt from its slices the way `masked` tests a tile, with
-    the whole matrix as one tile at column offset 0."""
+def _dense(mask, test: str, transposed: bool, tile: int = 128) -> np.ndarray:
+    """The mask rebuilt from its slices the way `masked` tests a tile, tile
+    by tile of `tile` columns: each tile's own column iota and its first
+    column col0, as the kernels see them."""
     table = np.asarray(mask.slice_table, dtype=np.int32)
     ids, flat = np.arange(len(table), dtype=np.int32), table.ravel()
     n_rows, n_cols = ((mask.seqlen_k, mask.seqlen_q) if transposed
                       else (mask.seqlen_q, mask.seqlen_k))
     r = jnp.arange(n_rows, dtype=jnp.int32)
-    c = jnp.arange(n_cols, dtype=jnp.int32)[None, :]
-    seen = jnp.zeros((n_rows, n_cols), bool)
-    for t in range(len(table)):
-        start, stop = mosaic_fwd_sm90.row_range(mosaic_fwd_sm90.slice_bounds(ids, flat, t), r,
-                                                transposed)
-        if test == "bounds":
-            sees = (c >= start[:, None]) & (c < stop[:, None])
-        else:
-            sees = mosaic_fwd_sm90.in_range(c, start, stop, lambda x: x[:, None])
-        seen = seen | sees
-    return np.asarray(seen)
+    local = jnp.arange(tile, dtype=jnp.int32)[None, :]
+    tiles = []
+    for col0 in range(0, n_cols, tile):
+        seen = jnp.zeros((n_rows, tile), bool)
+        for t in range(len(table)):
+            start, stop = mosaic_fwd_sm90.row_range(
+                mosaic_fwd_sm90.slice_bounds(ids, flat, t), r, transposed)
+            if test == "bounds":
+                c = local + col0
+                sees = (c >= start[:, None]) & (c < stop[:, None])
+            elif test == "folded":
+                sees = (local >= (start - col0)[:, None]) & (local < (stop - col0)[:, None])
+            else:
+                sees = mosaic_fwd_sm90.in_range(local, start - col0, stop - col0,
+                                                lambda x: x[:, None])
+            seen = seen | sees
+        tiles.append(seen)
+    return np.asarray(jnp.concatenate(tiles, axis=1))[:, :n_cols]
 
 
 @pytest.mark.parametrize("test", mosaic_fwd_sm90.MASK_TESTS)

@@ -49,13 +49,15 @@ SM90 = (9, 0)  # wgmma and TMA as lowered here: Hopper
 _FAR = 1 << 30  # a diagonal offset no tile reaches: "no edge on this side"
 # How a partial tile tests an element against a slice's column range
 # [start, stop) of its row (masked's `test`): "bounds", two compares and an
-# and on the column (the tile's offset added to each element); "offset",
-# one unsigned compare of the element's offset from the row's start against
-# the row's width, both taken per row. The forward takes "offset" (3-5 %
-# faster on sliding windows and documents); the backward keeps "bounds"
-# ("offset" raised dK/dV's spills and cost it 4-6 %: docs/pallas_flex.md,
-# v12).
-MASK_TESTS = ("bounds", "offset")
+# and on the column (the tile's offset added to each element); "folded",
+# the same on the tile's own column with the offset taken off the row's
+# bounds instead (per row, not per element); "offset", one unsigned compare
+# of the element's offset from the row's start against the row's width,
+# both taken per row. The forward takes "offset" (3-5 % faster on sliding
+# windows and documents); the backward keeps "bounds" ("offset" raised
+# dK/dV's spills and cost it 4-6 %: docs/pallas_flex.md, v12) unless its
+# Config says otherwise.
+MASK_TESTS = ("bounds", "folded", "offset")
 FORWARD_MASK_TEST = "offset"
 # Named barriers of the turns, one per compute warpgroup: Mosaic GPU takes
 # barrier 0 and one per warpgroup (1-3) for itself.
@@ -392,14 +394,17 @@ def masked(s, first, ids, slices, lo, hi, row0, col0, transposed: bool = False,
     columns = plgpu.broadcasted_iota(jnp.int32, s.shape, 1, layout=plgpu.Layout.WGMMA)
     c = columns + col0 if test == "bounds" else columns
 
+    def per_row(x):  # a row vector over the tile
+        return lax.broadcast_in_dim(x, s.shape, [0])
+
     def add(bounds, scores):
         start, stop = row_range(bounds, r, transposed)
         if test == "bounds":  # per element: an add, two compares, an and, a select
-            sees = ((c >= lax.broadcast_in_dim(start, s.shape, [0]))
-                    & (c < lax.broadcast_in_dim(stop, s.shape, [0])))
+            sees = (c >= per_row(start)) & (c < per_row(stop))
+        elif test == "folded":  # per element: two compares, an and, a select
+            sees = (c >= per_row(start - col0)) & (c < per_row(stop - col0))
         else:  # per element: a subtract, one compare, a select
-            sees = in_range(c, start - col0, stop - col0, lambda x: lax.broadcast_in_dim(
-                x, s.shape, [0]))
+            sees = in_range(c, start - col0, stop - col0, per_row)
         return jnp.where(sees, s, scores)
 
     scores = add(first, -jnp.inf)
