@@ -183,7 +183,13 @@ def test_options_choose_blocks_and_lowering_and_rows_say_so(tmp_path):
     path = tmp_path / "rows.jsonl"
     run_cases([case], results.Writer(path), settings)
     rows = results.read_rows([path])
-    assert [r["status"] for r in rows] == ["OK", "OK"], [r["reason"] for r in rows]
+    # As in the gate's test above: a CPU backward too noisy to subtract from
+    # the fwd+bwd time (the full suite on 2 cores did it once) is an honest
+    # row; any other failure fails here with its reason.
+    assert [r["direction"] for r in rows] == ["fwd", "bwd"]
+    for row in rows:
+        unmeasurable = row["status"] == "ERROR" and row["reason"].startswith("not measurable")
+        assert row["status"] == "OK" or unmeasurable, row["reason"]
     assert all("backward_block_q=32; block_k=32" in r["notes"] for r in rows)
     backend = registry.load_backend("jax.pallas_flex", {"block_k": "32",
                                                         "forward_lowering": "triton"})
