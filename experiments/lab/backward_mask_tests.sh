@@ -37,15 +37,10 @@ part=${3:?$usage}
 export XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1 CUDA_VISIBLE_DEVICES=0
 mkdir -p "$out"
 source "$(dirname "$0")/pack.sh"
-runs=()
 run() {  # name, then lcab.experiments flags
-  local name=$1; shift
-  runs+=("$name")
-  timeout 600 python3 -m lcab.experiments --flagfile=experiments/seed_blog.flags \
-    --framework=jax --backends=jax.pallas_flex "--git_commit=$commit" --noprogress \
-    --nosummary --out="$out/$name" "$@" >"$out/$name.log" 2>&1
-  echo "$name: exit $?"
-  pack_runs "$out" "${runs[@]}"
+  run_packed "$out" "$1" timeout 600 python3 -m lcab.experiments \
+    --flagfile=experiments/seed_blog.flags --framework=jax --backends=jax.pallas_flex \
+    "--git_commit=$commit" --noprogress --nosummary --out="$out/$1" "${@:2}"
 }
 option() { echo "--backend_options=jax.pallas_flex:$1"; }
 cut=(--seqlens="${LCAB_LAB_SEQLENS:-16k,32k}" --masks=sliding_window_causal,causal_document)
@@ -66,7 +61,4 @@ case $part in
     run default-2 "${cut[@]}" ;;
   *) echo "$usage" >&2; exit 2 ;;
 esac
-for name in "${runs[@]}"; do
-  echo "## $name"
-  python3 -m lcab.report --results="$out/$name" --summary 2>/dev/null | grep '^|'
-done
+summaries "$out"

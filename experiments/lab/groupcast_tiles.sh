@@ -19,15 +19,10 @@ commit=${2:?usage: $0 OUT COMMIT}
 export XLA_PYTHON_CLIENT_PREALLOCATE=false NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
 mkdir -p "$out"
 source "$(dirname "$0")/pack.sh"
-runs=()
 run() {  # name, then lcab.experiments flags
-  local name=$1; shift
-  runs+=("$name")
-  python3 -m lcab.experiments --flagfile=experiments/cp_jax.flags "--git_commit=$commit" \
-    --seqlens=32k --masks=causal_document,full_document --noprogress --nosummary \
-    --out="$out/$name" "$@" >"$out/$name.log" 2>&1
-  echo "$name: exit $?"
-  pack_runs "$out" "${runs[@]}"
+  run_packed "$out" "$1" python3 -m lcab.experiments --flagfile=experiments/cp_jax.flags \
+    "--git_commit=$commit" --seqlens=32k --masks=causal_document,full_document --noprogress \
+    --nosummary --out="$out/$1" "${@:2}"
 }
 cp4=(--cp_size=4 --backends=jax.cp_groupcast)
 CUDA_VISIBLE_DEVICES=0 run kernel --suite=kernel --backends=jax.pallas_flex
@@ -36,7 +31,4 @@ run balanced-1 "${cp4[@]}" --dispatch=balanced
 run allgather --cp_size=4 --backends=jax.cp_allgather --dispatch=balanced
 run tiles-2 "${cp4[@]}" --dispatch=groupcast_tiles
 run balanced-2 "${cp4[@]}" --dispatch=balanced
-for name in kernel tiles-1 balanced-1 allgather tiles-2 balanced-2; do
-  echo "## $name"
-  python3 -m lcab.report --results="$out/$name" --summary 2>/dev/null | grep '^|'
-done
+summaries "$out"

@@ -13,3 +13,23 @@ pack_runs() {
   tar czf "$out/rows.tgz.part" -C "$out" --exclude=.lcab.lock "${items[@]}" \
     && mv "$out/rows.tgz.part" "$out/rows.tgz"
 }
+
+# run_packed OUT NAME COMMAND...: COMMAND with its output in OUT/NAME.log,
+# its exit status said, then every run so far (RUNS, in order) packed.
+RUNS=()
+run_packed() {
+  local out=$1 name=$2; shift 2
+  RUNS+=("$name")
+  "$@" >"$out/$name.log" 2>&1
+  echo "$name: exit $?"
+  pack_runs "$out" "${RUNS[@]}"
+}
+
+# summaries OUT: the short table of each run in RUNS, in order.
+summaries() {
+  local name
+  for name in "${RUNS[@]}"; do
+    echo "## $name"
+    python3 -m lcab.report --results="$1/$name" --summary 2>/dev/null | grep '^|'
+  done
+}
