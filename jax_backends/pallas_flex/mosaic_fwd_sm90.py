@@ -9,9 +9,10 @@ cores, so one's softmax overlaps the other's matmuls, as FA3 and tokamax
 do: two hardware named barriers, a warpgroup handing the tensor cores over
 (bar.arrive) once its scores' matmul is issued and waiting (bar.sync) only
 before its P @ V. (An mbarrier both met at twice a tile was 0.8-3.7 %
-slower: docs/pallas_flex.md, v10.) The memory warpgroup follows the program's plan
-row: its full runs, then its partial tiles; the compute warpgroups walk the
-same row and mask the partial tiles' scores by the union of their slices.
+slower: docs/pallas_flex.md, v10.) The memory warpgroup follows the
+program's plan row: its full runs, then its partial tiles; the compute
+warpgroups walk the same row and mask the partial tiles' scores by the
+union of their slices.
 
 The backward is mosaic_bwd_sm90's (it shares fold_visits, masked and
 the K/V feeder with this module). Needs bf16 or f16, head_dim a multiple
