@@ -57,17 +57,13 @@ def test_the_mosaic_forward_lowers_for_a_gpu_on_every_family(head_dim, dtype, bl
                    for op in ("arrive", "sync") for barrier in (4, 5)), name
 
 
-@pytest.mark.parametrize("head_dim,dtype,heads_together,parts,tests", [
-    (128, jnp.bfloat16, False, 1, ("bounds", "bounds")),
-    (64, jnp.float16, True, 1, ("bounds", "bounds")),
-    (128, jnp.bfloat16, True, 2, ("bounds", "bounds")),
-    (128, jnp.bfloat16, False, 2, ("offset", "folded")),
-    (128, jnp.bfloat16, True, 2, ("folded", "offset"))])
+@pytest.mark.parametrize("head_dim,dtype,heads_together,parts", [
+    (128, jnp.bfloat16, False, 1), (64, jnp.float16, True, 1), (128, jnp.bfloat16, True, 2)])
 def test_the_mosaic_backward_lowers_for_a_gpu_on_every_family(head_dim, dtype, heads_together,
-                                                              parts, tests):
+                                                              parts):
     """As the forward: lowered to Mosaic GPU's MLIR, both kernels, every
     family (its numbers are for a GPU to check)."""
-    config = mosaic_bwd_sm90.Config(parts=parts, dq_mask_test=tests[0], dkv_mask_test=tests[1])
+    config = mosaic_bwd_sm90.Config(parts=parts)
     for name in MASK_NAMES:
         plan = make_plan(small_mask(name, 300), 128, 128)
         tables = jax.tree.map(jnp.asarray, plan.tables())
@@ -208,30 +204,14 @@ def test_the_launch_orders_are_options_that_reach_the_lowering():
 
 
 def test_the_mosaic_kernels_test_partial_tiles_as_measured_fastest():
-    """The forward by offset, the backward by bounds (docs/pallas_flex.md,
-    v12-v13: the offset test lost the backward through dK/dV's spills);
-    the options that chose between them left with the losers."""
+    """The forward by offset, dQ by bounds, dK/dV by folded
+    (docs/pallas_flex.md, v12-v14: each kernel's winner on one H200); the
+    options that chose between them left with the losers."""
     assert mosaic_fwd_sm90.FORWARD_MASK_TEST == "offset"
-    assert mosaic_bwd_sm90.MASK_TEST == "bounds"
-    for gone in ("forward_schedule", "mask_test"):
+    assert (mosaic_bwd_sm90.DQ_MASK_TEST, mosaic_bwd_sm90.DKV_MASK_TEST) == ("bounds", "folded")
+    for gone in ("forward_schedule", "mask_test", "dq_mask_test", "dkv_mask_test"):
         with pytest.raises(registry.Unavailable, match=f"no option '{gone}'"):
             registry.load_backend("jax.pallas_flex", {gone: "offset"})
-
-
-def test_the_backward_kernels_mask_tests_are_options_that_reach_them():
-    """dq_mask_test and dkv_mask_test, for measuring (v14): each reaches its
-    kernel's Config, the row's notes name them, a wrong one names the
-    choices; the defaults are what every Mosaic backward row so far ran."""
-    backend = registry.load_backend("jax.pallas_flex", {"dq_mask_test": "offset",
-                                                        "dkv_mask_test": "folded"})
-    config = backend.lowering.mosaic_backward
-    assert (config.dq_mask_test, config.dkv_mask_test) == ("offset", "folded")
-    assert "dkv_mask_test=folded; dq_mask_test=offset" in backend.mask_support(
-        cpu_workload()).how
-    default = registry.load_backend("jax.pallas_flex", {}).lowering.mosaic_backward
-    assert (default.dq_mask_test, default.dkv_mask_test) == ("bounds", "bounds")
-    with pytest.raises(registry.Unavailable, match="choose one of bounds, folded, offset"):
-        registry.load_backend("jax.pallas_flex", {"dkv_mask_test": "fuzzy"})
 
 
 @pytest.mark.parametrize("dkv_launch,rows_launch", [("head_major", "heads_together"),

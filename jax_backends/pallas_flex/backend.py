@@ -41,13 +41,9 @@ class PallasFlexBackend(Backend):
     # per direction, the lowering ("auto": Mosaic GPU where it fits).
     # The launch orders (ops.Lowering) are for measuring them: dkv_launch
     # "auto" decides per plan; rows_launch is the Mosaic forward's and dQ's.
-    # dq_mask_test and dkv_mask_test (mosaic_fwd_sm90.MASK_TESTS: how the
-    # Mosaic backward's kernels test a partial tile's elements) are for
-    # measuring too.
     options = {"block_q": int, "block_k": int, "backward_block_q": int,
                "backward_block_k": int, "forward_lowering": str, "backward_lowering": str,
-               "dkv_launch": str, "rows_launch": str, "dq_mask_test": str,
-               "dkv_mask_test": str}
+               "dkv_launch": str, "rows_launch": str}
 
     def __init__(self, **options):
         unknown = sorted(set(options) - set(self.options))
@@ -74,8 +70,6 @@ class PallasFlexBackend(Backend):
             choices = ops.DKV_LAUNCHES if key == "dkv_launch" else ops.ROWS_LAUNCHES
             if value not in choices:
                 raise ValueError(f"{key}={value!r}: choose one of {', '.join(choices)}")
-        self.mosaic_backward = mosaic_bwd_sm90.Config(  # it checks the mask tests
-            **{key: options[key] for key in ("dq_mask_test", "dkv_mask_test") if key in options})
 
     @functools.cached_property
     def lowering(self) -> ops.Lowering:
@@ -86,7 +80,7 @@ class PallasFlexBackend(Backend):
         mosaic = "mosaic" in (forward, backward)
         return ops.Lowering(forward=forward, backward=backward,
                             interpret=_shared.interpret_mode() and not mosaic,
-                            mosaic_backward=self.mosaic_backward, **self.launches)
+                            **self.launches)
 
     @classmethod
     def environment_problem(cls) -> str | None:

@@ -35,7 +35,6 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from jax_backends.pallas_flex.mosaic_fwd_sm90 import (
     COMPUTE_WARPGROUPS,
-    MASK_TESTS,
     ROWS_PER_WARPGROUP,
     accumulate,
     feed_kv,
@@ -57,10 +56,14 @@ PARTS = (1, 2)  # strips per tile (Config.parts)
 # 2 x 128 x 240 + 128 x 24 of the SM's 64k, FA3's split). Timed alone on
 # a GPU, dK/dV was faster so than with 232 / 40 (docs/pallas_flex.md).
 DKV_REGISTERS = (240, 24)
-# How a partial tile's elements are tested (mosaic_fwd_sm90.MASK_TESTS), by
-# default: "offset", the forward's, raised dK/dV's spills (244 to 372-420
-# bytes a thread) and cost the backward 4-6 % (docs/pallas_flex.md, v12).
-MASK_TEST = "bounds"
+# How each kernel tests a partial tile's elements (mosaic_fwd_sm90.MASK_TESTS;
+# docs/pallas_flex.md, v12 and v14). dQ: "bounds"; the forward's "offset"
+# cost the backward 2-3 % on causal documents. dK/dV: "folded", its tile's
+# first column taken off the row's bounds once per row instead of added to
+# every element: 164-272 bytes a thread spilled (244 with "bounds") and
+# +1.3-2.1 % backward on the window (level on causal documents).
+DQ_MASK_TEST = "bounds"
+DKV_MASK_TEST = "folded"
 
 
 def problem(block_q: int, block_k: int, dtype, head_dim: int) -> str | None:
@@ -84,17 +87,10 @@ class Config:
     # strips, so a warpgroup's scores take 1/parts of the registers (2 was
     # the faster measured: docs/pallas_flex.md, "Constants").
     parts: int = 2
-    # Each kernel's mask test, to be measured (docs/pallas_flex.md, v14).
-    dq_mask_test: str = MASK_TEST
-    dkv_mask_test: str = MASK_TEST
 
     def __post_init__(self):
         if self.parts not in PARTS:
             raise ValueError(f"parts={self.parts}: choose one of {', '.join(map(str, PARTS))}")
-        for name in ("dq_mask_test", "dkv_mask_test"):
-            if getattr(self, name) not in MASK_TESTS:
-                raise ValueError(f"{name}={getattr(self, name)!r}: choose one of "
-                                 f"{', '.join(MASK_TESTS)}")
         if self.stages < 2:
             raise ValueError(f"stages={self.stages}: the ring needs 2 or more")
 
@@ -110,14 +106,14 @@ def backward(q, k, v, dout, lse2, delta, geometry: Geometry, tables,
     scale = 1.0 / math.sqrt(q.shape[3])
     lse_safe = jnp.where(lse2 == -jnp.inf, 0.0, lse2)  # rows that see nothing meet only masks
     dq = _dq(q, k, v, dout, lse_safe, delta, geometry, tables, scale, stages, parts,
-             dq_heads_together, config.dq_mask_test)
+             dq_heads_together)
     dk, dv = _dkv(q, k, v, dout, lse_safe, delta, geometry, tables, scale, stages,
-                  heads_together, parts, config.dkv_mask_test)
+                  heads_together, parts)
     return dq, dk, dv
 
 
 def _dq(q, k, v, dout, lse, delta, geometry: Geometry, tables, scale, stages, parts,
-        heads_together, mask_test):
+        heads_together):
     batch, _, heads, head_dim = q.shape
     group = heads // k.shape[2]
     rows, dtype = ROWS_PER_WARPGROUP, q.dtype
@@ -158,7 +154,7 @@ def _dq(q, k, v, dout, lse, delta, geometry: Geometry, tables, scale, stages, pa
                     s = product(q_smem, plgpu.transpose_ref(k_part, (1, 0)))
                     if j is not None:
                         s = masked(s, first, ids, slices, lo[qi, j], hi[qi, j], row0,
-                                   kb * geometry.block_k + part * cols, test=mask_test)
+                                   kb * geometry.block_k + part * cols, test=DQ_MASK_TEST)
                     p = jnp.exp2(s * qk_scale - lax.broadcast_in_dim(lse, s.shape, [0]))
                     if part == 0:
                         plgpu.barrier_wait(v_loaded.at[slot])
@@ -212,7 +208,7 @@ def _dq(q, k, v, dout, lse, delta, geometry: Geometry, tables, scale, stages, pa
 
 
 def _dkv(q, k, v, dout, lse, delta, geometry: Geometry, tables, scale, stages,
-         heads_together, parts, mask_test):
+         heads_together, parts):
     batch, _, heads, head_dim = q.shape
     kv_heads = k.shape[2]
     group = heads // kv_heads
@@ -251,7 +247,7 @@ def _dkv(q, k, v, dout, lse, delta, geometry: Geometry, tables, scale, stages,
 
             def mask_strip(first, j, col0, s_t):
                 return masked(s_t, first, ids, slices, lo[kj, j], hi[kj, j], row0, col0,
-                              transposed=True, test=mask_test)
+                              transposed=True, test=DKV_MASK_TEST)
 
             def visit(step, head, qb, j, carry):
                 dk, dv = carry
