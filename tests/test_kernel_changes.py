@@ -13,12 +13,12 @@ from lcab.flops import TIMED_DIRECTIONS
 from lcab.report import changes, export, headline, legend, tables
 from lcab.report import sources as loading
 
-PALLAS_FLEX_V9, PALLAS_FLEX_V13 = registry.all_backends()["jax.pallas_flex"].changes
+PALLAS_FLEX_V9, PALLAS_FLEX_V13, PALLAS_FLEX_V15 = registry.all_backends()["jax.pallas_flex"].changes
 RING_FLEX_FIX = registry.all_backends()["torch.cp_ring_flex"].changes[-1]
 GROUPCAST_PADDING = registry.all_backends()["jax.cp_groupcast"].changes[-1]
 BEFORE = "2026-11-28T11:27:32+00:00"  # a second before that commit
 AFTER = "2026-11-28T11:27:34+00:00"
-LATEST = "2026-11-29T11:00:00+00:00"  # after every change declared
+LATEST = "2026-11-29T14:30:00+00:00"  # after every change declared
 
 
 def row(**fields):
@@ -40,22 +40,24 @@ def test_every_declared_change_names_its_time_commit_and_directions():
 
 
 def test_a_row_predates_the_changes_made_after_it_in_its_direction():
-    assert registry.changes_since(row()) == [PALLAS_FLEX_V9]
-    assert registry.changes_since(row(timestamp=AFTER)) == []
+    assert registry.changes_since(row()) == [PALLAS_FLEX_V9, PALLAS_FLEX_V15]
+    assert registry.changes_since(row(timestamp=AFTER)) == [PALLAS_FLEX_V15]
+    assert registry.changes_since(row(timestamp=LATEST)) == []
     # Each change moves its own directions only.
     assert registry.changes_since(row(direction="fwd")) == [PALLAS_FLEX_V13]
     assert registry.changes_since(row(direction="fwd", timestamp=AFTER)) == [PALLAS_FLEX_V13]
     assert registry.changes_since(row(direction="fwd", timestamp=LATEST)) == []
     # A CP row takes its inner kernel's changes; another inner, none.
     assert registry.changes_since(row(backend="jax.cp_ring", inner="jax.pallas_flex")) == [
-        PALLAS_FLEX_V9]
+        PALLAS_FLEX_V9, PALLAS_FLEX_V15]
     assert registry.changes_since(row(backend="jax.cp_ring", inner="jax.cudnn")) == []
     # A row written before the `inner` column names its kernel in the notes.
     assert registry.changes_since(row(backend="jax.cp_ring", inner=None,
                                       notes="ring; dispatch=zigzag; inner jax.pallas_flex (x)")
-                                  ) == [PALLAS_FLEX_V9]
+                                  ) == [PALLAS_FLEX_V9, PALLAS_FLEX_V15]
     # A time without an offset is UTC; no time or an unknown backend: nothing to say.
-    assert registry.changes_since(row(timestamp="2026-11-28T11:27:32")) == [PALLAS_FLEX_V9]
+    assert registry.changes_since(row(timestamp="2026-11-28T11:27:32")) == [PALLAS_FLEX_V9,
+                                                                            PALLAS_FLEX_V15]
     assert registry.changes_since(row(timestamp=None)) == []
     assert registry.changes_since(row(timestamp=float("nan"))) == []
     assert registry.changes_since(row(backend="jax.plugin")) == []
@@ -63,7 +65,7 @@ def test_a_row_predates_the_changes_made_after_it_in_its_direction():
 
 def test_a_marked_figure_carries_the_flag_after_its_others():
     assert tables.format_row(row()) == "400" + legend.FLAG_CHANGED
-    assert tables.format_row(row(timestamp=AFTER)) == "400"
+    assert tables.format_row(row(timestamp=LATEST)) == "400"
     assert tables.format_row(row(check_err=None, spread=2.0)) == "400~?" + legend.FLAG_CHANGED
     # A dated record of one version leaves it out; a failed row shows its code alone.
     assert tables.format_row(row(), mark_changes=False) == "400"
@@ -72,28 +74,34 @@ def test_a_marked_figure_carries_the_flag_after_its_others():
 
 
 def test_a_page_names_each_change_once_with_the_figures_it_marks():
-    rows = pd.DataFrame([row(), row(direction="fwd", timestamp=LATEST), row(timestamp=AFTER),
-                         row(backend="jax.cp_ring", inner="jax.pallas_flex"),
+    rows = pd.DataFrame([row(timestamp=AFTER), row(direction="fwd", timestamp=LATEST),
+                         row(timestamp=LATEST),
+                         row(backend="jax.cp_ring", inner="jax.pallas_flex", timestamp=AFTER),
                          row(backend="jax.cp_ring", inner="jax.pallas_flex", status="OOM")])
     lines = changes.markdown(rows)
     assert len(lines) == 2 and lines[0].startswith("Figures marked †")
-    assert PALLAS_FLEX_V9.commit in lines[1] and "`jax.pallas_flex` changed at" in lines[1]
+    assert PALLAS_FLEX_V15.commit in lines[1] and "`jax.pallas_flex` changed at" in lines[1]
     assert "2 bwd figures here predate it (`jax.cp_ring`, `jax.pallas_flex`" in lines[1]
-    headline_line = (f"† measured before `jax.pallas_flex` changed at {PALLAS_FLEX_V9.commit} "
-                     f"(2026-11-28): {PALLAS_FLEX_V9.what}.")
+    headline_line = (f"† measured before `jax.pallas_flex` changed at {PALLAS_FLEX_V15.commit} "
+                     f"(2026-11-29): {PALLAS_FLEX_V15.what}.")
     assert changes.markdown(rows, count=False) == [headline_line]
     assert changes.markdown(rows.iloc[[1, 2]]) == []
-    # Two changes: each named once, newest last, with the figures it marks.
-    both = changes.markdown(pd.DataFrame([row(), row(direction="fwd")]))
-    assert len(both) == 3 and PALLAS_FLEX_V13.commit in both[2]
-    assert "1 fwd figures here predate it" in both[2]
+    # Three changes: each named once, oldest first, with the figures it marks.
+    three = changes.markdown(pd.DataFrame([row(), row(direction="fwd")]))
+    assert len(three) == 4
+    assert [change.commit in line for change, line in zip(
+        (PALLAS_FLEX_V9, PALLAS_FLEX_V13, PALLAS_FLEX_V15), three[1:])] == [True] * 3
+    assert "1 fwd figures here predate it" in three[2]
+    assert "1 bwd figures here predate it" in three[3]
 
 
 def test_the_committed_h200_cp_run_is_marked_where_it_predates_the_change():
-    """Its backward figures of pallas_flex, and of the JAX strategies running
-    it, were measured before the change (group-cast's cp-2 rows at 32k also
-    before its own); forward and torch figures were not touched by either
-    (the torch ring's rows from before its fix were measured again). The
+    """Every backward figure of pallas_flex, and of the JAX strategies
+    running it, was measured before its latest backward change (the older
+    ones before the launch-order change too; group-cast's cp-2 rows at 32k
+    also before its own); forward figures before the forward's change bar
+    those measured again since; torch figures were touched by none (the
+    torch ring's rows from before its fix were measured again). The
     headline, the pages' rows and the export agree."""
     folder = canonical.ROOT / "results" / "2026-11-27-h200x4-cp"
     _, frame = loading.load_sweeps({"cp": folder})["cp"]
@@ -101,10 +109,12 @@ def test_the_committed_h200_cp_run_is_marked_where_it_predates_the_change():
     marked = tidy[tidy["changed_since"] != ""]
     jax_marked = marked[marked["framework"] == "jax"]
     backward = jax_marked[jax_marked["direction"] == "bwd"]
-    both = f"{GROUPCAST_PADDING.commit} {PALLAS_FLEX_V9.commit}"
-    assert set(backward["changed_since"]) == {PALLAS_FLEX_V9.commit, both}
-    assert set(backward.loc[backward["changed_since"] == both, "backend"]) == {
-        "jax.cp_groupcast"}
+    marks = backward["changed_since"].str.split()
+    assert all(PALLAS_FLEX_V15.commit in commits for commits in marks)
+    assert {len(commits) for commits in marks} == {1, 2, 3}
+    own = marks.apply(lambda commits: GROUPCAST_PADDING.commit in commits)
+    assert set(backward.loc[own, "backend"]) == {"jax.cp_groupcast"}
+    assert all(PALLAS_FLEX_V9.commit in commits for commits in marks[own])
     # Every pallas_flex forward there predates the later, forward-only change.
     forward = jax_marked[jax_marked["direction"] == "fwd"]
     assert set(forward["changed_since"]) == {PALLAS_FLEX_V13.commit}
@@ -121,21 +131,21 @@ def test_the_committed_h200_cp_run_is_marked_where_it_predates_the_change():
 
 
 def test_a_ratio_to_one_gpu_marks_the_figure_that_predates_the_change():
-    """On the committed H200 run the one-GPU kernel at 16k was rerun after
-    each change and the cp-2 rows on causal were not (on causal_document
-    the backward's were): the ratio sets two versions side by side, and its
-    cell says which figure is the older one."""
+    """On the committed H200 run the one-GPU kernel's forward at 16k was
+    measured again after the forward's change and the cp-2 rows on causal
+    at 8k tokens per GPU were not; the cp-2 rows at 32k tokens per GPU were
+    and the one-GPU kernel at 64k was not: a ratio sets two versions side
+    by side, and its cell says which figure is the older one."""
     folder = canonical.ROOT / "results" / "2026-11-27-h200x4-cp"
     _, frame = loading.load_sweeps({"cp": folder})["cp"]
     table = tables.cp_vs_single_table(frame)
-    backward = table.loc[("causal", 16384, "bwd", 2)]
-    assert re.fullmatch(r"\d+† / \d+ = \d\.\d\d", backward["ring/jax.cp_ring"])
-    # The forward's later change came after the cp-2 figure; the one-GPU
-    # kernel at 16k was measured again after it.
     forward = table.loc[("causal", 16384, "fwd", 2)]
     assert re.fullmatch(r"\d+† / \d+ = \d\.\d\d", forward["ring/jax.cp_ring"])
-    assert legend.FLAG_CHANGED not in "".join(table.loc[("causal_document", 16384, "bwd", 2)])
-    assert legend.FLAG_CHANGED not in "".join(table.loc[("causal_document", 32768, "bwd", 4)])
+    forward = table.loc[("full", 65536, "fwd", 2)]
+    assert re.fullmatch(r"\d+ / \d+† = \d\.\d\d", forward["ring/jax.cp_ring"])
+    # Both backward figures predate the backward's latest change.
+    backward = table.loc[("causal", 16384, "bwd", 2)]
+    assert re.fullmatch(r"\d+† / \d+† = \d\.\d\d", backward["ring/jax.cp_ring"])
 
 
 @pytest.mark.parametrize("direction", TIMED_DIRECTIONS)
@@ -154,8 +164,9 @@ def test_advice_says_which_rows_it_read_predate_a_change():
     said = evidence.load("H100").describe().splitlines()
     predating = [line for line in said if "predate a later change" in line]
     # One line per change, each naming its commit and its direction.
-    assert len(predating) == 3
+    assert len(predating) == 4
     assert [change.commit in line for change, line in zip(
-        (PALLAS_FLEX_V9, GROUPCAST_PADDING, PALLAS_FLEX_V13), predating)] == [True] * 3
-    for line, direction in zip(predating, ("bwd", "bwd", "fwd")):
+        (PALLAS_FLEX_V9, GROUPCAST_PADDING, PALLAS_FLEX_V13, PALLAS_FLEX_V15), predating)
+            ] == [True] * 4
+    for line, direction in zip(predating, ("bwd", "bwd", "fwd", "bwd")):
         assert re.match(rf"\d+ {direction} rows read here", line), line
