@@ -640,3 +640,122 @@ def test_a_done_part_that_missed_a_package_still_missing_here_is_left_alone(tmp_
     assert runner.run_sweep("blog", tmp_path, [done], "c", [], None, gpus=[]) == 0
     assert "nor here: left as it is" in capsys.readouterr().out
     assert run_states(tmp_path)["done"]["status"] == "done"
+
+
+def test_changed_names_the_parts_whose_standing_rows_predate_a_change(tmp_path):
+    """'changed' (--parts, --measure_again): the parts whose standing rows
+    (the newest of each measurement, not the .before- files) were measured
+    before a later change to their kernel, each with those rows' backends;
+    a part a call at this commit set to be measured again, until done, with
+    the backends chosen then."""
+    from lcab.experiments import changed_parts
+    from tests.test_report_rows import row, write
+
+    before, after = "2026-11-27T10:00:00+00:00", "2099-01-01T00:00:00+00:00"
+    # jax.pallas_flex's backward changed after 11-27 (lcab.registry); jax.xla never did.
+    write(tmp_path / "old", [row("jax.pallas_flex", direction="bwd", timestamp=before),
+                             row("jax.xla", direction="bwd", timestamp=before)])
+    write(tmp_path / "cp", [row("jax.cp_ring", inner="jax.pallas_flex", direction="bwd",
+                                suite="cp", cp_size=2, timestamp=before),
+                            row("jax.cp_ring", inner="jax.xla", direction="bwd", suite="cp",
+                                cp_size=2, mask="full", timestamp=before)])
+    # Measured again since: the old figure is set aside, the new one stands.
+    write(tmp_path / "new", [row("jax.pallas_flex", direction="bwd", timestamp=before)],
+          name="kernel_jax.before-20991231.jsonl")
+    write(tmp_path / "new", [row("jax.pallas_flex", direction="bwd", timestamp=after)])
+    # Two measurements of one case in the standing files: the newest decides.
+    write(tmp_path / "twice", [row("jax.pallas_flex", direction="bwd", timestamp=before),
+                               row("jax.pallas_flex", direction="bwd", timestamp=after)])
+    parts = [part(name) for name in ("old", "cp", "new", "twice", "empty", "going")]
+    state = {"parts": {"going": {"status": "stopped", "measured_again_at": "c1",
+                                 "measured_again_backends": ["jax.xla"]},
+                       "new": {"status": "done", "measured_again_at": "c1"}}}
+    assert changed_parts.changed(tmp_path, parts, state, "c1") == {
+        "old": ["jax.pallas_flex"], "cp": ["jax.cp_ring"], "going": ["jax.xla"]}
+    # At another commit the part left going is not this call's to resume.
+    assert "going" not in changed_parts.changed(tmp_path, parts, state, "c2")
+    assert changed_parts.predating(tmp_path / "cp") == {"jax.cp_ring": 1}
+    assert changed_parts.describe(tmp_path / "old") == (
+        "rows measured before a later change: jax.pallas_flex 1")
+    assert changed_parts.describe(tmp_path / "new") is None
+
+
+def test_each_changed_part_moves_only_its_own_backends_rows_aside(tmp_path):
+    """measure_again with a part name -> backends: each part moves its own;
+    a part not in the map moves every row, as a part named outright does."""
+    rows = {name: json.dumps({"backend": name}) + "\n" for name in ("jax.xla", "jax.cp_ring")}
+    for name in ("one", "two", "three"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "kernel_jax.jsonl").write_text("".join(rows.values()))
+    state = runner.State(tmp_path, "cp")
+    parts = [part("one"), part("two"), part("three")]
+    chosen = {"one": ["jax.xla"], "two": ["jax.cp_ring"]}
+    assert runner.measure_again(state, tmp_path, parts, "c", "9", chosen) == [
+        "one", "two", "three"]
+    assert (tmp_path / "one" / "kernel_jax.before-9.jsonl").read_text() == rows["jax.xla"]
+    assert (tmp_path / "two" / "kernel_jax.jsonl").read_text() == rows["jax.xla"]
+    assert not (tmp_path / "three" / "kernel_jax.jsonl").exists()
+    assert [state.part(name)["measured_again_backends"] for name in ("one", "two", "three")
+            ] == [["jax.xla"], ["jax.cp_ring"], []]
+    assert runner.measure_again(state, tmp_path, parts, "c", "10", chosen) == []
+
+
+def test_changed_parts_are_listed_from_a_run_with_their_rows_counted(tmp_path):
+    from tests.test_report_rows import row, write
+
+    write(tmp_path / "jax-cp2-8k-full", [row("jax.cp_ring", inner="jax.pallas_flex",
+                                             direction="bwd", suite="cp", cp_size=2,
+                                             timestamp="2026-11-27T10:00:00+00:00")])
+
+    def listed(*flags):
+        return subprocess.run(
+            [sys.executable, "-m", "lcab.experiments.canonical", "cp", "--list", *flags],
+            capture_output=True, text=True, cwd=ROOT, timeout=120, check=False)
+
+    shown = listed(f"--out={tmp_path}", "--parts=changed", "--measure_again=changed")
+    assert shown.returncode == 0, shown.stderr
+    assert re.findall(r"^(\S+)  \(", shown.stdout, re.MULTILINE) == ["jax-cp2-8k-full"]
+    assert "  rows measured before a later change: jax.cp_ring 1\n" in shown.stdout
+    every = listed(f"--out={tmp_path}")
+    assert every.stdout.count("rows measured before a later change") == 1
+    nowhere = listed("--parts=changed")
+    assert nowhere.returncode != 0 and "give --out" in nowhere.stderr
+    both = listed(f"--out={tmp_path}", "--measure_again=changed",
+                  "--measure_again_backends=jax.cp_ring")
+    assert both.returncode != 0 and "leave out --measure_again_backends" in both.stderr
+    assert "Traceback" not in nowhere.stderr + both.stderr
+
+
+def test_run_md_names_the_backends_each_changed_part_measured_again(tmp_path):
+    from lcab.experiments.run_record import write_run_md
+
+    call = {"start": "2026-11-29 15:00:00 UTC", "commit": "c", "gpus": [],
+            "measured_again": ["jax-cp2-8k-full", "comm"],
+            "measured_again_backends": {"jax-cp2-8k-full": ["jax.cp_ring", "jax.cp_usp"]}}
+    text = write_run_md(tmp_path, {"sweep": "cp", "calls": [call], "parts": {}}).read_text()
+    assert ("measured again from the start: `jax-cp2-8k-full`, `comm`; in `jax-cp2-8k-full` "
+            "only `jax.cp_ring`, `jax.cp_usp`") in text
+
+
+def test_measure_again_changed_hands_each_part_its_backends_to_the_run(tmp_path, monkeypatch):
+    """The CLI's path, the run itself stubbed: 'changed' picks the parts and
+    their backends from the run's rows; a part also named outright moves
+    all its rows."""
+    from tests.test_report_rows import row, write
+
+    for name in ("jax-cp2-8k-full", "jax-cp2-8k-causal"):
+        write(tmp_path / name, [row("jax.cp_ring", inner="jax.pallas_flex", direction="bwd",
+                                    suite="cp", cp_size=2, timestamp="2026-11-27T10:00:00Z")])
+    seen = {}
+    monkeypatch.setattr(runner, "run_sweep", lambda sweep, folder, parts, commit, *args,
+                        **kwargs: seen.update(parts=[p.name for p in parts], **kwargs) or 0)
+    monkeypatch.setattr(machine, "gpus", list)
+    try:
+        runner.FLAGS(["lcab-sweep", f"--out={tmp_path}", "--git_commit=abc1234",
+                      "--parts=changed", "--measure_again=changed,jax-cp2-8k-causal"])
+        assert runner.main(["lcab-sweep", "cp"]) == 0
+    finally:
+        runner.FLAGS.unparse_flags()
+    assert seen["parts"] == ["jax-cp2-8k-full", "jax-cp2-8k-causal"]
+    assert seen["again"] == ["jax-cp2-8k-full", "jax-cp2-8k-causal"]
+    assert seen["again_backends"] == {"jax-cp2-8k-full": ["jax.cp_ring"]}

@@ -36,13 +36,13 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from absl import app, flags
 
 from lcab import canonical, processes, registry
 from lcab.experiments import canonical_parts as defined
-from lcab.experiments import machine
+from lcab.experiments import changed_parts, machine
 from lcab.spans import spans_text
 
 # Its own flag set: the experiments CLI's flags (--out, --git_commit) live in
@@ -57,8 +57,8 @@ RESULTS_ROOT = flags.DEFINE_string(
     "sweep on this machine's card there, or starts <date>-<device>-<SWEEP>/ in it. On a "
     "borrowed machine, point it at a copy of results/ so the card picks the folder.",
     flag_values=FLAGS)
-PARTS = flags.DEFINE_list("parts", None, "Only these parts, in this order (default: all).",
-                          flag_values=FLAGS)
+PARTS = flags.DEFINE_list("parts", None, "Only these parts, in this order (default: all; "
+                          "'changed': as in --measure_again).", flag_values=FLAGS)
 BUDGET = flags.DEFINE_integer(
     "budget_s", None, "Seconds this call may take: no run starts with less than "
     "--min_run_s left, and a run still going at the end is stopped (its rows are kept and "
@@ -76,7 +76,9 @@ MEASURE_AGAIN = flags.DEFINE_list(
     "measure_again", [], "Measure these parts again from the start (after a change to the "
     "code they time): each part's rows files are renamed <name>.before-<UTC time>.jsonl, "
     "which the tables still read (the newest row of each measurement stands), and its "
-    "record starts over. Once per commit: the same command again resumes them.",
+    "record starts over. Once per commit: the same command again resumes them. "
+    "'changed' names every part whose standing rows were measured before a later change "
+    "to their kernel (the tables' †), each with only those rows' backends moved aside.",
     flag_values=FLAGS)
 MEASURE_AGAIN_BACKENDS = flags.DEFINE_list(
     "measure_again_backends", [], "With --measure_again: only these backends' rows move "
@@ -319,11 +321,17 @@ def _commit() -> str:
     return commit
 
 
-def chosen_parts(sweep: str) -> list[defined.Part]:
-    """--parts in their order, then the --measure_again parts not among them."""
+def chosen_parts(sweep: str, changed: Sequence[str] = ()) -> list[defined.Part]:
+    """--parts in their order, then the --measure_again parts not among them;
+    'changed' in either stands for the parts `changed` names."""
     every = {part.name: part for part in defined.parts(sweep)}
-    names = PARTS.value or list(every)
-    names += [name for name in MEASURE_AGAIN.value if name not in names]
+
+    def named(values):
+        return [name for value in values
+                for name in (changed if value == changed_parts.CHANGED else [value])]
+
+    names = named(PARTS.value) if PARTS.value else list(every)
+    names += [name for name in named(MEASURE_AGAIN.value) if name not in names]
     unknown = [name for name in names if name not in every]
     if unknown:
         raise app.UsageError(f"{sweep} has no part {', '.join(unknown)}; its parts: "
@@ -332,15 +340,18 @@ def chosen_parts(sweep: str) -> list[defined.Part]:
 
 
 def measure_again(state: State, folder: pathlib.Path, parts: Sequence[defined.Part],
-                  commit: str, stamp: str, backends: Sequence[str] = ()) -> list[str]:
+                  commit: str, stamp: str,
+                  backends: Sequence[str] | Mapping[str, Sequence[str]] = ()) -> list[str]:
     """Set each part to be measured from the start at `commit`: its rows
     files moved aside as <name>.before-<stamp>.jsonl and its record reset;
-    with `backends`, only those backends' rows move (set_aside_rows), so
-    --resume measures only them again. A part already set so at this
-    commit (for the same backends) is left to resume. The names of the
-    parts set now."""
-    again, chosen, mark = [], set(backends), sorted(backends)
+    with `backends` (the same for every part, or a part name -> backends),
+    only those backends' rows move (set_aside_rows), so --resume measures
+    only them again. A part already set so at this commit (for the same
+    backends) is left to resume. The names of the parts set now."""
+    again = []
     for part in parts:
+        own = backends.get(part.name, ()) if isinstance(backends, Mapping) else backends
+        chosen, mark = set(own), sorted(own)
         record = state.part(part.name)
         if (record.get("measured_again_at") == commit
                 and record.get("measured_again_backends", []) == mark):
@@ -379,7 +390,7 @@ def run_sweep(sweep: str, folder: pathlib.Path, parts: list[defined.Part], commi
               extra: list[str], budget_s: float | None, *, retry: bool = False,
               min_run_s: float = 60, gpus: list[dict[str, str]] | None = None,
               parallel: bool = False, again: Sequence[str] = (),
-              again_backends: Sequence[str] = ()) -> int:
+              again_backends: Sequence[str] | Mapping[str, Sequence[str]] = ()) -> int:
     """Run the parts that are not done, within the budget (with `parallel`,
     one-GPU parts side by side, one per GPU; the parts named in `again`
     from the start, or only `again_backends` in them, see measure_again);
@@ -400,7 +411,11 @@ def run_sweep(sweep: str, folder: pathlib.Path, parts: list[defined.Part], commi
                                    commit, stamp, again_backends)
     if measured_again:
         call["measured_again"] = measured_again
-        if again_backends:
+        if isinstance(again_backends, Mapping):
+            call["measured_again_backends"] = {
+                name: sorted(again_backends[name]) for name in measured_again
+                if again_backends.get(name)}
+        elif again_backends:
             call["measured_again_backends"] = sorted(again_backends)
     state.data["calls"].append(call)
     state.save()
@@ -633,9 +648,13 @@ def main(argv: list[str]) -> int:
         raise app.UsageError("give one sweep: " + ", ".join(
             f"{name} ({what})" for name, what in canonical.SWEEPS.items()))
     sweep = argv[1]
-    parts = chosen_parts(sweep)
+    chosen_parts(sweep)  # unknown part names stop here, before anything else
+    wants_changed = changed_parts.CHANGED in (PARTS.value or []) + MEASURE_AGAIN.value
     if MEASURE_AGAIN_BACKENDS.value and not MEASURE_AGAIN.value:
         raise app.UsageError("--measure_again_backends needs --measure_again (the parts)")
+    if MEASURE_AGAIN_BACKENDS.value and wants_changed:
+        raise app.UsageError("'changed' picks each part's backends itself (those whose rows "
+                             "predate a change): leave out --measure_again_backends")
     for name in MEASURE_AGAIN_BACKENDS.value:
         try:
             registry.check_backend_name(name)
@@ -644,9 +663,16 @@ def main(argv: list[str]) -> int:
     extra = shlex.split(EXTRA.value)
     found = machine.gpus()
     if LIST.value:
+        if wants_changed and not OUT.value:
+            raise app.UsageError("'changed' reads a run's rows: give --out (the run's folder)")
         folder = pathlib.Path(OUT.value) if OUT.value else pathlib.Path("OUT")
-        for part in parts:
+        changed = (changed_parts.changed(folder, defined.parts(sweep),
+                                         State(folder, sweep).data, COMMIT.value or "")
+                   if wants_changed else {})
+        for part in chosen_parts(sweep, list(changed)):
             print(f"{part.name}  ({part.gpus} GPU{'s' if part.gpus > 1 else ''}): {part.what}")
+            if OUT.value and (said := changed_parts.describe(folder / part.folder)):
+                print(f"  {said}")
             for run in part.runs:
                 ids = [str(i) for i in range(part.gpus)]
                 print("  " + launch_of(run, folder / part.folder, COMMIT.value or "COMMIT",
@@ -658,11 +684,26 @@ def main(argv: list[str]) -> int:
                              "canonical run and does not go into results/")
     root = pathlib.Path(RESULTS_ROOT.value) if RESULTS_ROOT.value else None
     folder = pathlib.Path(OUT.value) if OUT.value else default_out(sweep, found, root)
+    commit = _commit()
+    again_backends: Sequence[str] | Mapping[str, Sequence[str]] = MEASURE_AGAIN_BACKENDS.value
+    changed: dict[str, list[str]] = {}
+    if wants_changed:
+        changed = changed_parts.changed(folder, defined.parts(sweep), State(folder, sweep).data,
+                                        commit)
+        print(f"== changed: {', '.join(changed) or 'no part'} (rows measured before a later "
+              "change to their kernel)", flush=True)
+        # A part also named outright moves every backend's rows, as named parts do.
+        again_backends = {name: backends for name, backends in changed.items()
+                          if name not in MEASURE_AGAIN.value}
+    parts = chosen_parts(sweep, list(changed))
+    again = list(dict.fromkeys(  # each once, in order
+        name for value in MEASURE_AGAIN.value
+        for name in (list(changed) if value == changed_parts.CHANGED else [value])))
     # SIGTERM (an outer time limit) stops like Ctrl-C: children told, state saved.
     signal.signal(signal.SIGTERM, _interrupt)
-    return run_sweep(sweep, folder, parts, _commit(), extra, BUDGET.value, retry=RETRY.value,
+    return run_sweep(sweep, folder, parts, commit, extra, BUDGET.value, retry=RETRY.value,
                      min_run_s=MIN_RUN.value, gpus=found, parallel=PARALLEL.value,
-                     again=MEASURE_AGAIN.value, again_backends=MEASURE_AGAIN_BACKENDS.value)
+                     again=again, again_backends=again_backends)
 
 
 def _interrupt(signum, frame):

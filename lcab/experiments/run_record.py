@@ -146,9 +146,12 @@ def write_run_md(folder: pathlib.Path, state: dict, parts=()) -> pathlib.Path:
         if call.get("measured_again"):
             extra += (", measured again from the start: "
                       + ", ".join(f"`{name}`" for name in call["measured_again"]))
-            if call.get("measured_again_backends"):
-                extra += " (only " + ", ".join(
-                    f"`{name}`" for name in call["measured_again_backends"]) + ")"
+            only = call.get("measured_again_backends")
+            if isinstance(only, dict):  # --measure_again=changed: each part its own
+                extra += "".join(f"; in `{part}` only " + ", ".join(
+                    f"`{name}`" for name in names) for part, names in only.items())
+            elif only:
+                extra += " (only " + ", ".join(f"`{name}`" for name in only) + ")"
         lines.append(f"{number}. {call['start']}, commit `{call['commit']}`{budget}{extra}")
         machine = (gpus, call.get("versions"))
         if machine == machine_before:
