@@ -7,8 +7,9 @@
 # with 2 GPUs, group-cast at cp 2 (8k tokens per GPU) with its inner
 # pallas_flex the same ways. With 4 GPUs or more the kernel runs go side by
 # side, one GPU each, and then the two group-cast runs, two GPUs each (each
-# run's log names its GPUs). Each run writes OUT/<name>/; the last lines are
-# one short table per run (python -m lcab.report --summary).
+# run's log names its GPUs). Each run writes OUT/<name>/ and OUT/<name>.log,
+# packed into OUT/rows.tgz after each run or batch of runs side by side
+# (pack.sh says why); the last lines are one short table per run.
 #
 #   experiments/lab/launch_orders.sh OUT COMMIT [kernel|cp|both]
 set -uo pipefail
@@ -17,6 +18,7 @@ commit=${2:?usage: $0 OUT COMMIT [kernel|cp|both]}
 what=${3:-both}
 export XLA_PYTHON_CLIENT_PREALLOCATE=false NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
 gpus=$(nvidia-smi -L 2>/dev/null | wc -l)
+source "$(dirname "$0")/pack.sh"
 runs=()
 run() {  # GPUs ("" for all), name, then lcab.experiments flags; in the background with 4+ GPUs
   local devices=$1 name=$2; shift 2
@@ -28,7 +30,7 @@ run() {  # GPUs ("" for all), name, then lcab.experiments flags; in the backgrou
       --noprogress --nosummary --out="$out/$name" "$@" >>"$out/$name.log" 2>&1
     echo "$name: exit $?"
   ) &
-  if [[ $gpus -lt 4 ]]; then wait; fi
+  if [[ $gpus -lt 4 ]]; then wait; pack_runs "$out" "${runs[@]}"; fi
 }
 mkdir -p "$out"
 if [[ $what != cp ]]; then
@@ -40,6 +42,7 @@ if [[ $what != cp ]]; then
     --backend_options=jax.pallas_flex:dkv_launch=heads_together
   run 3 kernel-rows_head_major "${one[@]}" --backend_options=jax.pallas_flex:rows_launch=head_major
   wait
+  pack_runs "$out" "${runs[@]}"
 fi
 if [[ $what != kernel ]]; then
   cp=(--cp_size=2 --seqlens=16k --masks=causal_document,full_document
@@ -47,8 +50,7 @@ if [[ $what != kernel ]]; then
   run 0,1 groupcast-auto "${cp[@]}"
   run 2,3 groupcast-dkv_head_major "${cp[@]}" --backend_options=jax.cp_groupcast:dkv_launch=head_major
   wait
+  pack_runs "$out" "${runs[@]}"
 fi
-for name in "${runs[@]}"; do
-  echo "## $name"
-  python3 -m lcab.report --results="$out/$name" --summary 2>/dev/null | grep '^|'
-done
+RUNS=("${runs[@]}")
+summaries "$out"
