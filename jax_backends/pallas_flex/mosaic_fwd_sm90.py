@@ -55,9 +55,8 @@ _FAR = 1 << 30  # a diagonal offset no tile reaches: "no edge on this side"
 # bounds instead (per row, not per element); "offset", one unsigned compare
 # of the element's offset from the row's start against the row's width,
 # both taken per row. The forward takes "offset" (3-5 % faster on sliding
-# windows and documents); the backward keeps "bounds" ("offset" raised
-# dK/dV's spills and cost it 4-6 %: docs/pallas_flex.md, v12) unless its
-# Config says otherwise.
+# windows and documents); dQ "bounds" and dK/dV "folded", each kernel's
+# measured best (mosaic_bwd_sm90; docs/pallas_flex.md, v12-v15).
 MASK_TESTS = ("bounds", "folded", "offset")
 FORWARD_MASK_TEST = "offset"
 # Named barriers of the turns, one per compute warpgroup: Mosaic GPU takes
