@@ -75,6 +75,11 @@ class Backend(abc.ABC):
     suite: ClassVar[str] = "kernel"
     layout: ClassVar[str] = "bshd"
     directions: ClassVar[tuple[str, ...]] = ("fwd", "bwd")
+    # Why this machine gives an instance fewer `directions` than the backend
+    # has elsewhere (a pass that needs a GPU); None: what it lacks, it lacks
+    # everywhere. Its missing directions' rows say UNAVAILABLE with this
+    # reason instead of UNSUPPORTED.
+    directions_problem: ClassVar[str | None] = None
     dtypes: ClassVar[tuple[str, ...]] = DTYPES
     head_dims: ClassVar[tuple[int, ...] | None] = None  # None: any head_dim
     gqa: ClassVar[bool] = True  # False: heads_q must equal heads_kv

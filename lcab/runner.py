@@ -275,21 +275,27 @@ class Claims:
     failure: Exception | None = None  # what supports() raised
     refused: tuple[list[str], str] | None = None
     directions: tuple[str, ...] = ()
+    # UNAVAILABLE where the machine, not the backend, lacks those passes.
+    missing_status: Status = Status.UNSUPPORTED
 
 
 def claims_of(case: Case, backend) -> Claims:
     """The checks the runner makes before it probes."""
     missing = [d for d in case.directions if d not in backend.directions]
-    missing = (missing, f"{case.backend} has no {'/'.join(missing)} pass") if missing else None
+    here = backend.directions_problem
+    status = Status.UNAVAILABLE if missing and here else Status.UNSUPPORTED
+    missing = (missing, f"{case.backend} has no {'/'.join(missing)} pass"
+               + (f" here: {here}" if here else "")) if missing else None
     directions = [d for d in case.directions if d in backend.directions]
     if not directions:
-        return Claims(missing)
+        return Claims(missing, missing_status=status)
     try:
         support = backend.supports(case.workload)
     except Exception as exc:  # noqa: BLE001 - the caller decides what it becomes
-        return Claims(missing, failure=exc)
+        return Claims(missing, failure=exc, missing_status=status)
     if not support.ok:
-        return Claims(missing, support, refused=(directions, support.reason))
+        return Claims(missing, support, refused=(directions, support.reason),
+                      missing_status=status)
     refused = None
     if support.directions is not None:
         blocked = [d for d in directions if d not in support.directions]
@@ -297,7 +303,8 @@ def claims_of(case: Case, backend) -> Claims:
             refused = (blocked, f"{case.backend} runs {case.workload.mask.name} "
                                 f"{'/'.join(support.directions)} only")
         directions = [d for d in directions if d in support.directions]
-    return Claims(missing, support, refused=refused, directions=tuple(directions))
+    return Claims(missing, support, refused=refused, directions=tuple(directions),
+                  missing_status=status)
 
 
 class Runner:
@@ -369,7 +376,7 @@ class Runner:
             context.update(inner=inner[0], inner_options=inner[1])
         claims = claims_of(case, backend)
         if claims.missing:
-            rows += self.write_all(case, Status.UNSUPPORTED, claims.missing[0],
+            rows += self.write_all(case, claims.missing_status, claims.missing[0],
                                    reason=claims.missing[1], **context)
         if claims.failure is not None:
             raise claims.failure

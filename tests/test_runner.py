@@ -502,3 +502,24 @@ def test_a_workload_beyond_its_probe_still_gets_the_full_size_check(tmp_path, mo
     assert calls == [1] and [timed(r) for r in rows] == ["OK", "OK"]
     assert rows[0]["check_heads"] == ("batch 0 of 1; kv 0,3 of 4; q 0-1,6-7 of 8; every batch "
                                       "row and head at query rows 0-255")
+
+
+def test_a_pass_this_machine_lacks_is_unavailable_not_unsupported():
+    """A backend whose instance has fewer directions here than elsewhere
+    (directions_problem) gets UNAVAILABLE rows for the missing ones, with
+    the reason; what it lacks everywhere stays UNSUPPORTED; the dry run
+    decides the same."""
+    from lcab.experiments.dry_run import attention_claims
+    from lcab.runner import claims_of
+    from lcab.status import Status
+
+    backend = registry.load_backend("numpy.causal_only", {})
+    case = Case("numpy.causal_only", Workload(1, 64, 64, 2, 2, 16, "float32",
+                                              small_mask("causal", 64)))
+    assert claims_of(case, backend).missing_status is Status.UNSUPPORTED
+    backend.directions_problem = "its backward needs a GPU"
+    claims = claims_of(case, backend)
+    assert claims.missing_status is Status.UNAVAILABLE
+    assert claims.missing == (["bwd"], ("numpy.causal_only has no bwd pass here: its "
+                                        "backward needs a GPU"))
+    assert attention_claims(case, backend)["bwd"][0] == "UNAVAILABLE"

@@ -49,9 +49,10 @@ def attention_claims(case: Case, backend) -> dict[str, tuple[str, str]]:
     checks lcab.runner makes before it probes (lcab.runner.claims_of)."""
     claims = claims_of(case, backend)
     decided = {}
-    for group in (claims.missing, claims.refused):
+    for group, status in ((claims.missing, claims.missing_status),
+                          (claims.refused, Status.UNSUPPORTED)):
         if group:
-            decided |= {d: (Status.UNSUPPORTED.value, group[1]) for d in group[0]}
+            decided |= {d: (status.value, group[1]) for d in group[0]}
     if claims.failure is not None:  # the runner writes it as an ERROR row
         return decided | {d: (Status.ERROR.value, f"harness: {describe(claims.failure)}")
                           for d in case.directions if d not in decided}

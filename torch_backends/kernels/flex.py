@@ -274,6 +274,9 @@ class FlexBackend(Backend):
         self.on_gpu = torch.cuda.is_available()
         # torch raises for a FlexAttention backward on CPU; say so up front.
         self.directions = ("fwd", "bwd") if self.on_gpu else ("fwd",)
+        if not self.on_gpu:
+            self.directions_problem = ("torch runs FlexAttention's backward on a GPU only "
+                                       "(it raises on a CPU)")
         self.head_dims = GPU_HEAD_DIMS if self.on_gpu else None
 
     @classmethod
