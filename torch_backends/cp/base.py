@@ -100,6 +100,11 @@ class InnerKernelBackend(TorchCpBackend):
         except registry.Unavailable as exc:
             raise registry.Unavailable(
                 f"inner kernel {self.inner_name} is unavailable: {exc}") from exc
+        problem = self.inner_backend.directions_problem
+        if problem:  # a pass the inner lacks on this machine only: so does the strategy
+            self.directions = tuple(d for d in self.directions
+                                    if d in self.inner_backend.directions)
+            self.directions_problem = f"inner kernel {self.inner_name}: {problem}"
 
     def inner(self) -> tuple[str, dict[str, str]]:
         return self.inner_name, {}  # torch kernels take no options
