@@ -19,10 +19,9 @@ what=${3:-both}
 export XLA_PYTHON_CLIENT_PREALLOCATE=false NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
 gpus=$(nvidia-smi -L 2>/dev/null | wc -l)
 source "$(dirname "$0")/pack.sh"
-runs=()
 run() {  # GPUs ("" for all), name, then lcab.experiments flags; in the background with 4+ GPUs
   local devices=$1 name=$2; shift 2
-  runs+=("$name")
+  RUNS+=("$name")
   (
     if [[ -n $devices && $gpus -ge 4 ]]; then export CUDA_VISIBLE_DEVICES=$devices; fi
     echo "GPUs: ${CUDA_VISIBLE_DEVICES:-all}" >"$out/$name.log"
@@ -30,7 +29,7 @@ run() {  # GPUs ("" for all), name, then lcab.experiments flags; in the backgrou
       --noprogress --nosummary --out="$out/$name" "$@" >>"$out/$name.log" 2>&1
     echo "$name: exit $?"
   ) &
-  if [[ $gpus -lt 4 ]]; then wait; pack_runs "$out" "${runs[@]}"; fi
+  if [[ $gpus -lt 4 ]]; then wait; pack_runs "$out" "${RUNS[@]}"; fi
 }
 mkdir -p "$out"
 if [[ $what != cp ]]; then
@@ -42,7 +41,7 @@ if [[ $what != cp ]]; then
     --backend_options=jax.pallas_flex:dkv_launch=heads_together
   run 3 kernel-rows_head_major "${one[@]}" --backend_options=jax.pallas_flex:rows_launch=head_major
   wait
-  pack_runs "$out" "${runs[@]}"
+  pack_runs "$out" "${RUNS[@]}"
 fi
 if [[ $what != kernel ]]; then
   cp=(--cp_size=2 --seqlens=16k --masks=causal_document,full_document
@@ -50,7 +49,6 @@ if [[ $what != kernel ]]; then
   run 0,1 groupcast-auto "${cp[@]}"
   run 2,3 groupcast-dkv_head_major "${cp[@]}" --backend_options=jax.cp_groupcast:dkv_launch=head_major
   wait
-  pack_runs "$out" "${runs[@]}"
+  pack_runs "$out" "${RUNS[@]}"
 fi
-RUNS=("${runs[@]}")
 summaries "$out"

@@ -465,11 +465,7 @@ def tile_cut(bounds, row0, rows, col0, width, transposed: bool = False):
     row's start and stop never fall as the row rises (row_range), so the
     tile's first and last rows of the slice decide; where such a row sees
     nothing the answer may be TWO_SIDED needlessly, never wrongly."""
-    q0, q1, k0, k1, lower, upper = bounds
-    if transposed:
-        row_lo, row_hi, col_lo, col_hi, first_col, last_col = k0, k1, q0, q1, -upper, -lower
-    else:
-        row_lo, row_hi, col_lo, col_hi, first_col, last_col = q0, q1, k0, k1, lower, upper
+    row_lo, row_hi, col_lo, col_hi, first_col, last_col = _oriented(bounds, transposed)
     first_row = jnp.maximum(row0, row_lo)
     last_row = jnp.minimum(row0 + rows, row_hi) - 1
     right = jnp.maximum(last_row + first_col, col_lo) <= col0
@@ -489,14 +485,20 @@ def cut_rows(bounds, r, col0, width, transposed: bool = False):
 def row_range(bounds, r, transposed: bool = False):
     """The columns [start, stop) that row r (a vector of rows) of a tile sees
     of one slice (slice_bounds); stop == start where it sees none of them."""
-    q0, q1, k0, k1, lower, upper = bounds
-    if transposed:  # key row r sees queries r - upper <= c <= r - lower
-        row_lo, row_hi, col_lo, col_hi, first_col, last_col = k0, k1, q0, q1, -upper, -lower
-    else:  # query row r sees keys r + lower <= c <= r + upper
-        row_lo, row_hi, col_lo, col_hi, first_col, last_col = q0, q1, k0, k1, lower, upper
+    row_lo, row_hi, col_lo, col_hi, first_col, last_col = _oriented(bounds, transposed)
     start = jnp.maximum(r + first_col, col_lo)
     stop = jnp.where((r >= row_lo) & (r < row_hi), jnp.minimum(r + last_col + 1, col_hi), start)
     return start, stop
+
+
+def _oriented(bounds, transposed: bool):
+    """A slice's bounds as a tile's rows and columns see them: (row_lo,
+    row_hi, col_lo, col_hi, first_col, last_col), row r seeing columns
+    r + first_col <= c <= r + last_col within them."""
+    q0, q1, k0, k1, lower, upper = bounds
+    if transposed:  # key row r sees queries r - upper <= c <= r - lower
+        return k0, k1, q0, q1, -upper, -lower
+    return q0, q1, k0, k1, lower, upper  # query row r sees keys r + lower <= c <= r + upper
 
 
 def in_range(c, start, stop, per_row=lambda x: x):

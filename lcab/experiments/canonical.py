@@ -321,17 +321,18 @@ def _commit() -> str:
     return commit
 
 
+def named_parts(values: Sequence[str], changed: Sequence[str]) -> list[str]:
+    """Part names as a flag gives them, 'changed' standing for `changed`'s."""
+    return [name for value in values
+            for name in (changed if value == changed_parts.CHANGED else [value])]
+
+
 def chosen_parts(sweep: str, changed: Sequence[str] = ()) -> list[defined.Part]:
     """--parts in their order, then the --measure_again parts not among them;
     'changed' in either stands for the parts `changed` names."""
     every = {part.name: part for part in defined.parts(sweep)}
-
-    def named(values):
-        return [name for value in values
-                for name in (changed if value == changed_parts.CHANGED else [value])]
-
-    names = named(PARTS.value) if PARTS.value else list(every)
-    names += [name for name in named(MEASURE_AGAIN.value) if name not in names]
+    names = named_parts(PARTS.value, changed) if PARTS.value else list(every)
+    names += [name for name in named_parts(MEASURE_AGAIN.value, changed) if name not in names]
     unknown = [name for name in names if name not in every]
     if unknown:
         raise app.UsageError(f"{sweep} has no part {', '.join(unknown)}; its parts: "
@@ -696,9 +697,7 @@ def main(argv: list[str]) -> int:
         again_backends = {name: backends for name, backends in changed.items()
                           if name not in MEASURE_AGAIN.value}
     parts = chosen_parts(sweep, list(changed))
-    again = list(dict.fromkeys(  # each once, in order
-        name for value in MEASURE_AGAIN.value
-        for name in (list(changed) if value == changed_parts.CHANGED else [value])))
+    again = list(dict.fromkeys(named_parts(MEASURE_AGAIN.value, list(changed))))  # each once
     # SIGTERM (an outer time limit) stops like Ctrl-C: children told, state saved.
     signal.signal(signal.SIGTERM, _interrupt)
     return run_sweep(sweep, folder, parts, commit, extra, BUDGET.value, retry=RETRY.value,
