@@ -34,23 +34,20 @@ def test_the_kernels_lower_to_triton_for_a_gpu():
                                              "lcab_flex_dkv"))
 
 
-@pytest.mark.parametrize("head_dim,dtype,block_k,mask_test", [
-    (128, jnp.bfloat16, 128, "offset"), (64, jnp.float16, 64, "offset"),
-    (256, jnp.bfloat16, 64, "offset"), (128, jnp.bfloat16, 128, "one_sided")])
-def test_the_mosaic_forward_lowers_for_a_gpu_on_every_family(head_dim, dtype, block_k,
-                                                             mask_test):
+@pytest.mark.parametrize("head_dim,dtype,block_k", [
+    (128, jnp.bfloat16, 128), (64, jnp.float16, 64), (256, jnp.bfloat16, 64)])
+def test_the_mosaic_forward_lowers_for_a_gpu_on_every_family(head_dim, dtype, block_k):
     """Mosaic GPU's interpret mode cannot run this kernel (mosaic_fwd_sm90
     says why), so on a CPU it is lowered to Mosaic GPU's MLIR instead: that
     catches ops and layouts the lowering lacks; its numbers are checked on a
     GPU (results/gpu/2026-11-26-h100-pallas-flex-mosaic/)."""
-    config = mosaic_fwd_sm90.Config(mask_test=mask_test)
     for name in MASK_NAMES:
         plan = make_plan(small_mask(name, 300), 128, block_k)  # 300: padded rows and columns
         tables = jax.tree.map(jnp.asarray, plan.tables())
         q = jax.ShapeDtypeStruct((2, plan.padded_q, 4, head_dim), dtype)
         kv = jax.ShapeDtypeStruct((2, plan.padded_k, 2, head_dim), dtype)
         forward = lambda q, k, v, t, plan=plan: mosaic_fwd_sm90.forward(  # noqa: E731
-            q, k, v, plan.geometry, t, config)
+            q, k, v, plan.geometry, t)
         text = jax.jit(forward).trace(q, kv, kv, tables).lower(
             lowering_platforms=("cuda",)).as_text()
         assert text.count("stablehlo.custom_call @mosaic_gpu") == 1, name
@@ -204,19 +201,6 @@ def test_the_launch_orders_are_options_that_reach_the_lowering():
         "auto", "heads_together")  # rows: what every Mosaic row so far ran
     with pytest.raises(registry.Unavailable, match="choose one of heads_together, head_major"):
         registry.load_backend("jax.pallas_flex", {"rows_launch": "sideways"})
-
-
-def test_the_forwards_one_sided_test_is_an_option_that_reaches_it():
-    """forward_mask_test, for measuring (v16): it reaches the forward's
-    Config, the row's notes name it, a wrong one names the choices; the
-    default is what every Mosaic forward row since v13 ran."""
-    backend = registry.load_backend("jax.pallas_flex", {"forward_mask_test": "one_sided"})
-    assert backend.lowering.mosaic_forward.mask_test == "one_sided"
-    assert "forward_mask_test=one_sided" in backend.mask_support(cpu_workload()).how
-    default = registry.load_backend("jax.pallas_flex", {}).lowering.mosaic_forward
-    assert default.mask_test == mosaic_fwd_sm90.FORWARD_MASK_TEST == "offset"
-    with pytest.raises(registry.Unavailable, match="choose one of offset, one_sided"):
-        registry.load_backend("jax.pallas_flex", {"forward_mask_test": "bounds"})
 
 
 def test_the_mosaic_kernels_test_partial_tiles_as_measured_fastest():

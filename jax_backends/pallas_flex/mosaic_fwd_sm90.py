@@ -59,13 +59,6 @@ _FAR = 1 << 30  # a diagonal offset no tile reaches: "no edge on this side"
 # measured best (mosaic_bwd_sm90; docs/pallas_flex.md, v12-v15).
 MASK_TESTS = ("bounds", "folded", "offset")
 FORWARD_MASK_TEST = "offset"
-# The forward's choices (Config.mask_test): "one_sided" (v16, to be
-# measured) tests a partial tile cut by a single slice on one side only by
-# one compare an element (tile_cut says which side, from the slice's bounds
-# alone) and every other partial tile by "offset".
-FORWARD_MASK_TESTS = ("offset", "one_sided")
-# tile_cut's answers, lax.switch's branch indices in masked_one_sided.
-TWO_SIDED, RIGHT, LEFT, WHOLE_ROWS = range(4)
 # Named barriers of the turns, one per compute warpgroup: Mosaic GPU takes
 # barrier 0 and one per warpgroup (1-3) for itself.
 _TURN_BARRIER = 4
@@ -76,14 +69,10 @@ class Config:
     """The Mosaic forward's settings."""
 
     stages: int = 2  # shared-memory slots of the K/V ring
-    mask_test: str = FORWARD_MASK_TEST  # FORWARD_MASK_TESTS
 
     def __post_init__(self):
         if self.stages < 2:
             raise ValueError(f"stages={self.stages}: the K/V ring needs 2 or more")
-        if self.mask_test not in FORWARD_MASK_TESTS:
-            raise ValueError(f"mask_test={self.mask_test!r}: choose one of "
-                             f"{', '.join(FORWARD_MASK_TESTS)}")
 
 
 def problem(block_q: int, block_k: int, dtype, head_dim: int) -> str | None:
@@ -196,7 +185,7 @@ def forward(q, k, v, geometry: Geometry, tables, config: Config = Config(),
                     plgpu.barrier_arrive(k_consumed.at[slot])
                     if j is not None:
                         s = masked(s, first, ids, slices, lo[qi, j], hi[qi, j], row0,
-                                   kb * block_k, test=config.mask_test)
+                                   kb * block_k, test=FORWARD_MASK_TEST)
                     m_next = jnp.maximum(m, s.max(axis=1) * qk_scale)
                     # Rows that have seen nothing yet only meet partial tiles.
                     m_safe = m_next if j is None else jnp.where(m_next == -jnp.inf, 0.0, m_next)
@@ -398,11 +387,8 @@ def masked(s, first, ids, slices, lo, hi, row0, col0, transposed: bool = False,
     before the tile's matmul so its latency hides under it. Each slice
     gives every row one column range [start, stop), computed on the rows
     (a thread holds few); `test` (MASK_TESTS) is how an element is tested
-    against it, "one_sided" a whole tile at a time where it can
-    (masked_one_sided). transposed: the tile's rows are keys and its
-    columns queries (dK/dV)."""
-    if test == "one_sided":
-        return masked_one_sided(s, first, ids, slices, lo, hi, row0, col0, transposed)
+    against it. transposed: the tile's rows are keys and its columns
+    queries (dK/dV)."""
     rows = plgpu.broadcasted_iota(jnp.int32, s.shape[:1], 0, layout=plgpu.Layout.WGMMA.reduce(1))
     r = rows + row0
     columns = plgpu.broadcasted_iota(jnp.int32, s.shape, 1, layout=plgpu.Layout.WGMMA)
@@ -425,80 +411,17 @@ def masked(s, first, ids, slices, lo, hi, row0, col0, transposed: bool = False,
     return lax.fori_loop(lo + 1, hi, lambda t, m: add(slice_bounds(ids, slices, t), m), scores)
 
 
-def masked_one_sided(s, first, ids, slices, lo, hi, row0, col0, transposed: bool = False):
-    """masked's "one_sided" test: a tile of a single slice that cuts it on
-    one side only (tile_cut) is tested by one compare an element against
-    that side's per-row bound, a tile each of whose rows sees all of it or
-    none by a select on the row; any other by "offset"."""
-    rows, width = s.shape
-    kind = jnp.where(hi == lo + 1, tile_cut(first, row0, rows, col0, width, transposed),
-                     TWO_SIDED)
-    r = plgpu.broadcasted_iota(jnp.int32, (rows,), 0, layout=plgpu.Layout.WGMMA.reduce(1)) + row0
-    columns = plgpu.broadcasted_iota(jnp.int32, s.shape, 1, layout=plgpu.Layout.WGMMA)
-
-    def per_row(x):
-        return lax.broadcast_in_dim(x, s.shape, [0])
-
-    def two_sided():
-        return masked(s, first, ids, slices, lo, hi, row0, col0, transposed, test="offset")
-
-    def right():
-        return jnp.where(columns < per_row(cut_rows(first, r, col0, width, transposed)[2]),
-                         s, -jnp.inf)
-
-    def left():
-        return jnp.where(columns >= per_row(cut_rows(first, r, col0, width, transposed)[1]),
-                         s, -jnp.inf)
-
-    def whole_rows():
-        return jnp.where(per_row(cut_rows(first, r, col0, width, transposed)[0]), s, -jnp.inf)
-
-    return lax.switch(kind, [two_sided, right, left, whole_rows])
-
-
-def tile_cut(bounds, row0, rows, col0, width, transposed: bool = False):
-    """How one slice cuts a tile (rows row0.. row0 + rows - 1, columns col0..
-    col0 + width - 1), from its bounds alone: RIGHT when every row of the
-    tile that sees some of it sees it from col0 or before (so c < stop
-    alone tests it), LEFT when every such row sees it to the tile's last
-    column (c >= start alone), WHOLE_ROWS when both, else TWO_SIDED. A
-    row's start and stop never fall as the row rises (row_range), so the
-    tile's first and last rows of the slice decide; where such a row sees
-    nothing the answer may be TWO_SIDED needlessly, never wrongly."""
-    row_lo, row_hi, col_lo, col_hi, first_col, last_col = _oriented(bounds, transposed)
-    first_row = jnp.maximum(row0, row_lo)
-    last_row = jnp.minimum(row0 + rows, row_hi) - 1
-    right = jnp.maximum(last_row + first_col, col_lo) <= col0
-    left = jnp.minimum(first_row + last_col + 1, col_hi) >= col0 + width
-    return jnp.where(right, jnp.where(left, WHOLE_ROWS, RIGHT), jnp.where(left, LEFT, TWO_SIDED))
-
-
-def cut_rows(bounds, r, col0, width, transposed: bool = False):
-    """Per row r of a tile (a vector of rows): whether it sees any of one
-    slice, the tile column it sees from (width where none) and the one it
-    sees to, exclusive (0 where none)."""
-    start, stop = row_range(bounds, r, transposed)
-    sees = stop > start
-    return sees, jnp.where(sees, start - col0, width), jnp.where(sees, stop - col0, 0)
-
-
 def row_range(bounds, r, transposed: bool = False):
     """The columns [start, stop) that row r (a vector of rows) of a tile sees
     of one slice (slice_bounds); stop == start where it sees none of them."""
-    row_lo, row_hi, col_lo, col_hi, first_col, last_col = _oriented(bounds, transposed)
+    q0, q1, k0, k1, lower, upper = bounds
+    if transposed:  # key row r sees queries r - upper <= c <= r - lower
+        row_lo, row_hi, col_lo, col_hi, first_col, last_col = k0, k1, q0, q1, -upper, -lower
+    else:  # query row r sees keys r + lower <= c <= r + upper
+        row_lo, row_hi, col_lo, col_hi, first_col, last_col = q0, q1, k0, k1, lower, upper
     start = jnp.maximum(r + first_col, col_lo)
     stop = jnp.where((r >= row_lo) & (r < row_hi), jnp.minimum(r + last_col + 1, col_hi), start)
     return start, stop
-
-
-def _oriented(bounds, transposed: bool):
-    """A slice's bounds as a tile's rows and columns see them: (row_lo,
-    row_hi, col_lo, col_hi, first_col, last_col), row r seeing columns
-    r + first_col <= c <= r + last_col within them."""
-    q0, q1, k0, k1, lower, upper = bounds
-    if transposed:  # key row r sees queries r - upper <= c <= r - lower
-        return k0, k1, q0, q1, -upper, -lower
-    return q0, q1, k0, k1, lower, upper  # query row r sees keys r + lower <= c <= r + upper
 
 
 def in_range(c, start, stop, per_row=lambda x: x):
