@@ -646,8 +646,8 @@ def test_changed_names_the_parts_whose_standing_rows_predate_a_change(tmp_path):
     """'changed' (--parts, --measure_again): the parts whose standing rows
     (the newest of each measurement, not the .before- files) were measured
     before a later change to their kernel, each with those rows' backends;
-    a part a call at this commit set to be measured again, until done, with
-    the backends chosen then."""
+    a part a call set to be measured again, until done, with the backends
+    chosen then."""
     from lcab.experiments import changed_parts
     from tests.test_report_rows import row, write
 
@@ -670,10 +670,11 @@ def test_changed_names_the_parts_whose_standing_rows_predate_a_change(tmp_path):
     state = {"parts": {"going": {"status": "stopped", "measured_again_at": "c1",
                                  "measured_again_backends": ["jax.xla"]},
                        "new": {"status": "done", "measured_again_at": "c1"}}}
-    assert changed_parts.changed(tmp_path, parts, state, "c1") == {
+    assert changed_parts.changed(tmp_path, parts, state) == {
         "old": ["jax.pallas_flex"], "cp": ["jax.cp_ring"], "going": ["jax.xla"]}
-    # At another commit the part left going is not this call's to resume.
-    assert "going" not in changed_parts.changed(tmp_path, parts, state, "c2")
+    # Left going at any commit, it resumes: its rows since are of newer code.
+    state["parts"]["going"]["measured_again_at"] = "c0"
+    assert changed_parts.changed(tmp_path, parts, state)["going"] == ["jax.xla"]
     assert changed_parts.predating(tmp_path / "cp") == {"jax.cp_ring": 1}
     assert changed_parts.describe(tmp_path / "old") == (
         "rows measured before a later change: jax.pallas_flex 1")
@@ -698,6 +699,59 @@ def test_each_changed_part_moves_only_its_own_backends_rows_aside(tmp_path):
     assert [state.part(name)["measured_again_backends"] for name in ("one", "two", "three")
             ] == [["jax.xla"], ["jax.cp_ring"], []]
     assert runner.measure_again(state, tmp_path, parts, "c", "10", chosen) == []
+
+
+def test_a_part_to_measure_again_is_set_aside_only_when_it_starts(tmp_path):
+    """A part the budget never reaches keeps its rows and its record as they
+    stood (the tables lose nothing, its done stays done), and the call says
+    some remain; a part set at an earlier commit and not finished resumes
+    at this one instead of starting over."""
+    rows = "".join(json.dumps({"backend": name}) + "\n" for name in ("numpy.a", "numpy.b"))
+    for name in ("one", "two"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "kernel_numpy.jsonl").write_text(rows)
+    done = {"status": "done", "runs": [], "finished_runs": [0], "extra": []}
+    (tmp_path / runner.STATE_NAME).write_text(json.dumps(
+        {"sweep": "blog", "calls": [], "parts": {"one": dict(done), "two": dict(done)}}))
+    parts = [_needing("one", "numpy"), _needing("two", "numpy")]
+    assert runner.run_sweep("blog", tmp_path, parts, "c", [], 0, gpus=[], again=["one", "two"],
+                            again_backends=["numpy.b"]) == 3
+    for name in ("one", "two"):
+        assert sorted(p.name for p in (tmp_path / name).iterdir()) == ["kernel_numpy.jsonl"]
+        assert (tmp_path / name / "kernel_numpy.jsonl").read_text() == rows
+    state = json.loads((tmp_path / runner.STATE_NAME).read_text())
+    assert state["parts"] == {"one": done, "two": done}
+    assert "measured_again" not in state["calls"][-1]
+    # Set at an earlier commit and stopped: resumes; done at an earlier one: set again.
+    going = {"status": "stopped", "measured_again_at": "old",
+             "measured_again_backends": ["numpy.b"]}
+    assert runner.already_set_again(going, "new", ["numpy.b"])
+    assert not runner.already_set_again(going, "new", ["numpy.a"])
+    assert not runner.already_set_again({**going, "status": "done"}, "new", ["numpy.b"])
+    assert runner.already_set_again({**going, "status": "done"}, "old", ["numpy.b"])
+
+
+class _NeedsAbsentPackage:
+    requires = ("lcab_no_such_package",)
+
+
+def test_measuring_some_backends_again_needs_only_their_packages(monkeypatch):
+    """A part measured again for some backends, its other rows standing,
+    needs only the GPU-only packages those backends require (what the
+    device must carry); a backend that cannot load here asks for all."""
+    from lcab import registry
+
+    monkeypatch.setitem(registry._plugins, "numpy.needs_absent",
+                        registry.Entry(f"{__name__}:_NeedsAbsentPackage"))
+    kernels = dataclasses.replace(_needing("k", "numpy"),
+                                  gpu_needs=("lcab_no_such_package", "lcab_nor_this_one"))
+    both = ["lcab_no_such_package", "lcab_nor_this_one"]
+    assert runner.missing_packages(kernels, on_gpu=True) == both
+    assert runner.missing_packages(kernels, on_gpu=False, backends=["numpy.needs_absent"]) == []
+    assert runner.missing_packages(kernels, True, ["numpy.needs_absent"]) == [
+        "lcab_no_such_package"]
+    assert runner.missing_packages(kernels, True, ["jax.xla"]) == []  # requires nothing more
+    assert runner.missing_packages(kernels, True, ["numpy.not_registered"]) == both
 
 
 def test_changed_parts_are_listed_from_a_run_with_their_rows_counted(tmp_path):

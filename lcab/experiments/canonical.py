@@ -28,6 +28,7 @@ import dataclasses
 import datetime
 import importlib
 import json
+import math
 import os
 import pathlib
 import shlex
@@ -74,9 +75,10 @@ EXTRA = flags.DEFINE_string(
 RETRY = flags.DEFINE_bool("retry", False, "Rerun parts that failed.", flag_values=FLAGS)
 MEASURE_AGAIN = flags.DEFINE_list(
     "measure_again", [], "Measure these parts again from the start (after a change to the "
-    "code they time): each part's rows files are renamed <name>.before-<UTC time>.jsonl, "
-    "which the tables still read (the newest row of each measurement stands), and its "
-    "record starts over. Once per commit: the same command again resumes them. "
+    "code they time): as each part starts, its rows files are renamed <name>.before-<UTC "
+    "time>.jsonl, which the tables still read (the newest row of each measurement stands), "
+    "and its record starts over; a part the budget never reaches is left as it stands. "
+    "The same command again resumes them until they are done. "
     "'changed' names every part whose standing rows were measured before a later change "
     "to their kernel (the tables' †), each with only those rows' backends moved aside.",
     flag_values=FLAGS)
@@ -351,11 +353,9 @@ def measure_again(state: State, folder: pathlib.Path, parts: Sequence[defined.Pa
     backends) is left to resume. The names of the parts set now."""
     again = []
     for part in parts:
-        own = backends.get(part.name, ()) if isinstance(backends, Mapping) else backends
-        chosen, mark = set(own), sorted(own)
+        chosen = set(mark := _backends_of(backends, part.name))
         record = state.part(part.name)
-        if (record.get("measured_again_at") == commit
-                and record.get("measured_again_backends", []) == mark):
+        if already_set_again(record, commit, mark):
             continue
         for path in sorted((folder / part.folder).glob("*.jsonl")):
             if ".before-" in path.name:
@@ -369,6 +369,21 @@ def measure_again(state: State, folder: pathlib.Path, parts: Sequence[defined.Pa
                       measured_again_backends=mark)
         again.append(part.name)
     return again
+
+
+def already_set_again(record: Mapping, commit: str, backends: Sequence[str]) -> bool:
+    """Whether a part's record says it was set to be measured again (for
+    these backends) at this commit, or at any commit and not yet done: its
+    rows measured since are of the code at hand, so it resumes."""
+    return (bool(record.get("measured_again_at"))
+            and record.get("measured_again_backends", []) == sorted(backends)
+            and (record["measured_again_at"] == commit or record.get("status") != DONE))
+
+
+def _backends_of(backends: Sequence[str] | Mapping[str, Sequence[str]], name: str) -> list[str]:
+    """The backends part `name` measures again (the same for every part, or
+    a part name -> backends); [] for all of them."""
+    return sorted(backends.get(name, ()) if isinstance(backends, Mapping) else backends)
 
 
 def set_aside_rows(path: pathlib.Path, aside: pathlib.Path, backends: set[str]) -> None:
@@ -408,18 +423,23 @@ def run_sweep(sweep: str, folder: pathlib.Path, parts: list[defined.Part], commi
             "versions": machine.versions(), "extra": extra, "budget_s": budget_s,
             "parallel": parallel}
     stamp = "".join(ch for ch in start if ch.isdigit())  # 20261128201533
-    measured_again = measure_again(state, folder, [p for p in parts if p.name in again],
-                                   commit, stamp, again_backends)
-    if measured_again:
-        call["measured_again"] = measured_again
-        if isinstance(again_backends, Mapping):
-            call["measured_again_backends"] = {
-                name: sorted(again_backends[name]) for name in measured_again
-                if again_backends.get(name)}
-        elif again_backends:
-            call["measured_again_backends"] = sorted(again_backends)
     state.data["calls"].append(call)
     state.save()
+
+    def set_again(part: defined.Part) -> None:
+        """Set `part` to be measured again as it starts, not before: a part
+        the budget never reaches keeps its rows and its record as they were."""
+        if part.name not in again or not measure_again(state, folder, [part], commit, stamp,
+                                                       again_backends):
+            return
+        call.setdefault("measured_again", []).append(part.name)
+        if own := _backends_of(again_backends, part.name):
+            if isinstance(again_backends, Mapping):
+                call.setdefault("measured_again_backends", {})[part.name] = own
+            else:
+                call["measured_again_backends"] = own
+        state.save()
+
     deadline = None if budget_s is None else time.monotonic() + budget_s
     queue, waiting = [], []
     for part in parts:
@@ -432,6 +452,17 @@ def run_sweep(sweep: str, folder: pathlib.Path, parts: list[defined.Part], commi
         # with these: it runs again (--resume keeps its rows).
         record = state.data["parts"].get(part.name, {})
         same = record.get("extra", []) == extra
+        only = _backends_of(again_backends, part.name) if part.name in again else []
+        if part.name in again and not already_set_again(record, commit, only):
+            # To be measured again when it starts: done or not, it runs.
+            if missing := missing_packages(part, bool(found), only):
+                print(f"== {part.name}: measuring {', '.join(only) or 'it'} again needs "
+                      f"{', '.join(missing)}, which cannot be imported here; skipped",
+                      flush=True)
+                waiting.append(part)
+            else:
+                queue.append(part)
+            continue
         if same and record.get("status") == FAILED and not retry:
             continue
         if same and record.get("status") == DONE:
@@ -446,7 +477,7 @@ def run_sweep(sweep: str, folder: pathlib.Path, parts: list[defined.Part], commi
                   "when they ran; it runs again (--resume retries those rows)", flush=True)
             record.update(status=None, finished_runs=[])
             state.save()
-        elif missing := missing_packages(part, bool(found)):
+        elif missing := missing_packages(part, bool(found), only):
             # Run without them, its rows would say UNAVAILABLE: measurements
             # lost to how the machine was set up, not to the backends.
             print(f"== {part.name}: needs {', '.join(missing)}, which cannot be imported "
@@ -465,6 +496,11 @@ def run_sweep(sweep: str, folder: pathlib.Path, parts: list[defined.Part], commi
                 if ids is None:
                     break  # the next part waits for GPUs: parts start in order
                 part = queue.pop(0)
+                if part.name in again and _seconds_left(deadline) < min_run_s:
+                    lanes.give_back(ids)  # too little time: it stays as it stands
+                    stopped = True
+                    continue
+                set_again(part)
                 record = state.part(part.name)
                 if record.get("extra", []) != extra:
                     record.update(status=None, finished_runs=[], extra=extra)
@@ -505,7 +541,9 @@ def run_sweep(sweep: str, folder: pathlib.Path, parts: list[defined.Part], commi
                 if part not in waiting]
     if FAILED in statuses:
         return 1
-    return 0 if all(status == DONE for status in statuses) and not waiting else 3
+    # A part left in the queue (the budget ran out) may be one done before
+    # that was to be measured again.
+    return 0 if all(status == DONE for status in statuses) and not waiting and not queue else 3
 
 
 class _Lanes:
@@ -540,17 +578,35 @@ class _Lanes:
         return self._cores.get(ids[0], []) if self.parallel and len(ids) == 1 else []
 
 
-def missing_packages(part: defined.Part, on_gpu: bool = False) -> list[str]:
+def missing_packages(part: defined.Part, on_gpu: bool = False,
+                     backends: Sequence[str] = ()) -> list[str]:
     """The packages the part needs (Part.needs, and Part.gpu_needs where
     there is a GPU) that cannot be imported here: missing, or broken (the
-    backend's own import would fail alike, as tokamax's without xprof)."""
+    backend's own import would fail alike, as tokamax's without xprof).
+    With `backends` (the part measured again for them alone, its other
+    rows standing), only the GPU-only packages those backends require."""
+    needed = part.packages(on_gpu)
+    if backends and (wanted := _required_by(backends)) is not None:
+        needed = tuple(name for name in needed if name in part.needs or name in wanted)
     missing = []
-    for name in part.packages(on_gpu):
+    for name in needed:
         try:
             importlib.import_module(name)
         except Exception:  # noqa: BLE001 - any failure to import is a missing package
             missing.append(name)
     return missing
+
+
+def _required_by(backends: Sequence[str]) -> set[str] | None:
+    """The modules these backends require (Backend.requires); None where one
+    of them cannot even be loaded here (then the part needs everything)."""
+    wanted: set[str] = set()
+    for name in backends:
+        try:
+            wanted.update(registry.all_backends()[name].load().requires)
+        except Exception:  # noqa: BLE001 - a backend module that cannot load here
+            return None
+    return wanted
 
 
 def packages_its_rows_missed(folder: pathlib.Path, part: defined.Part,
@@ -566,6 +622,12 @@ def packages_its_rows_missed(folder: pathlib.Path, part: defined.Part,
     reasons = [row.get("reason") or "" for row in rows if row.get("status") == "UNAVAILABLE"]
     return [name for name in part.packages(on_gpu)
             if any(f"cannot import {name}:" in reason for reason in reasons)]
+
+
+def _seconds_left(deadline: float | None) -> float:
+    """Seconds a run may still take (math.inf without a budget), the stop's
+    grace kept inside the budget."""
+    return math.inf if deadline is None else deadline - time.monotonic() - STOP_GRACE_S
 
 
 class _Running:
@@ -588,9 +650,8 @@ class _Running:
             record["status"] = DONE
             state.save()
             return DONE
-        # Keep the stop's grace inside the budget.
-        seconds = None if deadline is None else deadline - time.monotonic() - STOP_GRACE_S
-        if seconds is not None and seconds < min_run_s:
+        seconds = _seconds_left(deadline)
+        if seconds < min_run_s:
             record["status"] = STOPPED
             state.save()
             return STOPPED
@@ -607,7 +668,7 @@ class _Running:
         record["runs"].append(self.entry)
         record["status"] = STOPPED  # until it ends
         state.save()
-        self.processes = Processes(launch, None if seconds is None
+        self.processes = Processes(launch, None if deadline is None
                                    else time.monotonic() + seconds, self.cores)
         return RUNNING
 
@@ -667,8 +728,7 @@ def main(argv: list[str]) -> int:
         if wants_changed and not OUT.value:
             raise app.UsageError("'changed' reads a run's rows: give --out (the run's folder)")
         folder = pathlib.Path(OUT.value) if OUT.value else pathlib.Path("OUT")
-        changed = (changed_parts.changed(folder, defined.parts(sweep),
-                                         State(folder, sweep).data, COMMIT.value or "")
+        changed = (changed_parts.changed(folder, defined.parts(sweep), State(folder, sweep).data)
                    if wants_changed else {})
         for part in chosen_parts(sweep, list(changed)):
             print(f"{part.name}  ({part.gpus} GPU{'s' if part.gpus > 1 else ''}): {part.what}")
@@ -689,8 +749,7 @@ def main(argv: list[str]) -> int:
     again_backends: Sequence[str] | Mapping[str, Sequence[str]] = MEASURE_AGAIN_BACKENDS.value
     changed: dict[str, list[str]] = {}
     if wants_changed:
-        changed = changed_parts.changed(folder, defined.parts(sweep), State(folder, sweep).data,
-                                        commit)
+        changed = changed_parts.changed(folder, defined.parts(sweep), State(folder, sweep).data)
         print(f"== changed: {', '.join(changed) or 'no part'} (rows measured before a later "
               "change to their kernel)", flush=True)
         # A part also named outright moves every backend's rows, as named parts do.

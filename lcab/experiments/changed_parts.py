@@ -24,17 +24,17 @@ def predating(part_folder: pathlib.Path) -> Counter:
     return Counter(row["backend"] for row in rows if registry.changes_since(row))
 
 
-def changed(folder: pathlib.Path, parts: Iterable[defined.Part], state: Mapping,
-            commit: str) -> dict[str, list[str]]:
+def changed(folder: pathlib.Path, parts: Iterable[defined.Part],
+            state: Mapping) -> dict[str, list[str]]:
     """Part name -> the backends to measure again in it, in the sweep's
     order: the parts with rows that predate a change (their backends), and
-    the parts a call at `commit` already set to be measured again and not
-    yet done (the backends it chose then, so that call's work resumes
-    instead of starting over)."""
+    the parts a call already set to be measured again and not yet done (the
+    backends it chose then, so that call's work resumes instead of starting
+    over; its rows since are of code no older than the change)."""
     chosen = {}
     for part in parts:
         record = state.get("parts", {}).get(part.name, {})
-        if record.get("measured_again_at") == commit and record.get("status") != canonical.DONE:
+        if record.get("measured_again_at") and record.get("status") != canonical.DONE:
             chosen[part.name] = list(record.get("measured_again_backends", []))
             continue
         backends = predating(folder / part.folder)
