@@ -453,19 +453,11 @@ def run_sweep(sweep: str, folder: pathlib.Path, parts: list[defined.Part], commi
         record = state.data["parts"].get(part.name, {})
         same = record.get("extra", []) == extra
         only = _backends_of(again_backends, part.name) if part.name in again else []
-        if part.name in again and not already_set_again(record, commit, only):
-            # To be measured again when it starts: done or not, it runs.
-            if missing := missing_packages(part, bool(found), only):
-                print(f"== {part.name}: measuring {', '.join(only) or 'it'} again needs "
-                      f"{', '.join(missing)}, which cannot be imported here; skipped",
-                      flush=True)
-                waiting.append(part)
-            else:
-                queue.append(part)
+        # A part to be measured again (set aside as it starts) runs, done or not.
+        kept = part.name not in again or already_set_again(record, commit, only)
+        if kept and same and record.get("status") == FAILED and not retry:
             continue
-        if same and record.get("status") == FAILED and not retry:
-            continue
-        if same and record.get("status") == DONE:
+        if kept and same and record.get("status") == DONE:
             missed = packages_its_rows_missed(folder, part, bool(found))
             if not missed:
                 continue
