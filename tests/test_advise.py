@@ -105,13 +105,20 @@ def test_a_measured_kernel_point_and_kernels_not_modelled_across_families():
 
 
 def test_the_model_is_not_ranked_where_its_nearest_point_is_off():
-    frame = recommend(Question("causal_document", 64 * 1024, gpus=8, framework="torch",
+    # Which strategy the model misses by more than the limit moves with the
+    # committed rows; the rule does not: off lines are listed, not ranked.
+    frame = recommend(Question("full_document", 64 * 1024, gpus=8, framework="torch",
                                device="H200"))
-    ulysses = _line(frame, "torch.cp_ulysses")
-    worst = max(abs(float(part.split(" % ")[0].split()[-1]))
-                for part in ulysses["model_error"].split("; "))
-    assert worst > MAX_MODEL_ERROR_PCT
-    assert not ulysses["ranked"] and "not ranked: the model is off" in ulysses["note"]
+    off = frame["note"].astype(str).str.contains("not ranked: the model is off")
+    assert off.sum() >= 1
+    for is_off, (_, line) in zip(off, frame.iterrows()):
+        if not line["model_error"]:
+            continue
+        worst = max(abs(float(part.split(" % ")[0].split()[-1]))
+                    for part in line["model_error"].split("; "))
+        # Rounded to whole percent for display: the limit itself may print on either side.
+        assert (worst >= MAX_MODEL_ERROR_PCT) if is_off else (worst <= MAX_MODEL_ERROR_PCT)
+        assert line["ranked"] != is_off
 
 
 @pytest.mark.slow

@@ -134,7 +134,7 @@ def write_run_md(folder: pathlib.Path, state: dict, parts=()) -> pathlib.Path:
     parts = list({part.name: part for part in [*defined.parts(sweep), *parts]}.values())
     lines = [f"# {sweep}: {canonical.SWEEPS[sweep]}", "",
              "Written by `python -m lcab.experiments.canonical` after each run; the raw record "
-             f"is `{folder.name}/parts.json`. Rerun (resuming what is missing):", "",
+             "is `parts.json` beside this file. Rerun (resuming what is missing):", "",
              f"    python -m lcab.experiments.canonical {sweep} --out=OUT", "", "## Calls", ""]
     machine_before = None
     for number, call in enumerate(state["calls"], 1):
