@@ -221,6 +221,7 @@ class Settings:
     golden_dir: str | None = None  # save or compare outputs and gradients (orbax)
     profile_dir: str | None = None  # one profiled call per case, after timing (traces)
     full_check: bool = True  # lcab.fullcheck before timing (off: quicker, rows unchecked)
+    reference_cache: str | None = None  # the check's references shared between processes
 
     def options_for(self, backend: str) -> dict[str, str]:
         return {key: value for name, key, value in self.backend_options if name == backend}
@@ -609,7 +610,8 @@ class Runner:
             start = time.perf_counter()
             try:
                 errors = runtime.full_check(fn, backend.layout, check,
-                                            backward="bwd" in attempt)
+                                            backward="bwd" in attempt,
+                                            cache_dir=self.settings.reference_cache)
             except Exception as exc:  # noqa: BLE001 - becomes the rows' status
                 runtime.cleanup()
                 failure = failure or exc

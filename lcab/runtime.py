@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import inspect
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -146,14 +147,16 @@ class Runtime(abc.ABC):
         This default copies them to the host; runtimes reduce on the device."""
         return all(bool(np.isfinite(self.to_numpy(x)).all()) for x in _as_sequence(arrays))
 
-    def full_check(self, fn: Callable, layout: str, check, backward: bool) -> dict[str, float]:
+    def full_check(self, fn: Callable, layout: str, check, backward: bool,
+                   cache_dir: str | None = None) -> dict[str, float]:
         """lcab.fullcheck: run fn (in `layout`) forward, and backward when
         asked, on the check's inputs at the full workload, and return the
         normalised max error of "out" (and "dq", "dk", "dv") against the
         framework's own reference (`full_reference`): the worse of the
         check's selection and, for out and dq, its sampled rows; inf for a
         tensor with a non-finite value anywhere. The reference of both tiers
-        is kept for the next backend on the same workload."""
+        is kept for the next backend on the same workload, and with
+        `cache_dir` for other processes too (lcab.reference_cache)."""
         reference = self.full_reference()
         inputs = self._check_inputs(check)
         got = self._check_outputs(fn, layout, inputs, backward)
@@ -163,7 +166,7 @@ class Runtime(abc.ABC):
                    if check.sampled_chunks else [])
         del got  # the full outputs go before the reference runs
         want_selected, want_sampled = self._kept_full_reference(reference, check, inputs,
-                                                                backward)
+                                                                backward, cache_dir)
         errors = {name: reference.normalised_error(g, t)
                   for name, g, t in zip(_TENSORS, selected, want_selected)}
         for name, g, t in zip(_TENSORS, sampled, want_sampled):
@@ -189,14 +192,20 @@ class Runtime(abc.ABC):
                else (self.forward(fn, *given[:3]),))
         return [self.swap_seq_heads(x) if layout == "bhsd" else x for x in got]
 
-    def _kept_full_reference(self, reference, check, inputs, backward: bool):
+    def _kept_full_reference(self, reference, check, inputs, backward: bool,
+                             cache_dir: str | None = None):
         """The reference's results on the selection and on the sampled rows,
-        computed once per (check.key, backward) and kept for the next backend."""
+        computed once per (check.key, backward) and kept for the next backend
+        (and, with `cache_dir`, read from or written to the disk cache)."""
         key = (check.key, backward)
         kept = getattr(self, "_kept_reference", None)
         if kept is not None and kept[0] == key:
             return kept[1]
         self._kept_reference = None  # free the last one first
+        if cache_dir:
+            found = self._cached_full_reference(reference, check, inputs, backward, cache_dir)
+            self._kept_reference = (key, found)
+            return found
         q, k, v, dout = inputs
         picked = [reference.pick(x, check.selection, kv)
                   for x, kv in zip(inputs, (False, True, True, False))]
@@ -211,6 +220,30 @@ class Runtime(abc.ABC):
                 check.sampled_slices, check.sample_rows, backward, chunks=check.sampled_chunks)
         self._kept_reference = (key, (on_selection, on_sampled_rows))
         return on_selection, on_sampled_rows
+
+    def _cached_full_reference(self, reference, check, inputs, backward: bool,
+                               cache_dir: str):
+        """_kept_full_reference through lcab.reference_cache: the entry's
+        arrays put back on the device, or computed and written."""
+        from lcab import fullcheck, reference_cache
+
+        device = self.device()
+        # The code the values come from: the reference, the inputs' generator
+        # (this runtime's module, _check_inputs here) and the check's plan.
+        files = [inspect.getfile(reference), inspect.getfile(type(self)), __file__,
+                 fullcheck.__file__]
+        name = reference_cache.entry_name(
+            (check.key, backward, self.framework, device.name, device.platform,
+             sorted(self.versions().items())), files)
+        stored = reference_cache.load(cache_dir, name)
+        if stored is not None:
+            return tuple(tuple(self.from_numpy(a, "float32") for a in arrays)
+                         for arrays in stored)
+        self._kept_reference = None
+        found = self._kept_full_reference(reference, check, inputs, backward)
+        reference_cache.save(cache_dir, name, *([self.to_numpy(a) for a in arrays]
+                                                for arrays in found))
+        return found
 
     def full_reference(self):
         """The module of this framework's full-size reference (jax_backends/

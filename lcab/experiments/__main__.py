@@ -109,7 +109,8 @@ def _settings(run_id: str, record: dict, **overrides) -> Settings:
         flags=json.dumps({"argv": " ".join(sys.argv[1:]), **record}),
         git_commit=_git_commit(), plugin_modules=tuple(cli.BACKEND_MODULES.value),
         isolate_timeout_s=cli.ISOLATE_TIMEOUT.value, golden_dir=cli.GOLDEN_DIR.value,
-        profile_dir=cli.PROFILE_DIR.value, full_check=cli.FULL_CHECK.value, **overrides)
+        profile_dir=cli.PROFILE_DIR.value, full_check=cli.FULL_CHECK.value,
+        reference_cache=cli.REFERENCE_CACHE.value, **overrides)
 
 
 def _attention_job(framework: str, backends: list[str], run_id: str) -> launch.Job:
@@ -172,9 +173,10 @@ def _run(jobs: list[launch.Job], run_id: str) -> bool:
 
 
 def _writable_folders() -> None:
-    """--out, --golden_dir and --profile_dir: folders this run can write, or
-    a usage error naming the flag, the value and why, before anything runs."""
-    for flag in (cli.OUT, cli.GOLDEN_DIR, cli.PROFILE_DIR):
+    """--out, --golden_dir, --profile_dir and --reference_cache: folders this
+    run can write, or a usage error naming the flag, the value and why,
+    before anything runs."""
+    for flag in (cli.OUT, cli.GOLDEN_DIR, cli.PROFILE_DIR, cli.REFERENCE_CACHE):
         if flag.value is None and flag is not cli.OUT:
             continue
         problem = launch.unwritable(flag.value)

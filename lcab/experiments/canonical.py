@@ -41,7 +41,7 @@ from collections.abc import Mapping, Sequence
 
 from absl import app, flags
 
-from lcab import canonical, processes, registry
+from lcab import canonical, processes, reference_cache, registry
 from lcab.experiments import canonical_parts as defined
 from lcab.experiments import changed_parts, machine
 from lcab.spans import spans_text
@@ -131,8 +131,10 @@ def launch_of(run: defined.Run, folder: pathlib.Path, commit: str, extra: list[s
     torchrun per rendezvous node, each process on its share of `gpu_ids`
     (CUDA_VISIBLE_DEVICES names). Without GPUs, each JAX process gets its
     share of host devices instead."""
+    # The parts share the full-size check's references through the cache:
+    # a workload's reference is computed by the first part that checks it.
     cli = [*run.flags, *extra, f"--out={folder}", "--resume", f"--git_commit={commit}",
-           "--noprogress", "--nosummary"]
+           "--noprogress", "--nosummary", f"--reference_cache={reference_cache.DEFAULT_DIR}"]
     module = [sys.executable, "-m", "lcab.experiments"]
     if run.launcher == defined.PLAIN:
         return Launch([(module + cli, {"CUDA_VISIBLE_DEVICES": ",".join(gpu_ids)}

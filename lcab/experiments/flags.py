@@ -87,6 +87,11 @@ FULL_CHECK = flags.DEFINE_bool(
     "Before timing each case, check its output and gradients at the timed size against a "
     "float32 reference (lcab.fullcheck; columns check_*). --nofull_check is quicker; tables "
     "mark its figures unchecked.")
+REFERENCE_CACHE = flags.DEFINE_string(
+    "reference_cache", None,
+    "Keep the full-size check's float32 references in this folder, so that another process "
+    "checking the same workload (the canonical sweeps' parts) reads them instead of computing "
+    "them again (lcab.reference_cache); rows are the same with or without it.")
 JAX_COORDINATOR = flags.DEFINE_string(
     "jax_coordinator", None, "Multi-process JAX: the coordinator's host:port (process 0's).")
 JAX_NUM_PROCESSES = flags.DEFINE_integer(
