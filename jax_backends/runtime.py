@@ -65,6 +65,10 @@ class JaxRuntime(Runtime):
         # drops them). {key: (executable, compile seconds, the function)}.
         self._executables: dict = {}
 
+    @property
+    def reference_is_local(self) -> bool:
+        return not distributed.multi_process()  # a global computation across processes
+
     def device(self) -> DeviceInfo:
         first = jax.devices()[0]
         return DeviceInfo(

@@ -99,6 +99,14 @@ class Runtime(abc.ABC):
         rows of one without say so in their notes and carry no check columns."""
         return type(self).full_reference is not Runtime.full_reference
 
+    @property
+    def reference_is_local(self) -> bool:
+        """Whether each process computes the full-size reference alone. Where
+        it is one computation over several processes (JAX across
+        processes), a process that read it from the disk cache while another
+        computed it would leave that one waiting: the cache is not used."""
+        return True
+
     @abc.abstractmethod
     def device(self) -> DeviceInfo: ...
 
@@ -202,7 +210,7 @@ class Runtime(abc.ABC):
         if kept is not None and kept[0] == key:
             return kept[1]
         self._kept_reference = None  # free the last one first
-        if cache_dir:
+        if cache_dir and self.reference_is_local:
             found = self._cached_full_reference(reference, check, inputs, backward, cache_dir)
             self._kept_reference = (key, found)
             return found

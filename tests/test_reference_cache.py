@@ -193,3 +193,21 @@ def test_the_torch_runtime_reads_its_own_entries(tmp_path, monkeypatch):
     assert len(calls) == 1  # the selection is whole here: one call, by the first run
     # jax's entry of the same check would be another: the framework is in the name.
     assert len(list(tmp_path.glob("*.npz"))) == 1
+
+
+def test_a_reference_computed_across_processes_is_not_cached(tmp_path, monkeypatch):
+    # One process reading it while another computes it would leave the other waiting.
+    from jax_backends import distributed
+
+    runtime = _fresh_runtime()
+    assert runtime.reference_is_local
+    monkeypatch.setattr(distributed, "multi_process", lambda: True)
+    assert not runtime.reference_is_local
+    # The rest of the check runs as one process; only the cache's rule says otherwise.
+    monkeypatch.setattr(distributed, "multi_process", lambda: False)
+    monkeypatch.setattr(type(runtime), "reference_is_local", property(lambda self: False))
+    w = _workload(512)
+    backend = XlaBackend()
+    runtime.full_check(backend.build(w), backend.layout, fullcheck.plan(w), True,
+                       cache_dir=str(tmp_path))
+    assert not list(tmp_path.iterdir())
