@@ -40,7 +40,8 @@ out=$1
 shift
 export XLA_PYTHON_CLIENT_PREALLOCATE=false NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1 \
   TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-common=(--git_commit="${LCAB_COMMIT:-unknown}" --noprogress --nosummary --warmup=3 --iters=10)
+common=(--git_commit="${LCAB_COMMIT:-unknown}" --noprogress --nosummary --warmup=3 --iters=10
+        --reference_cache=/tmp/lcab-reference-cache)  # each run checks the same workloads
 
 lcab() {  # LIMIT_SECONDS DIR ARGS...: one CLI run, its output in DIR/log
   local limit=$1 dir=$2

@@ -20,7 +20,7 @@ export XLA_PYTHON_CLIENT_PREALLOCATE=false NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
 length="$((8 * cp))k"
 flags=(--flagfile=experiments/cp_jax.flags "--cp_size=$cp" "--seqlens=$length"
        --masks=causal_document,full_document "--dispatch=$dispatch" "--git_commit=$commit"
-       --noprogress --nosummary)
+       --noprogress --nosummary --reference_cache=/tmp/lcab-reference-cache)
 for stages in 1 2 3; do
   python3 -m lcab.experiments "${flags[@]}" --backends=jax.cp_groupcast \
     "--backend_options=jax.cp_groupcast:stages=$stages,jax.cp_groupcast:transfer=$transfer" \

@@ -22,7 +22,7 @@ source "$(dirname "$0")/pack.sh"
 run() {  # name, then lcab.experiments flags
   run_packed "$out" "$1" python3 -m lcab.experiments --flagfile=experiments/cp_jax.flags \
     "--git_commit=$commit" --seqlens=32k --masks=causal_document,full_document --noprogress \
-    --nosummary --out="$out/$1" "${@:2}"
+    --nosummary --reference_cache=/tmp/lcab-reference-cache --out="$out/$1" "${@:2}"
 }
 cp4=(--cp_size=4 --backends=jax.cp_groupcast)
 CUDA_VISIBLE_DEVICES=0 run kernel --suite=kernel --backends=jax.pallas_flex
