@@ -5,7 +5,8 @@ keeps it in memory for the next backend of the same process. A canonical
 sweep runs one process per part, and its CP parts at 32k tokens per GPU time
 one strategy each, so every part recomputed the same reference at 128k
 tokens: the check took 73-98 s of a part's 95-150 s on an H200 (check_s,
-2026-11-29), nearly all of it the reference, for the same numbers each time. With a cache folder (`--reference_cache`), the first
+2026-11-29), most of it the reference (the compiles are the rest), for the same
+numbers each time. With a cache folder (`--reference_cache`), the first
 process to need a reference writes it and the others read it.
 
 An entry is named by a hash of everything its values depend on (the check's
