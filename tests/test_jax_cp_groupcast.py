@@ -228,3 +228,49 @@ def test_padding_indexes_one_past_the_ranks_chunks(transfer):
     assert (table[padded] == chunks).all()
     np.testing.assert_array_equal(table[~padded], sends[~padded])
     assert (table[~padded] < chunks).all()
+
+
+def test_the_gathers_transpose_sums_each_chunks_slots_as_a_scatter_would():
+    """gather_chunks' backward (return_table's gathers, added in float32)
+    against JAX's own transpose of the same gather (a scatter-add), on a
+    send table where chunks go to one, two and three slots and slots pad."""
+    from jax_backends.cp.groupcast import gather_chunks, return_table
+
+    chunks = 5
+    sends = np.array([[0, 3, 0, 5, 2, 0, 3, 5]], np.int32)  # 5: past the end (padding)
+    returns = return_table(sends, chunks)
+    assert returns.shape == (1, chunks, 3)
+    np.testing.assert_array_equal(returns[0, 0], [0, 2, 5])
+    np.testing.assert_array_equal(returns[0, 1], [8, 8, 8])  # never sent: zeros
+    np.testing.assert_array_equal(returns[0, 3], [1, 6, 8])
+    x = jax.random.normal(jax.random.key(0), (2, chunks, 4, 3, 8), jax.numpy.float32)
+    weights = jax.random.normal(jax.random.key(1), (2, 8, 4, 3, 8), jax.numpy.float32)
+
+    def loss(gather):
+        return lambda x: (gather(x) * weights).sum()
+
+    ours = jax.grad(loss(lambda x: gather_chunks(x, sends[0], returns[0])))(x)
+    theirs = jax.grad(loss(lambda x: jax.numpy.take(x, sends[0], axis=1, mode="fill",
+                                                    fill_value=0)))(x)
+    np.testing.assert_allclose(ours, theirs, rtol=1e-6, atol=1e-6)
+    np.testing.assert_array_equal(gather_chunks(x, sends[0], returns[0]),
+                                  jax.numpy.take(x, sends[0], axis=1, mode="fill",
+                                                 fill_value=0))
+
+
+@pytest.mark.parametrize("stages", [1, 2])
+def test_the_gathered_transpose_matches_the_reference(stages):
+    """transpose=gather on the tabled kernel, forward and backward, where
+    chunks go to several ranks (cp 4, documents) and with the staged calls."""
+    for mask_name in ("causal_document", "full_document", "causal"):
+        how = check("jax.cp_groupcast", mask_name, 4, "balanced", seqlen=128, heads=(4, 2),
+                    transpose="gather", stages=stages)
+        assert "inner jax.pallas_flex" in how
+    # And with a dense inner kernel (one branch per rank).
+    check("jax.cp_groupcast", "causal_document", 4, "balanced", seqlen=128, heads=(4, 2),
+          transpose="gather", inner="jax.xla")
+
+
+def test_an_unknown_transpose_is_refused_with_the_choices():
+    with pytest.raises(registry.Unavailable, match="scatter, gather"):
+        registry.load_backend("jax.cp_groupcast", {"transpose": "atomic"})

@@ -22,8 +22,10 @@ ring kernel (out and lse).
 Options: `chunk`, the transfer granule (default: the largest power of two
 up to 512 tokens that tiles the dispatch); `transfer` (TRANSFERS), one
 all_to_all or one ppermute per ring shift; `stages` (default 1: one call
-after the transfer). `--dispatch=groupcast` picks the ranks' tokens so
-that areas are even and few chunks move.
+after the transfer); `transpose` (TRANSPOSES), how the backward sums a
+chunk's returned dK/dV: JAX's scatter-add (default) or fixed-table
+gathers. `--dispatch=groupcast` picks the ranks' tokens so that areas are
+even and few chunks move.
 """
 
 from __future__ import annotations
@@ -55,6 +57,10 @@ def cast_of(mask: AttnMask, dispatch, chunk: int | None) -> GroupCast:
 # to the largest bucket of its own shift (fewer padded bytes where only
 # near ranks see much of each other, as on documents; cp - 1 collectives).
 TRANSFERS = ("all_to_all", "shifts")
+# How the backward returns each received chunk's dK/dV to its chunk: JAX's
+# transpose of the send gather (a scatter-add), or gather_chunks' fixed
+# table (one gather per copy a chunk was sent, no scatter).
+TRANSPOSES = ("scatter", "gather")
 # A bucket's empty slots: Layout.sends marks them PADDING; the backend
 # indexes them past the rank's chunks (send_table), so they carry zeros and
 # the backward's scatter drops them. No query sees them.
@@ -219,11 +225,11 @@ class GroupCastBackend(RankSubMasks, base.ContextParallelBackend):
                    "the own keys' kernel runs while they travel; the backward returns partial "
                    "dK/dV to their owners")
     options = {**base.ContextParallelBackend.options, "chunk": int, "transfer": str,
-               "stages": int}
+               "stages": int, "transpose": str}
 
     def __init__(self, cp_size: int = 2, dispatch: str = "zigzag",
                  inner: str = base.DEFAULT_INNER, inner_options=None, chunk: int | None = None,
-                 transfer: str = "all_to_all", stages: int = 1):
+                 transfer: str = "all_to_all", stages: int = 1, transpose: str = "scatter"):
         super().__init__(cp_size, dispatch, inner, inner_options)
         if chunk is not None and chunk < 1:
             raise ValueError(f"chunk={chunk} must be a positive number of tokens")
@@ -232,7 +238,10 @@ class GroupCastBackend(RankSubMasks, base.ContextParallelBackend):
         if stages < 1:
             raise ValueError(f"stages={stages} must be 1 (one kernel call after the transfer) "
                              "or more (the own keys first, the received keys in stages - 1 calls)")
+        if transpose not in TRANSPOSES:
+            raise ValueError(f"transpose={transpose!r} is not one of {', '.join(TRANSPOSES)}")
         self.chunk, self.transfer, self.stages = chunk, transfer, stages
+        self.transpose = transpose
 
     def cast(self, workload, dispatch) -> GroupCast:
         return cast_of(workload.mask, dispatch, self.chunk)
@@ -287,6 +296,13 @@ class GroupCastBackend(RankSubMasks, base.ContextParallelBackend):
         past_the_end = dispatch.tokens_per_rank // self.cast(workload, dispatch).chunk
         return np.where(sends == PADDING, past_the_end, sends).astype(np.int32)
 
+    def routes(self, workload, dispatch) -> tuple[np.ndarray, np.ndarray]:
+        """(send_table, return_table): what each rank's slots carry, and for
+        each of its chunks the slots that carried it (return_table)."""
+        sends = self.send_table(workload, dispatch)
+        chunks = dispatch.tokens_per_rank // self.cast(workload, dispatch).chunk
+        return sends, return_table(sends, chunks)
+
     def sent_chunks(self, cast: GroupCast) -> int:
         """Chunks the transfer moves, padding included."""
         return cast.padded_chunks() if self.transfer == "all_to_all" else cast.shifted_chunks()
@@ -303,15 +319,18 @@ class GroupCastBackend(RankSubMasks, base.ContextParallelBackend):
         cast = self.cast(workload, dispatch)
         plan_ = self.transfer_layout(workload, dispatch)
         cp, chunk = cast.cp, cast.chunk
-        send_table = self.send_table(workload, dispatch)
+        # The scatter's program takes the send table alone, as before the option.
+        send_table = (self.routes(workload, dispatch) if self.transpose == "gather"
+                      else (self.send_table(workload, dispatch),))
 
-        def pieces(x, sends):
+        def pieces(x, routes):
             """Each hop's received piece of x on this rank, in hop order."""
             batch, tokens, heads, dim = x.shape
             chunks = x.reshape(batch, tokens // chunk, chunk, heads, dim)
-            # Padded slots index past the end: filled with zeros here, dropped
-            # by the transpose's scatter-add.
-            picked = jnp.take(chunks, sends, axis=1, mode="fill", fill_value=0)
+            if self.transpose == "gather":
+                picked = gather_chunks(chunks, *routes)
+            else:  # padded slots index past the end: zeros, dropped by the scatter-add
+                picked = jnp.take(chunks, routes[0], axis=1, mode="fill", fill_value=0)
             out, at = [], 0
             for hop in plan_.hops:
                 piece = picked[:, at:at + hop.size]
@@ -324,9 +343,9 @@ class GroupCastBackend(RankSubMasks, base.ContextParallelBackend):
                 out.append(piece.reshape(batch, hop.size * chunk, heads, dim))
             return out
 
-        def call_keys(x, sends):
+        def call_keys(x, routes):
             """The keys (or values) of each kernel call on this rank."""
-            received = pieces(x, sends)
+            received = pieces(x, routes)
             if plan_.stages == 1:
                 return (jnp.concatenate([x, *received], axis=1),)
             return (x,) + tuple(
@@ -339,9 +358,9 @@ class GroupCastBackend(RankSubMasks, base.ContextParallelBackend):
             kernels = tuple(kernel for kernel, _ in bound)
 
             def per_rank_staged(q, k, v, both):
-                call_tables, sends = both
-                sends = base.own(sends)
-                return _staged(kernels, q, call_keys(k, sends), call_keys(v, sends),
+                call_tables, routes = both
+                routes = base.own(routes)
+                return _staged(kernels, q, call_keys(k, routes), call_keys(v, routes),
                                base.own(call_tables))
 
             return base.with_tables(per_rank_staged, self.mesh(),
@@ -352,9 +371,9 @@ class GroupCastBackend(RankSubMasks, base.ContextParallelBackend):
             attend = by_rank(self.inner_backend,
                              [w for _, w in self.sub_workloads(workload, dispatch)], base.AXIS)
 
-            def per_rank(q, k, v, sends):
-                sends = base.own(sends)
-                (k,), (v,) = call_keys(k, sends), call_keys(v, sends)
+            def per_rank(q, k, v, routes):
+                routes = base.own(routes)
+                (k,), (v,) = call_keys(k, routes), call_keys(v, routes)
                 return attend(q, k, v)
 
             return base.with_tables(per_rank, self.mesh(), send_table)
@@ -362,13 +381,57 @@ class GroupCastBackend(RankSubMasks, base.ContextParallelBackend):
         kernel, tables = kernel.bind(calls[0], workload)
 
         def per_rank_tabled(q, k, v, both):
-            kernel_tables, sends = both
-            sends = base.own(sends)
-            (k,), (v,) = call_keys(k, sends), call_keys(v, sends)
+            kernel_tables, routes = both
+            routes = base.own(routes)
+            (k,), (v,) = call_keys(k, routes), call_keys(v, routes)
             out, _ = kernel.attend(q, k, v, base.own(kernel_tables))
             return out
 
         return base.with_tables(per_rank_tabled, self.mesh(), (tables, send_table))
+
+
+def return_table(sends: np.ndarray, chunks: int) -> np.ndarray:
+    """(cp, chunks, most) int32: for each rank's chunk, the slots of its
+    send table that carry it, padded with one past the last slot (read as
+    zeros). `most` is the most slots any chunk fills (a chunk goes to every
+    rank that sees it)."""
+    cp, slots = sends.shape
+    carried = [[[] for _ in range(chunks)] for _ in range(cp)]
+    for rank, slot in zip(*np.nonzero(sends < chunks)):
+        carried[rank][sends[rank, slot]].append(slot)
+    most = max([1] + [len(c) for rank in carried for c in rank])
+    table = np.full((cp, chunks, most), slots, np.int32)
+    for rank, by_chunk in enumerate(carried):
+        for chunk, found in enumerate(by_chunk):
+            table[rank, chunk, :len(found)] = found
+    return table
+
+
+@jax.custom_vjp
+def gather_chunks(chunks, sends, returns):
+    """The send buckets' slots (axis 1) from a rank's chunks; a slot past the
+    end carries zeros. Its transpose sums each chunk's slots by `returns`
+    (return_table) in `most` gathers, where JAX's own transpose of the gather
+    scatter-adds them (a chunk sent to several ranks adds in one place)."""
+    return jnp.take(chunks, sends, axis=1, mode="fill", fill_value=0)
+
+
+def _gather_chunks_fwd(chunks, sends, returns):
+    return gather_chunks(chunks, sends, returns), (sends, returns)
+
+
+def _gather_chunks_bwd(residuals, slots):
+    sends, returns = residuals
+    total = jnp.take(slots, returns[:, 0], axis=1, mode="fill", fill_value=0)
+    if returns.shape[-1] > 1:  # a chunk several ranks received: its parts added in float32
+        total = total.astype(jnp.float32)
+        for j in range(1, returns.shape[-1]):
+            total += jnp.take(slots, returns[:, j], axis=1, mode="fill", fill_value=0)
+        total = total.astype(slots.dtype)
+    return total, *base.no_gradients((sends, returns))
+
+
+gather_chunks.defvjp(_gather_chunks_fwd, _gather_chunks_bwd)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
