@@ -212,8 +212,13 @@ class Runtime(abc.ABC):
         self._kept_reference = None  # free the last one first
         if cache_dir and self.reference_is_local:
             found = self._cached_full_reference(reference, check, inputs, backward, cache_dir)
-            self._kept_reference = (key, found)
-            return found
+        else:
+            found = self._computed_full_reference(reference, check, inputs, backward)
+        self._kept_reference = (key, found)
+        return found
+
+    def _computed_full_reference(self, reference, check, inputs, backward: bool):
+        """(on the selection, on the sampled rows): the reference run now."""
         q, k, v, dout = inputs
         picked = [reference.pick(x, check.selection, kv)
                   for x, kv in zip(inputs, (False, True, True, False))]
@@ -226,12 +231,11 @@ class Runtime(abc.ABC):
             on_sampled_rows = reference.attention(
                 reference.pick_rows(q, rows), k, v, reference.pick_rows(dout, rows),
                 check.sampled_slices, check.sample_rows, backward, chunks=check.sampled_chunks)
-        self._kept_reference = (key, (on_selection, on_sampled_rows))
         return on_selection, on_sampled_rows
 
     def _cached_full_reference(self, reference, check, inputs, backward: bool,
                                cache_dir: str):
-        """_kept_full_reference through lcab.reference_cache: the entry's
+        """_computed_full_reference through lcab.reference_cache: the entry's
         arrays put back on the device, or computed and written."""
         from lcab import fullcheck, reference_cache
 
@@ -247,8 +251,7 @@ class Runtime(abc.ABC):
         if stored is not None:
             return tuple(tuple(self.from_numpy(a, "float32") for a in arrays)
                          for arrays in stored)
-        self._kept_reference = None
-        found = self._kept_full_reference(reference, check, inputs, backward)
+        found = self._computed_full_reference(reference, check, inputs, backward)
         reference_cache.save(cache_dir, name, *([self.to_numpy(a) for a in arrays]
                                                 for arrays in found))
         return found
