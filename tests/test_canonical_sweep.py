@@ -731,6 +731,31 @@ def test_a_part_to_measure_again_is_set_aside_only_when_it_starts(tmp_path):
     assert runner.already_set_again({**going, "status": "done"}, "old", ["numpy.b"])
 
 
+def test_a_part_left_going_starts_over_when_its_new_rows_predate_a_change(tmp_path):
+    """A part set to be measured again at an older commit and stopped
+    resumes, unless rows it measured since were made before a later change
+    to their kernel: then they are set aside too and it starts over (it
+    resumed with stale rows once, measuring only the cases left)."""
+    from tests.test_report_rows import row, write
+
+    before, after = "2026-11-27T10:00:00+00:00", "2099-01-01T00:00:00+00:00"
+    write(tmp_path / "stale", [row("jax.pallas_flex", direction="bwd", timestamp=before)])
+    write(tmp_path / "fresh", [row("jax.pallas_flex", direction="bwd", timestamp=after)])
+    going = {"status": "stopped", "measured_again_at": "old",
+             "measured_again_backends": ["jax.pallas_flex"], "runs": [], "finished_runs": []}
+    (tmp_path / runner.STATE_NAME).write_text(json.dumps(
+        {"sweep": "cp", "calls": [], "parts": {"stale": dict(going), "fresh": dict(going)}}))
+    state = runner.State(tmp_path, "cp")
+    assert runner.measure_again(state, tmp_path, [part("stale"), part("fresh")], "new", "7",
+                                ["jax.pallas_flex"]) == ["stale"]
+    assert (tmp_path / "stale" / "kernel_test.before-7.jsonl").exists()
+    assert not (tmp_path / "fresh" / "kernel_test.before-7.jsonl").exists()
+    assert state.part("stale")["measured_again_at"] == "new"
+    assert state.part("fresh")["measured_again_at"] == "old"
+    assert not runner.already_set_again(going, "new", ["jax.pallas_flex"], stale=True)
+    assert runner.already_set_again(going, "old", ["jax.pallas_flex"], stale=True)
+
+
 class _NeedsAbsentPackage:
     requires = ("lcab_no_such_package",)
 

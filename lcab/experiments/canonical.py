@@ -352,12 +352,15 @@ def measure_again(state: State, folder: pathlib.Path, parts: Sequence[defined.Pa
     with `backends` (the same for every part, or a part name -> backends),
     only those backends' rows move (set_aside_rows), so --resume measures
     only them again. A part already set so at this commit (for the same
-    backends) is left to resume. The names of the parts set now."""
+    backends) is left to resume, unless rows it measured since predate a
+    later change to their kernel. The names of the parts set now."""
     again = []
     for part in parts:
         chosen = set(mark := _backends_of(backends, part.name))
         record = state.part(part.name)
-        if already_set_again(record, commit, mark):
+        stale = changed_parts.predating(folder / part.folder)
+        if already_set_again(record, commit, mark,
+                             stale=any(not chosen or name in chosen for name in stale)):
             continue
         for path in sorted((folder / part.folder).glob("*.jsonl")):
             if ".before-" in path.name:
@@ -373,13 +376,18 @@ def measure_again(state: State, folder: pathlib.Path, parts: Sequence[defined.Pa
     return again
 
 
-def already_set_again(record: Mapping, commit: str, backends: Sequence[str]) -> bool:
+def already_set_again(record: Mapping, commit: str, backends: Sequence[str], *,
+                      stale: bool = False) -> bool:
     """Whether a part's record says it was set to be measured again (for
     these backends) at this commit, or at any commit and not yet done: its
-    rows measured since are of the code at hand, so it resumes."""
+    rows measured since are of the code at hand, so it resumes. `stale`:
+    some of those rows predate a later change to their kernel (set at an
+    older commit, stopped, and the kernel changed before this call), so it
+    starts over instead."""
     return (bool(record.get("measured_again_at"))
             and record.get("measured_again_backends", []) == sorted(backends)
-            and (record["measured_again_at"] == commit or record.get("status") != DONE))
+            and (record["measured_again_at"] == commit
+                 or (record.get("status") != DONE and not stale)))
 
 
 def _backends_of(backends: Sequence[str] | Mapping[str, Sequence[str]], name: str) -> list[str]:

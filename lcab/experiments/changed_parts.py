@@ -30,7 +30,8 @@ def changed(folder: pathlib.Path, parts: Iterable[defined.Part],
     order: the parts with rows that predate a change (their backends), and
     the parts a call already set to be measured again and not yet done (the
     backends it chose then, so that call's work resumes instead of starting
-    over; its rows since are of code no older than the change)."""
+    over, or starts over where rows it measured since predate a change:
+    canonical.measure_again)."""
     chosen = {}
     for part in parts:
         record = state.get("parts", {}).get(part.name, {})
