@@ -130,6 +130,8 @@ def test_a_preset_flagfile_reads_like_absl(tmp_path):
         ("--backend_options=jax.pallas_flex", "is not BACKEND:KEY=VALUE"),
         ("--backend_options=jax.cp_ring:dispatch=spiral", "is not one of contiguous, zigzag"),
         ("--backend_options=torch.cp_ulysses:inner=torch.magic", "choose one of torch.sdpa_math"),
+        ("--backend_options=jax.cp_ring:dispatch_chunks=8",
+         "for the mask-aware dispatches only (balanced, ring_balanced"),
         ("--dispatch=spiral", "dispatch 'spiral' is not one of contiguous, zigzag"),
         ("--dispatch=zigzag,balanced", "--dispatch takes one dispatch here"),
     ],

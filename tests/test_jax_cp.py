@@ -41,6 +41,27 @@ def check(name, mask_name, cp, dispatch, seqlen=64, heads=(4, 4), **options):
     return support.how
 
 
+@pytest.mark.parametrize("name", STRATEGIES)
+def test_dispatch_chunks_deal_finer_chunks_and_still_match(name):
+    """dispatch_chunks=N: the mask-aware dispatch deals N chunks a rank
+    (default_chunk's size for that count), the notes say so, and the
+    strategy still matches the reference; refused on a fixed layout."""
+    from lcab.cp import cached_dispatch, default_chunk, make_dispatch
+
+    how = check(name, "causal_document", 2, "balanced", seqlen=128, dispatch_chunks="8")
+    assert "dispatch=balanced" in how
+    mask = small_mask("causal_document", 128)
+    assert cached_dispatch("balanced", mask, 2, 8) == make_dispatch(
+        "balanced", mask, 2, chunk=default_chunk(128, 2, 8))
+    backend = registry.load_backend(name, {"cp_size": "2", "dispatch": "balanced",
+                                           "dispatch_chunks": "8"})
+    workload = Workload(1, 128, 128, 4, 4, 16, "float32", mask)
+    assert "dispatch_chunks=8; imbalance=" in backend.case_notes(workload)
+    with pytest.raises(registry.Unavailable, match="mask-aware dispatches only"):
+        registry.load_backend(name, {"cp_size": "2", "dispatch": "zigzag",
+                                     "dispatch_chunks": "8"})
+
+
 @pytest.mark.parametrize("dispatch", DISPATCHES)
 @pytest.mark.parametrize("name", STRATEGIES)
 def test_every_strategy_and_dispatch_matches_the_reference(name, dispatch):

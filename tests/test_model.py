@@ -147,6 +147,30 @@ def test_a_uniform_mask_under_contiguous_dispatch_is_balanced(cp):
         assert found.imbalance_s == pytest.approx(0.0, abs=1e-12)
 
 
+@pytest.mark.parametrize("strategy", ["ring", "allgather", "groupcast", "usp"])
+def test_the_dispatchs_chunks_per_rank_reach_the_prediction(strategy):
+    """predict(..., dispatch_chunks=N) models the dispatch at N chunks a
+    rank, as a row with dispatch_chunks=N in its notes ran it."""
+    from lcab.cp import cached_dispatch
+    from lcab.model.validation import dispatch_chunks_of
+
+    mask = make_mask("causal_document", 4 * 8192, seed=3)
+    usp = {"ulysses_size": 2} if strategy == "usp" else {}  # a ring of two ranks
+    default = predict(strategy, mask, 4, SHAPE, CURVE, Network(), dispatch="balanced", **usp)
+    finer = predict(strategy, mask, 4, SHAPE, CURVE, Network(), dispatch="balanced",
+                    dispatch_chunks=16, **usp)
+    assert not default.problem and not finer.problem
+    if strategy == "allgather":  # the slowest rank's area, at the curve's rate
+        ratio = imbalance(mask, cached_dispatch("balanced", mask, 4, 16)) / imbalance(
+            mask, make_dispatch("balanced", mask, 4))
+        assert finer.compute_s + finer.imbalance_s == pytest.approx(
+            (default.compute_s + default.imbalance_s) * ratio, rel=1e-6)
+    assert finer.seconds != default.seconds
+    assert dispatch_chunks_of("groupcast; dispatch=balanced; dispatch_chunks=16; "
+                              "imbalance=1.001") == 16
+    assert dispatch_chunks_of("ring; dispatch=balanced; imbalance=1.028") is None
+
+
 @given(strategy=st.sampled_from(STRATEGIES), name=st.sampled_from(["full", "causal_document"]),
        cp=st.sampled_from([2, 4, 8, 16, 32]), factor=st.floats(1.0, 100.0),
        direction=st.sampled_from(["fwd", "bwd"]))

@@ -66,12 +66,17 @@ def test_every_family_at_cp4_balanced(tmp_path):
 
 
 def test_the_ring_balanced_dispatch_runs_the_ring_and_the_all_gather(tmp_path):
+    """And the all-gather with dispatch_chunks=8 (eight chunks a rank, not
+    ring_balanced's sixteen), checked the same way."""
     rows = run_cp(tmp_path, "--masks=causal_document", "--heads=4:2",
                   "--backends=torch.cp_ring_flex,torch.cp_allgather",
-                  "--dispatch=ring_balanced", *MATH_INNER)
+                  "--dispatch=ring_balanced", *MATH_INNER,
+                  "--backend_options=torch.cp_allgather:dispatch_chunks=8")
     assert_checked(rows)
     assert len(rows) == 4
     assert all("dispatch=ring_balanced; inner " in row["notes"] for row in rows)
+    assert {("dispatch_chunks=8;" in row["notes"], row["backend"]) for row in rows} == {
+        (False, "torch.cp_ring_flex"), (True, "torch.cp_allgather")}
 
 
 def test_contiguous_dispatch_and_what_cannot_run(tmp_path):

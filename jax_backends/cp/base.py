@@ -108,7 +108,7 @@ class ContextParallelBackend(Strategy, Backend):
     suite = "cp"
     strategy: ClassVar[str] = ""
     requires = ("jax",)
-    options = {"cp_size": int, "dispatch": str, "inner": str}
+    options = {"cp_size": int, "dispatch": str, "dispatch_chunks": int, "inner": str}
 
     @classmethod
     def parse_options(cls, raw: Mapping[str, str]) -> dict[str, Any]:
@@ -127,8 +127,9 @@ class ContextParallelBackend(Strategy, Backend):
         return parsed
 
     def __init__(self, cp_size: int = 2, dispatch: str = "zigzag",
-                 inner: str = DEFAULT_INNER, inner_options: Mapping[str, Any] | None = None):
-        self.set_layout(cp_size, dispatch)
+                 inner: str = DEFAULT_INNER, inner_options: Mapping[str, Any] | None = None,
+                 dispatch_chunks: int | None = None):
+        self.set_layout(cp_size, dispatch, dispatch_chunks)
         self.inner_name = inner
         self.inner_options = dict(inner_options or {})
         inner_class = _inner_class(inner)

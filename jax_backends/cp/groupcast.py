@@ -229,8 +229,9 @@ class GroupCastBackend(RankSubMasks, base.ContextParallelBackend):
 
     def __init__(self, cp_size: int = 2, dispatch: str = "zigzag",
                  inner: str = base.DEFAULT_INNER, inner_options=None, chunk: int | None = None,
-                 transfer: str = "all_to_all", stages: int = 1, transpose: str = "scatter"):
-        super().__init__(cp_size, dispatch, inner, inner_options)
+                 transfer: str = "all_to_all", stages: int = 1, transpose: str = "scatter",
+                 dispatch_chunks: int | None = None):
+        super().__init__(cp_size, dispatch, inner, inner_options, dispatch_chunks)
         if chunk is not None and chunk < 1:
             raise ValueError(f"chunk={chunk} must be a positive number of tokens")
         if transfer not in TRANSFERS:

@@ -40,7 +40,7 @@ class UlyssesBackend(base.ContextParallelBackend):
     def strategy_problem(self, workload):
         return ulysses_heads_problem(workload, self.cp_size, "cp_size", repeat_kv=True)
 
-    def imbalance(self, workload, dispatch) -> float:
+    def imbalance(self, workload, dispatch, *, by_tiles: bool = False) -> float:
         return 1.0  # every rank attends the whole sequence for its share of the heads
 
     def in_dispatch_order(self) -> bool:

@@ -27,6 +27,8 @@ from lcab.masks.schedule import EMPTY
 
 DISPATCH_NAMES = ("contiguous", "zigzag", "balanced", "ring_balanced", "tile_balanced",
                   "groupcast", "groupcast_tiles")
+# The dispatches that deal equal chunks by the mask (a chunk size to choose).
+MASK_AWARE = DISPATCH_NAMES[2:]
 # tile_balanced's unit of work: the square tile a block-sparse flash kernel
 # computes whole or skips (pallas_flex's forward, FA3).
 TILE = 128
@@ -397,11 +399,23 @@ def rank_areas(mask: AttnMask, dispatch: Dispatch) -> np.ndarray:
 
 
 @functools.lru_cache(maxsize=16)
-def cached_dispatch(name: str, mask: AttnMask, cp: int) -> Dispatch:
+def cached_dispatch(name: str, mask: AttnMask, cp: int,
+                    chunks_per_rank: int | None = None) -> Dispatch:
     """make_dispatch, remembered: a CP backend's supports(), notes and build
     of one case all ask, as does the model for every strategy and direction,
-    and the balanced dispatches score every chunk (ring_balanced searches)."""
-    return make_dispatch(name, mask, cp)
+    and the balanced dispatches score every chunk (ring_balanced searches).
+    chunks_per_rank: the mask-aware dispatches deal chunks of
+    default_chunk(seqlen, cp, chunks_per_rank) tokens instead of their own
+    default (None)."""
+    if chunks_per_rank is None:
+        return make_dispatch(name, mask, cp)
+    if name not in MASK_AWARE:
+        raise ValueError(f"dispatch_chunks applies to the mask-aware dispatches "
+                         f"({', '.join(MASK_AWARE)}), not {name!r}")
+    if chunks_per_rank < 1:
+        raise ValueError(f"dispatch_chunks={chunks_per_rank} must be at least 1")
+    return make_dispatch(name, mask, cp,
+                         chunk=default_chunk(square_seqlen(mask, name), cp, chunks_per_rank))
 
 
 def imbalance(mask: AttnMask, dispatch: Dispatch) -> float:
@@ -409,6 +423,30 @@ def imbalance(mask: AttnMask, dispatch: Dispatch) -> float:
     areas = rank_areas(mask, dispatch)
     total = int(areas.sum())
     return 1.0 if total == 0 else float(areas.max() * dispatch.cp / total)
+
+
+def rank_tiles(mask: AttnMask, dispatch: Dispatch) -> np.ndarray:
+    """(cp,) the tiles each rank's query rows touch over every key: TILE x
+    TILE, or gcd(TILE, every range boundary) square where the ranges cut
+    tiles. What a block-sparse kernel computes (each touched tile whole),
+    so what a rank's kernel time follows where areas are even but document
+    edges cut many tiles; a rank's keys keep their tile boundaries under
+    every strategy here, so these are its tiles on the rank too."""
+    _check_fits(mask, dispatch)
+    starts, stops = dispatch.flat_ranges()
+    tile = math.gcd(TILE, *(int(edge) for edge in (*starts, *stops)))
+    before = np.concatenate([[0], np.cumsum(chunk_tiles(mask, tile))])
+    out = np.zeros(dispatch.cp, dtype=np.int64)
+    np.add.at(out, dispatch.owners(), before[np.asarray(stops) // tile]
+              - before[np.asarray(starts) // tile])
+    return out
+
+
+def tile_imbalance(mask: AttnMask, dispatch: Dispatch) -> float:
+    """Largest rank's tiles (rank_tiles) over the mean: 1.0 is perfect."""
+    tiles = rank_tiles(mask, dispatch)
+    total = int(tiles.sum())
+    return 1.0 if total == 0 else float(tiles.max() * dispatch.cp / total)
 
 
 def pair_areas(mask: AttnMask, dispatch: Dispatch) -> np.ndarray:

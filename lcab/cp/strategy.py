@@ -8,7 +8,13 @@ torch_backends/cp/base.py); the framework says how many ranks it has.
 
 from __future__ import annotations
 
-from lcab.cp.dispatch import DISPATCH_NAMES, cached_dispatch, imbalance
+from lcab.cp.dispatch import (
+    DISPATCH_NAMES,
+    MASK_AWARE,
+    cached_dispatch,
+    imbalance,
+    tile_imbalance,
+)
 from lcab.workloads import Workload
 
 
@@ -17,11 +23,18 @@ class Strategy:
 
     cp_size: int
     dispatch_name: str
+    dispatch_chunks: int | None = None
 
-    def set_layout(self, cp_size: int, dispatch: str) -> None:
+    def set_layout(self, cp_size: int, dispatch: str, chunks: int | None = None) -> None:
+        """`chunks`: chunks per rank for a mask-aware dispatch (None: its
+        default; finer chunks even ranks' work, and change what moves)."""
         if dispatch not in DISPATCH_NAMES:
             raise ValueError(f"dispatch={dispatch!r} is not one of {', '.join(DISPATCH_NAMES)}")
-        self.cp_size, self.dispatch_name = cp_size, dispatch
+        if chunks is not None and (dispatch not in MASK_AWARE or chunks < 1):
+            raise ValueError(f"dispatch_chunks={chunks}: a count of at least 1, for the "
+                             f"mask-aware dispatches only ({', '.join(MASK_AWARE)}), not "
+                             f"{dispatch!r}")
+        self.cp_size, self.dispatch_name, self.dispatch_chunks = cp_size, dispatch, chunks
 
     def layout_problem(self, workload: Workload, ranks: int, unit: str, found: str,
                        exact: bool = False) -> str | None:
@@ -52,11 +65,17 @@ class Strategy:
 
     def dispatch(self, workload: Workload):
         """The tokens of each rank; ValueError says why this dispatch cannot be."""
-        return cached_dispatch(self.dispatch_name, workload.mask, self.dispatch_ranks)
+        return cached_dispatch(self.dispatch_name, workload.mask, self.dispatch_ranks,
+                               self.dispatch_chunks)
 
-    def imbalance(self, workload: Workload, dispatch) -> float:
-        """Max over mean of the ranks' exact attention areas."""
-        return imbalance(workload.mask, dispatch)
+    def imbalance(self, workload: Workload, dispatch, *, by_tiles: bool = False) -> float:
+        """Max over mean of the ranks' exact attention areas (by_tiles: of
+        the 128 x 128 tiles their queries touch, what a block-sparse inner
+        kernel's time follows)."""
+        return (tile_imbalance if by_tiles else imbalance)(workload.mask, dispatch)
 
     def case_notes(self, workload: Workload) -> str:
-        return f"imbalance={self.imbalance(workload, self.dispatch(workload)):.3f}"
+        dispatch = self.dispatch(workload)
+        chunks = "" if self.dispatch_chunks is None else f"dispatch_chunks={self.dispatch_chunks}; "
+        return (f"{chunks}imbalance={self.imbalance(workload, dispatch):.3f}; "
+                f"tile_imbalance={self.imbalance(workload, dispatch, by_tiles=True):.3f}")

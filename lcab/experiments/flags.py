@@ -161,9 +161,11 @@ def parse_backend_option(text: str) -> tuple[str, str, str]:
     return name, key, value
 
 
-def check_backend_options(triples) -> None:
+def check_backend_options(triples, dispatch: str | None = None) -> None:
     """Each backend's options together against its declaration, where its
-    class imports here (a strategy's inner options depend on its inner)."""
+    class imports here (a strategy's inner options depend on its inner);
+    `dispatch` (--dispatch) stands where a CP backend's options name none,
+    as the run gives it (dispatch_chunks depends on it)."""
     by_backend: dict[str, dict[str, str]] = {}
     for name, key, value in triples:
         by_backend.setdefault(name, {})[key] = value
@@ -172,6 +174,8 @@ def check_backend_options(triples) -> None:
             cls = registry.all_backends()[name].load()
         except Exception:  # noqa: BLE001 - its rows will say UNAVAILABLE; nothing to check here
             continue
+        if dispatch is not None and "dispatch" in cls.options:
+            raw = {"dispatch": dispatch, **raw}
         # Constructing checks the values too (a dispatch or inner kernel that
         # does not exist), so a bad option fails here, not as UNAVAILABLE rows.
         options = cls.parse_options(raw)
@@ -236,12 +240,13 @@ def _check_suite_and_framework(values):
     return True
 
 
-@flags.multi_flags_validator([BACKEND_OPTIONS.name, BACKEND_MODULES.name])
+@flags.multi_flags_validator([BACKEND_OPTIONS.name, BACKEND_MODULES.name, DISPATCH.name])
 def _check_backend_options(values):
     try:
         import_plugins(values["backend_modules"] or [])
-        check_backend_options(parse_backend_option(text)
-                              for text in option_texts(values["backend_options"]))
+        check_backend_options((parse_backend_option(text)
+                               for text in option_texts(values["backend_options"])),
+                              (values["dispatch"] or [None])[0])
     except (ImportError, ValueError) as exc:
         raise flags.ValidationError(str(exc)) from exc
     return True

@@ -159,9 +159,11 @@ def _call_merge_bytes(local: int, shape: Shape, direction: str) -> int:
 
 def _ring(mask: AttnMask, dispatch_name: str, ranks: int, heads_q: int, heads_kv: int,
           shape: Shape, curve: KernelCurve, network: Network, direction: str,
-          span: int, memory_bytes_per_s: float) -> tuple[float, float, float]:
+          span: int, memory_bytes_per_s: float,
+          dispatch_chunks: int | None = None) -> tuple[float, float, float]:
     """(total, mean compute, max compute) of a ring of `ranks` over `span` GPUs."""
-    steps = ring_step_areas(pair_areas(mask, cached_dispatch(dispatch_name, mask, ranks)))
+    steps = ring_step_areas(pair_areas(mask, cached_dispatch(dispatch_name, mask, ranks,
+                                                             dispatch_chunks)))
     local = mask.seqlen_q // ranks
     # A ring of one rank is the kernel alone: nothing to merge.
     merge = (_merge_bytes(local, heads_q, heads_kv, shape, direction) / memory_bytes_per_s
@@ -187,6 +189,7 @@ def _ring(mask: AttnMask, dispatch_name: str, ranks: int, heads_q: int, heads_kv
 def predict(strategy: str, mask: AttnMask, cp: int, shape: Shape, curve: KernelCurve,
             network: Network, *, dispatch: str = "balanced", direction: str = "fwd",
             ulysses_size: int | None = None, stages: int = 1,
+            dispatch_chunks: int | None = None,
             memory_bytes_per_s: float = HBM_H100) -> Prediction:
     if strategy not in STRATEGIES:
         raise ValueError(f"strategy {strategy!r} is not one of {', '.join(STRATEGIES)}")
@@ -213,12 +216,12 @@ def predict(strategy: str, mask: AttnMask, cp: int, shape: Shape, curve: KernelC
     if strategy == "ring":
         try:
             return done(*_ring(mask, dispatch, cp, shape.heads_q, shape.heads_kv, shape, curve,
-                               network, direction, cp, memory_bytes_per_s))
+                               network, direction, cp, memory_bytes_per_s, dispatch_chunks))
         except ValueError as exc:  # a dispatch that cannot split this length
             return refuse(str(exc))
     if strategy == "allgather":
         try:
-            areas = rank_areas(mask, cached_dispatch(dispatch, mask, cp))
+            areas = rank_areas(mask, cached_dispatch(dispatch, mask, cp, dispatch_chunks))
         except ValueError as exc:
             return refuse(str(exc))
         compute = _call_seconds(curve, shape, areas, local, seqlen, shape.heads_q, direction)
@@ -231,7 +234,7 @@ def predict(strategy: str, mask: AttnMask, cp: int, shape: Shape, curve: KernelC
         return done(*_ulysses_part(mask, cp, cp, shape, curve, network, direction, grad))
     if strategy in ("groupcast", "magi", "magi_native"):
         try:
-            split = cached_dispatch(dispatch, mask, cp)
+            split = cached_dispatch(dispatch, mask, cp, dispatch_chunks)
             cast = plan(mask, split, transfer_chunk(split))
         except ValueError as exc:
             return refuse(str(exc))
@@ -255,7 +258,8 @@ def predict(strategy: str, mask: AttnMask, cp: int, shape: Shape, curve: KernelC
     try:
         total, mean, slowest = _ring(mask, dispatch, ranks, shape.heads_q // size,
                                      shape.heads_kv // size, shape, curve, network, direction,
-                                     cp if ranks > 1 else size, memory_bytes_per_s)
+                                     cp if ranks > 1 else size, memory_bytes_per_s,
+                                     dispatch_chunks)
     except ValueError as exc:
         return refuse(str(exc))
     return done(total + a2a, mean, slowest)

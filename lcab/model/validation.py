@@ -78,6 +78,13 @@ def dispatch_of(notes: str) -> str:
     return found.group(1) if found else "contiguous"
 
 
+def dispatch_chunks_of(notes: str) -> int | None:
+    """The chunks per rank a CP row's notes name for its dispatch (None
+    where they name none: the dispatch's default)."""
+    found = re.search(r"dispatch_chunks=(\d+)", notes or "")
+    return int(found.group(1)) if found else None
+
+
 def ulysses_size_of(notes: str) -> int | None:
     """The Ulysses group a USP row's notes name (None where they name none:
     rows written before USP recorded it)."""
@@ -134,6 +141,7 @@ def predicted_vs_measured(rows, networks: Mapping[str, Network]) -> pd.DataFrame
         dispatch = dispatch_of(row.get("notes")) if cp_row else "contiguous"
         found = predict(strategy, mask_of(row), cp, shape, kernel, network,
                         dispatch=dispatch, direction=row["direction"],
+                        dispatch_chunks=dispatch_chunks_of(row.get("notes")) if cp_row else None,
                         stages=stages_of(row.get("notes")) if cp_row else 1,
                         ulysses_size=ulysses_size_of(row.get("notes")) if cp_row else None)
         if found.problem:

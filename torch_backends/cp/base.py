@@ -45,10 +45,11 @@ class TorchCpBackend(Strategy, Backend):
     layout = "bshd"
     requires: ClassVar[tuple[str, ...]] = ("torch",)
     strategy: ClassVar[str] = ""
-    options = {"cp_size": int, "dispatch": str}
+    options = {"cp_size": int, "dispatch": str, "dispatch_chunks": int}
 
-    def __init__(self, cp_size: int = 2, dispatch: str = "zigzag"):
-        self.set_layout(cp_size, dispatch)
+    def __init__(self, cp_size: int = 2, dispatch: str = "zigzag",
+                 dispatch_chunks: int | None = None):
+        self.set_layout(cp_size, dispatch, dispatch_chunks)
         # FlexAttention's GPU kernels failed to lower for 64 tokens per rank
         # (Inductor: "No choices to select", H100, cp 4): the probe gives
         # every rank at least 128.

@@ -176,12 +176,12 @@ class YunchangUspBackend(YunchangRingBackend):
     def probe_heads_kv(self, workload):
         return min(workload.heads_kv, self.ulysses_size)
 
-    def imbalance(self, workload, dispatch) -> float:
+    def imbalance(self, workload, dispatch, *, by_tiles: bool = False) -> float:
         # Work is spread by ring rank: a Ulysses group attends its tokens together.
         ring = self.cp_size // self.ulysses_size
         grouped = usp_dispatch(_LAYOUT_BY_DISPATCH[self.dispatch_name], workload.seqlen_q,
                                ring, 1)
-        return super().imbalance(workload, grouped)
+        return super().imbalance(workload, grouped, by_tiles=by_tiles)
 
 
 # ----- ring-flash-attn ------------------------------------------------------

@@ -22,7 +22,7 @@ class UlyssesBackend(InnerKernelBackend):
     def probe_heads_kv(self, workload):
         return min(workload.heads_kv, self.cp_size)  # fewer would not split
 
-    def imbalance(self, workload, dispatch) -> float:
+    def imbalance(self, workload, dispatch, *, by_tiles: bool = False) -> float:
         return 1.0  # every rank attends the whole sequence for its share of the heads
 
     def head_workload(self, workload: Workload) -> Workload:
