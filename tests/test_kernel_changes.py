@@ -119,33 +119,44 @@ def test_the_committed_h200_cp_run_is_marked_where_it_predates_the_change():
     forward = jax_marked[jax_marked["direction"] == "fwd"]
     assert set(forward["changed_since"]) == {PALLAS_FLEX_V13.commit}
     assert set(jax_marked["direction"]) == {"bwd", "fwd"}
-    assert (jax_marked["backend"] == "jax.pallas_flex").any()
-    assert (jax_marked["suite"] == "cp").any()
+    # The one-GPU parts were measured again after every change (2026-11-29).
+    assert not (jax_marked["backend"] == "jax.pallas_flex").any()
+    assert (jax_marked["suite"] == "cp").all()
     assert (marked["framework"] == "jax").all()
     text = headline.markdown({"cp": folder})
     assert legend.FLAG_CHANGED in text and f"changed at {PALLAS_FLEX_V9.commit}" in text
-    for line in text.splitlines():
-        if line.startswith("| causal_document | 64k"):
-            jax_single = line.split("|")[3]
-            assert re.search(r"\d+† / \d+† pallas_flex", jax_single), line
+    lines = [line for line in text.splitlines() if line.startswith("| causal_document | 64k")]
+    assert lines
+    for line in lines:
+        jax_single, jax_cp2 = line.split("|")[3:5]
+        assert re.search(r"\d+ / \d+ pallas_flex", jax_single) and "†" not in jax_single, line
+        assert re.search(r"\d+† \w+ / \d+† \w+", jax_cp2), line
 
 
-def test_a_ratio_to_one_gpu_marks_the_figure_that_predates_the_change():
-    """On the committed H200 run the one-GPU kernel's forward at 16k was
-    measured again after the forward's change and the cp-2 rows on causal
-    at 8k tokens per GPU were not; the cp-2 rows at 32k tokens per GPU were
-    and the one-GPU kernel at 64k was not: a ratio sets two versions side
-    by side, and its cell says which figure is the older one."""
+def test_a_ratio_to_one_gpu_marks_the_figure_that_predates_the_change(tmp_path):
+    """On the committed H200 run the one-GPU kernel was measured again after
+    every change and the cp-2 ring rows at 8k tokens per GPU were not, while
+    its forward rows at 32k tokens per GPU were: a ratio sets two versions
+    side by side, and its cell says which figure is the older one (rows
+    made up for the other way round: the one-GPU figure the older)."""
+    from tests.test_report_rows import loaded, row
+
     folder = canonical.ROOT / "results" / "2026-11-27-h200x4-cp"
     _, frame = loading.load_sweeps({"cp": folder})["cp"]
     table = tables.cp_vs_single_table(frame)
     forward = table.loc[("causal", 16384, "fwd", 2)]
     assert re.fullmatch(r"\d+† / \d+ = \d\.\d\d", forward["ring/jax.cp_ring"])
     forward = table.loc[("full", 65536, "fwd", 2)]
-    assert re.fullmatch(r"\d+ / \d+† = \d\.\d\d", forward["ring/jax.cp_ring"])
-    # Both backward figures predate the backward's latest change.
+    assert re.fullmatch(r"\d+ / \d+ = \d\.\d\d", forward["ring/jax.cp_ring"])
     backward = table.loc[("causal", 16384, "bwd", 2)]
-    assert re.fullmatch(r"\d+† / \d+† = \d\.\d\d", backward["ring/jax.cp_ring"])
+    assert re.fullmatch(r"\d+† / \d+ = \d\.\d\d", backward["ring/jax.cp_ring"])
+    before, after = "2026-11-27T10:00:00+00:00", "2099-01-01T00:00:00+00:00"
+    made_up = tables.cp_vs_single_table(loaded(tmp_path, [
+        row("jax.pallas_flex", mask="full", timestamp=before),
+        row("jax.cp_ring", mask="full", suite="cp", cp_size=2, strategy="ring",
+            inner="jax.pallas_flex", timestamp=after)]))
+    assert re.fullmatch(r"\d+ / \d+† = \d\.\d\d",
+                        made_up.loc[("full", 8192, "fwd", 2)]["ring/jax.cp_ring"])
 
 
 @pytest.mark.parametrize("direction", TIMED_DIRECTIONS)
