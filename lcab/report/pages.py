@@ -38,6 +38,7 @@ import pandas as pd
 
 from lcab import canonical, results
 from lcab.report import (
+    balance,
     changes,
     export,
     legend,
@@ -200,6 +201,16 @@ class Page:
                      f"figure marked {legend.FLAG_CHANGED} predates a change to its kernel, so "
                      "its ratio may set two versions of the kernel side by side.",
                      "", to_markdown(against))
+        spread = balance.balance_table(group)
+        if len(spread):
+            self.add("### Work balance of the dispatches", "",
+                     "The most loaded rank over the mean, for each dispatch the strategies "
+                     "above deal tokens by (Ulysses splits heads instead, USP deals over its "
+                     "ring only): area in visible pairs, tiles in the 128 x 128 tiles its "
+                     "queries touch, which a block-sparse kernel's time follows. Before any "
+                     "communication, a strategy's ratio to one GPU falls about as far under 1 "
+                     "as tiles stands over it. Recomputed from each row's mask and dispatch "
+                     "(balanced/8: dispatch_chunks=8).", "", to_markdown(spread))
 
     def module(self, group: pd.DataFrame) -> None:
         rows = group[group["suite"] == "module"]
