@@ -398,6 +398,16 @@ def rank_areas(mask: AttnMask, dispatch: Dispatch) -> np.ndarray:
     return out
 
 
+def check_chunks_per_rank(name: str, chunks_per_rank: int) -> None:
+    """ValueError unless dispatch `name` deals chunks by the mask and
+    `chunks_per_rank` (the option dispatch_chunks) is at least 1."""
+    if name not in MASK_AWARE:
+        raise ValueError(f"dispatch_chunks={chunks_per_rank} is for the mask-aware dispatches "
+                         f"only ({', '.join(MASK_AWARE)}), not {name!r}")
+    if chunks_per_rank < 1:
+        raise ValueError(f"dispatch_chunks={chunks_per_rank} must be at least 1")
+
+
 @functools.lru_cache(maxsize=16)
 def cached_dispatch(name: str, mask: AttnMask, cp: int,
                     chunks_per_rank: int | None = None) -> Dispatch:
@@ -409,11 +419,7 @@ def cached_dispatch(name: str, mask: AttnMask, cp: int,
     default (None)."""
     if chunks_per_rank is None:
         return make_dispatch(name, mask, cp)
-    if name not in MASK_AWARE:
-        raise ValueError(f"dispatch_chunks applies to the mask-aware dispatches "
-                         f"({', '.join(MASK_AWARE)}), not {name!r}")
-    if chunks_per_rank < 1:
-        raise ValueError(f"dispatch_chunks={chunks_per_rank} must be at least 1")
+    check_chunks_per_rank(name, chunks_per_rank)
     return make_dispatch(name, mask, cp,
                          chunk=default_chunk(square_seqlen(mask, name), cp, chunks_per_rank))
 

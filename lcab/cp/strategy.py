@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from lcab.cp.dispatch import (
     DISPATCH_NAMES,
-    MASK_AWARE,
     cached_dispatch,
+    check_chunks_per_rank,
     imbalance,
     tile_imbalance,
 )
@@ -30,10 +30,8 @@ class Strategy:
         default; finer chunks even ranks' work, and change what moves)."""
         if dispatch not in DISPATCH_NAMES:
             raise ValueError(f"dispatch={dispatch!r} is not one of {', '.join(DISPATCH_NAMES)}")
-        if chunks is not None and (dispatch not in MASK_AWARE or chunks < 1):
-            raise ValueError(f"dispatch_chunks={chunks}: a count of at least 1, for the "
-                             f"mask-aware dispatches only ({', '.join(MASK_AWARE)}), not "
-                             f"{dispatch!r}")
+        if chunks is not None:
+            check_chunks_per_rank(dispatch, chunks)
         self.cp_size, self.dispatch_name, self.dispatch_chunks = cp_size, dispatch, chunks
 
     def layout_problem(self, workload: Workload, ranks: int, unit: str, found: str,

@@ -40,7 +40,9 @@ def balance_table(frame: pd.DataFrame) -> pd.DataFrame:
         if key in records:
             continue
         try:
-            mask = masks.setdefault(row["workload_key"], mask_of(row))
+            if row["workload_key"] not in masks:  # one rebuild per workload
+                masks[row["workload_key"]] = mask_of(row)
+            mask = masks[row["workload_key"]]
             dispatch = cached_dispatch(name, mask, int(row["cp_size"]), chunks)
         except (ValueError, KeyError, TypeError):
             continue  # a mask or dispatch that cannot be rebuilt here: left out
