@@ -200,12 +200,12 @@ def test_evidence_reads_only_the_cards_canonical_runs():
 
 
 @pytest.mark.slow
-def test_the_readme_example_is_the_commands_output():
-    text = (ROOT / "README.md").read_text()
+def test_the_documented_example_is_the_commands_output():
+    text = (ROOT / "docs" / "advise_example.md").read_text()
     found = re.search(r"<!-- advise example: python -m lcab.advise ([^>]*) -->\n```\n(.*?)```\n",
                       text, re.DOTALL)
-    assert found, "the README's advise example block is missing"
+    assert found, "docs/advise_example.md's example block is missing"
     done = _cli(*found.group(1).split())
     assert done.returncode == 0, done.stderr
     assert done.stdout == found.group(2), (
-        "README's advise example is stale: rerun the command in its marker")
+        "docs/advise_example.md is stale: rerun the command in its marker")
