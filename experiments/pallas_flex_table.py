@@ -17,8 +17,10 @@ row at all is left empty, and a backend with no rows gets no column.
 
 A cell may have several rows across the folders (a backend retried in a
 later call after an UNAVAILABLE one): an OK row wins over any other, a
-verdict (X, MM, E) over UNAVAILABLE or ERROR, and two OK rows for one
-cell are an error, so no figure is silently chosen over another.
+verdict (X, MM, E) over UNAVAILABLE or ERROR; of two OK rows of one
+measurement taken at different times (a canonical run measured again)
+the newer stands, as in every table; any other two OK rows for one cell
+are an error, so no figure is silently chosen over another.
 """
 
 from __future__ import annotations
@@ -97,11 +99,24 @@ def cells(frame: pd.DataFrame) -> dict[tuple, pd.Series]:
                documents(row) or run_documents(row), row["direction"])
         held = chosen.get(key)
         if held is not None and held["status"] == "OK" and row["status"] == "OK":
-            raise ValueError(f"two OK rows for one cell {key}: runs {held['run_id']} "
-                             f"and {row['run_id']}")
-        if held is None or _rank(row) >= _rank(held):
+            chosen[key] = _remeasured(key, held, row)
+        elif held is None or _rank(row) >= _rank(held):
             chosen[key] = row
     return chosen
+
+
+def _remeasured(key, held: pd.Series, row: pd.Series) -> pd.Series:
+    """Of two OK rows for one cell, the newer where both are one
+    measurement (results.MEASUREMENT_KEY) taken at different times: a
+    canonical run's --measure_again keeps the rows it set aside, and the
+    newest row of a measurement is the one that stands in every table.
+    Anything else (other options, the same rows read twice) is an error."""
+    same = all(held[column] == row[column] for column in results.MEASUREMENT_KEY)
+    times = [results.parsed_time(r["timestamp"]) for r in (held, row)]
+    if not same or None in times or times[0] == times[1]:
+        raise ValueError(f"two OK rows for one cell {key}: runs {held['run_id']} "
+                         f"and {row['run_id']}")
+    return row if times[1] > times[0] else held
 
 
 class Table:

@@ -545,6 +545,19 @@ def test_the_pallas_flex_table_never_picks_between_two_measurements():
     frame = results.load([_H100_ROWS])
     with pytest.raises(ValueError, match="two OK rows for one cell"):
         script.cells(pd.concat([frame, frame]))
+    # Measured again later (a canonical run's --measure_again keeps the
+    # rows it set aside): the newer row of the measurement stands.
+    again = frame.copy()
+    again["timestamp"] = (pd.to_datetime(again["timestamp"]) + pd.Timedelta(hours=1)).map(
+        lambda stamp: stamp.isoformat())
+    again["tflops"] = again["tflops"] + 1.0
+    chosen = script.cells(pd.concat([frame, again]))
+    ok = [row for row in chosen.values() if row["status"] == "OK"]
+    assert ok and all(row["timestamp"] in set(again["timestamp"]) for row in ok)
+    # Other options for the same cell are two measurements: never picked between.
+    other = again.assign(options='{"stages": "3"}')
+    with pytest.raises(ValueError, match="two OK rows for one cell"):
+        script.cells(pd.concat([frame, other]))
     table = script.Table(frame, ("uncapped", "chatqa2_long_sft"))
     unavailable = frame[(frame["backend"] == "jax.tokamax_mosaic_heuristic")
                         & (frame["status"] == "UNAVAILABLE")]
