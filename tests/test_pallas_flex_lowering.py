@@ -57,13 +57,15 @@ def test_the_mosaic_forward_lowers_for_a_gpu_on_every_family(head_dim, dtype, bl
                    for op in ("arrive", "sync") for barrier in (4, 5)), name
 
 
-@pytest.mark.parametrize("head_dim,dtype,heads_together,parts", [
-    (128, jnp.bfloat16, False, 1), (64, jnp.float16, True, 1), (128, jnp.bfloat16, True, 2)])
+@pytest.mark.parametrize("head_dim,dtype,heads_together,parts,overlap", [
+    (128, jnp.bfloat16, False, 1, "none"), (64, jnp.float16, True, 1, "none"),
+    (128, jnp.bfloat16, True, 2, "none"), (128, jnp.bfloat16, False, 2, "both"),
+    (64, jnp.float16, True, 1, "both")])
 def test_the_mosaic_backward_lowers_for_a_gpu_on_every_family(head_dim, dtype, heads_together,
-                                                              parts):
+                                                              parts, overlap):
     """As the forward: lowered to Mosaic GPU's MLIR, both kernels, every
     family (its numbers are for a GPU to check)."""
-    config = mosaic_bwd_sm90.Config(parts=parts)
+    config = mosaic_bwd_sm90.Config(parts=parts, overlap=overlap)
     for name in MASK_NAMES:
         plan = make_plan(small_mask(name, 300), 128, 128)
         tables = jax.tree.map(jnp.asarray, plan.tables())
@@ -78,6 +80,78 @@ def test_the_mosaic_backward_lowers_for_a_gpu_on_every_family(head_dim, dtype, h
         text = jax.jit(gradients).trace(q, kv, kv, q, rows, rows, tables).lower(
             lowering_platforms=("cuda",)).as_text()
         assert "lcab_flex_dq_mosaic" in text and "lcab_flex_dkv_mosaic" in text, name
+
+
+def wgmma_sequences(monkeypatch, config) -> dict[str, str]:
+    """Each Mosaic backward kernel's wgmma traffic in program order, as
+    lowered for a GPU on the host: "m" a run of wgmma instructions, "C" a
+    commit of a group, "W<n>" a wait until at most n groups are in flight."""
+    import re
+
+    from jax._src.pallas.mosaic_gpu import lowering as mosaic_lowering
+
+    modules = []
+    lower = mosaic_lowering.lower_pipelined_jaxpr_to_module
+
+    def spy(*args, **kwargs):
+        result = lower(*args, **kwargs)
+        modules.append(result.module)
+        return result
+
+    monkeypatch.setattr(mosaic_lowering, "lower_pipelined_jaxpr_to_module", spy)
+    plan = make_plan(small_mask("causal_document", 512), 128, 128)
+    tables = jax.tree.map(jnp.asarray, plan.tables())
+    q = jax.ShapeDtypeStruct((1, plan.padded_q, 2, 128), jnp.bfloat16)
+    kv = jax.ShapeDtypeStruct((1, plan.padded_k, 1, 128), jnp.bfloat16)
+    rows = jax.ShapeDtypeStruct((1, 2, plan.padded_q), jnp.float32)
+
+    def gradients(q, k, v, dout, lse2, delta, t):
+        return mosaic_bwd_sm90.backward(q, k, v, dout, lse2, delta, plan.geometry, t,
+                                        config=config)
+
+    jax.jit(gradients).trace(q, kv, kv, q, rows, rows, tables).lower(
+        lowering_platforms=("cuda",))
+    assert len(modules) == 2  # dQ's kernel, then dK/dV's
+    sequences = {}
+    for name, module in zip(("dq", "dkv"), modules):
+        steps = []
+        for line in str(module).splitlines():
+            if "wgmma.mma_async" in line and steps[-1:] != ["m"]:
+                steps.append("m")
+            elif "wgmma.commit.group" in line:
+                steps.append("C")
+            elif "wgmma.wait.group" in line:
+                steps.append("W" + re.search(r"aligned\s+(\d+)", line).group(1))
+        sequences[name] = " ".join(steps)
+    return sequences
+
+
+def test_the_backward_overlap_issues_products_ahead_of_their_waits(monkeypatch):
+    """backward_overlap (v17): where a kernel overlaps, a strip's S and dP
+    are two groups in flight together and S is waited for alone (W1), and
+    dK/dV waits for dP^T with dV's group still running (W1 again); where
+    it does not, every product is waited for before the next is issued."""
+    serial = wgmma_sequences(monkeypatch, mosaic_bwd_sm90.Config(parts=1))
+    assert "W1" not in serial["dq"] and "W1" not in serial["dkv"]
+    assert serial["dq"].startswith("m C W0 m C W0 m C W0")  # S; dP; dQ += dS K
+    assert serial["dkv"].startswith("m C W0 m C m C W0 m C W0")  # S^T; dV, dP^T; dK
+    both = wgmma_sequences(monkeypatch, mosaic_bwd_sm90.Config(parts=1, overlap="both"))
+    assert both["dq"].startswith("m C m C W1 W0 m C W0")  # S, dP; P while dP runs
+    assert both["dkv"].startswith("m C m C W1 m C W1 m C W0")  # S^T, dP^T; dV; dK
+    only_dq = wgmma_sequences(monkeypatch, mosaic_bwd_sm90.Config(parts=1, overlap="dq"))
+    assert only_dq == {"dq": both["dq"], "dkv": serial["dkv"]}
+
+
+def test_the_backward_overlap_is_an_option_that_reaches_the_lowering():
+    default = registry.load_backend("jax.pallas_flex", {})
+    assert default.lowering.mosaic_backward.overlap == "none"
+    both = registry.load_backend("jax.pallas_flex", {"backward_overlap": "both"})
+    assert both.lowering.mosaic_backward == mosaic_bwd_sm90.Config(overlap="both")
+    assert "backward_overlap=both" in both.mask_support(cpu_workload()).how
+    with pytest.raises(registry.Unavailable, match="choose one of none, dq, dkv, both"):
+        registry.load_backend("jax.pallas_flex", {"backward_overlap": "always"})
+    with pytest.raises(ValueError, match="overlap='x': choose one of none, dq, dkv, both"):
+        mosaic_bwd_sm90.Config(overlap="x")
 
 
 def cpu_workload(head_dim=64):
