@@ -3,6 +3,8 @@ the Triton kernels to Triton IR, the Mosaic GPU forward and backward to
 Mosaic GPU's MLIR on every family; what each lowering refuses, and the
 backward's blocks following the lowering that runs."""
 
+import pathlib
+
 import jax
 import jax.numpy as jnp
 import pytest
@@ -14,6 +16,8 @@ from jax_backends.pallas_flex.plan import make_plan
 from lcab import registry
 from lcab.masks import MASK_NAMES, make_mask, small_mask
 from lcab.workloads import Workload
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
 def test_the_kernels_lower_to_triton_for_a_gpu():
@@ -325,3 +329,27 @@ def test_each_pass_takes_its_own_launch_order_through_ops(monkeypatch, dkv_launc
     dkv = (kv_heads, blocks, batch) if dkv_launch == "heads_together" else (
         blocks, kv_heads, batch)
     assert sorted(launched) == sorted([rows, rows, dkv])  # forward, dQ, dK/dV
+
+
+def test_the_backward_kernels_lab_script_times_the_sweeps_kernels():
+    """experiments/lab/backward_kernels.py times the seed blog's masks (the
+    canonical rows' fingerprints) and each backward kernel as the backward
+    runs it, under every overlap: each lowers for a GPU on the host."""
+    import json
+
+    from tests import experiment_scripts
+
+    script = experiment_scripts.load("lab/backward_kernels")
+    rows = ROOT / "results/2026-11-27-h200-blog/jax-16k-24k-causal_document/kernel_jax.jsonl"
+    swept = {row["mask_fingerprint"] for row in map(json.loads, rows.open())
+             if row["seqlen"] == 16384}
+    assert script.blog_mask("causal_document", 16384).fingerprint() in swept
+    mask = script.blog_mask("sliding_window_causal", 1024)
+    for overlap in mosaic_bwd_sm90.OVERLAPS:
+        geometry, timed = script.kernels(mask, overlap)
+        q = jax.ShapeDtypeStruct((1, geometry.padded_q, script.HEADS, 128), jnp.bfloat16)
+        kv = jax.ShapeDtypeStruct((1, geometry.padded_k, script.KV_HEADS, 128), jnp.bfloat16)
+        assert [(name, matmuls) for name, matmuls, _ in timed] == [("dq", 3), ("dkv", 4)]
+        for name, _, fn in timed:
+            text = jax.jit(fn).trace(q, kv, kv).lower(lowering_platforms=("cuda",)).as_text()
+            assert f"lcab_flex_{name}_mosaic" in text, (overlap, name)

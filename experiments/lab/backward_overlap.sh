@@ -15,17 +15,19 @@
 #   ab     backward (and forward, which it leaves alone) A/B/C/D/A: default,
 #          dq, dkv, both, default; full, causal, causal_document and
 #          sliding_window_causal at 16k and 32k
+#   kernels  each backward kernel alone (backward_kernels.py) under every
+#          overlap, the same four masks at 32k: where the time goes
 # Each run writes OUT/<name>/ and OUT/<name>.log, packed after each run
 # into OUT/rows.tgz (pack.sh says why). The last lines are one short
 # table per run.
 #
-#   experiments/lab/backward_overlap.sh OUT COMMIT check|ab
+#   experiments/lab/backward_overlap.sh OUT COMMIT check|ab|kernels
 #
 # COMMIT: the full hash, written out (experiments/README.md says why).
 # LCAB_LAB_SEQLENS (default 16k,32k) and LCAB_LAB_CHECK_SEQLEN (2k) shrink
 # it for a rehearsal on a CPU, where the Triton kernels run instead.
 set -uo pipefail
-usage="usage: $0 OUT COMMIT check|ab"
+usage="usage: $0 OUT COMMIT check|ab|kernels"
 out=${1:?$usage}
 commit=${2:?$usage}
 part=${3:?$usage}
@@ -60,6 +62,11 @@ case $part in
     run dkv "${cut[@]}" "$(overlap dkv)"
     run both "${cut[@]}" "$(overlap both)"
     run default-2 "${cut[@]}" ;;
+  kernels)  # its rows are JSON lines of its own (not the harness's): its table is its log's
+    run_packed "$out" kernels timeout 600 python3 experiments/lab/backward_kernels.py \
+      --overlaps=none,dq,dkv,both --seqlens=32768 --out="$out/kernels"
+    grep '^|' "$out/kernels.log"
+    exit ;;
   *) echo "$usage" >&2; exit 2 ;;
 esac
 summaries "$out"
