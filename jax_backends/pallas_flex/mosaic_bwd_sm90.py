@@ -281,7 +281,7 @@ def _dkv(q, k, v, dout, lse, delta, geometry: Geometry, tables, scale, stages,
                     dk, dv = strip_of(
                         k_smem, v_smem, q_smem.at[slot, strip], do_smem.at[slot, strip],
                         lse_smem.at[slot, strip], delta_smem.at[slot, strip], dk, dv, mask,
-                        waits, qk_scale)[:2]
+                        waits, qk_scale)
                 plgpu.barrier_arrive(consumed.at[slot])
                 return dk, dv
 
@@ -341,31 +341,22 @@ def dkv_strip(k_smem, v_smem, q_part, do_part, lse_part, delta_part, dk, dv, mas
     are wgmma's M: S^T = K Q^T (mask(S^T) on a partial tile), P^T,
     dV += P^T dO, dP^T = V dO^T, dS^T, dK += dS^T Q. waits: the lse, dO and
     delta barriers to wait for before their first use (empty: loaded).
-    Returns dK, dV and dS^T in the inputs' dtype."""
+    Returns dK and dV."""
     lse_wait, do_wait, delta_wait = waits or (None,) * 3
-    dtype = q_part.dtype
     s_t = product(k_smem, plgpu.transpose_ref(q_part, (1, 0)))
-    if mask is not None:
-        s_t = mask(s_t)
-    if lse_wait is not None:
-        plgpu.barrier_wait(lse_wait)
-    lse = plgpu.load(lse_part, (), layout=COLUMN)
-    p_t = jnp.exp2(s_t * qk_scale - lax.broadcast_in_dim(lse, s_t.shape, [1]))
+    p_t = _probabilities_t(s_t if mask is None else mask(s_t), lse_part, lse_wait, qk_scale)
     if do_wait is not None:
         plgpu.barrier_wait(do_wait)
 
     def dv_and_dp(refs):  # two wgmmas, one wait
         dv_ref, dp_ref = refs
-        plgpu.wgmma(dv_ref, p_t.astype(dtype), do_part)
+        plgpu.wgmma(dv_ref, p_t.astype(q_part.dtype), do_part)
         plgpu.wgmma(dp_ref, v_smem, plgpu.transpose_ref(do_part, (1, 0)))
 
     zeros = plgpu.layout_cast(jnp.zeros(s_t.shape, jnp.float32), plgpu.Layout.WGMMA)
     dv, dp_t = pl.run_state(dv_and_dp)((plgpu.ACC.init(dv), plgpu.ACC.init(zeros)))
-    if delta_wait is not None:
-        plgpu.barrier_wait(delta_wait)
-    delta = plgpu.load(delta_part, (), layout=COLUMN)
-    ds_t = (p_t * (dp_t - lax.broadcast_in_dim(delta, dp_t.shape, [1]))).astype(dtype)
-    return accumulate(dk, ds_t, q_part), dv, ds_t
+    ds_t = _score_gradients_t(p_t, dp_t, delta_part, delta_wait, q_part.dtype)
+    return accumulate(dk, ds_t, q_part), dv
 
 
 def dkv_strip_overlapped(k_smem, v_smem, q_part, do_part, lse_part, delta_part, dk, dv, mask,
@@ -377,7 +368,6 @@ def dkv_strip_overlapped(k_smem, v_smem, q_part, do_part, lse_part, delta_part, 
     waits for everything. The same arithmetic as dkv_strip, in another
     order. Returns dK and dV."""
     lse_wait, do_wait, delta_wait = waits or (None,) * 3
-    dtype = q_part.dtype
 
     def strip(refs):
         s_ref, dp_ref, dv_ref, dk_ref = refs
@@ -386,18 +376,11 @@ def dkv_strip_overlapped(k_smem, v_smem, q_part, do_part, lse_part, delta_part, 
             plgpu.barrier_wait(do_wait)
         plgpu.wgmma(dp_ref, v_smem, plgpu.transpose_ref(do_part, (1, 0)))
         s_t = plgpu.wgmma_accumulator_load(s_ref, wait_n=1)  # dP^T still running
-        if mask is not None:
-            s_t = mask(s_t)
-        if lse_wait is not None:
-            plgpu.barrier_wait(lse_wait)
-        lse = plgpu.load(lse_part, (), layout=COLUMN)
-        p_t = jnp.exp2(s_t * qk_scale - lax.broadcast_in_dim(lse, s_t.shape, [1]))
-        plgpu.wgmma(dv_ref, p_t.astype(dtype), do_part)
+        p_t = _probabilities_t(s_t if mask is None else mask(s_t), lse_part, lse_wait,
+                               qk_scale)
+        plgpu.wgmma(dv_ref, p_t.astype(q_part.dtype), do_part)
         dp_t = plgpu.wgmma_accumulator_load(dp_ref, wait_n=1)  # dV still running
-        if delta_wait is not None:
-            plgpu.barrier_wait(delta_wait)
-        delta = plgpu.load(delta_part, (), layout=COLUMN)
-        ds_t = (p_t * (dp_t - lax.broadcast_in_dim(delta, dp_t.shape, [1]))).astype(dtype)
+        ds_t = _score_gradients_t(p_t, dp_t, delta_part, delta_wait, q_part.dtype)
         plgpu.wgmma(dk_ref, ds_t, q_part)
 
     shape = (k_smem.shape[0], q_part.shape[0])
@@ -405,6 +388,24 @@ def dkv_strip_overlapped(k_smem, v_smem, q_part, do_part, lse_part, delta_part, 
     _, _, dv, dk = pl.run_state(strip)((plgpu.ACC.init(zeros), plgpu.ACC.init(zeros),
                                         plgpu.ACC.init(dv), plgpu.ACC.init(dk)))
     return dk, dv
+
+
+def _probabilities_t(s_t, lse_part, lse_wait, qk_scale):
+    """P^T of a strip's (masked) S^T: its lse column loaded (after
+    lse_wait, unless None) and subtracted in base 2."""
+    if lse_wait is not None:
+        plgpu.barrier_wait(lse_wait)
+    lse = plgpu.load(lse_part, (), layout=COLUMN)
+    return jnp.exp2(s_t * qk_scale - lax.broadcast_in_dim(lse, s_t.shape, [1]))
+
+
+def _score_gradients_t(p_t, dp_t, delta_part, delta_wait, dtype):
+    """dS^T = P^T (dP^T - delta), its delta column loaded (after
+    delta_wait, unless None), in the inputs' dtype."""
+    if delta_wait is not None:
+        plgpu.barrier_wait(delta_wait)
+    delta = plgpu.load(delta_part, (), layout=COLUMN)
+    return (p_t * (dp_t - lax.broadcast_in_dim(delta, dp_t.shape, [1]))).astype(dtype)
 
 
 def scores_overlapped(scores, gradient_scores, probabilities, gradient_wait):
