@@ -136,7 +136,7 @@ def test_nan_outputs_and_raising_backends_never_end_the_sweep(tmp_path):
         Case("numpy.reference", workload("causal")),
     ]
     rows = run(tmp_path, cases)
-    assert [(r["backend"], r["status"]) for r in rows] == [
+    assert [(r["backend"], _ok_or_noise(r)) for r in rows] == [
         ("numpy.nan", "MISMATCH"),
         ("numpy.raises_in_supports", "ERROR"), ("numpy.raises_in_supports", "ERROR"),
         ("numpy.raises_at_start", "UNAVAILABLE"), ("numpy.raises_at_start", "UNAVAILABLE"),

@@ -23,10 +23,11 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 
 import jax
 import jax.numpy as jnp
-from absl import app, flags
+from absl import flags
 
 from jax_backends.pallas_flex import mosaic_bwd_sm90, ops
 from jax_backends.pallas_flex.plan import make_plan
@@ -37,12 +38,18 @@ from lcab.masks.factory import taken_params
 HEADS, KV_HEADS, HEAD_DIM = 64, 8, 128
 MASKS = ("full", "causal", "causal_document", "sliding_window_causal")
 
-_MASKS = flags.DEFINE_list("masks", list(MASKS), "Mask families (the seed blog's settings).")
-_SEQLENS = flags.DEFINE_list("seqlens", ["16384", "32768"], "Tokens.")
+# Its own flags, not absl's global ones: the tests import this script into
+# a process that also holds the CLI's (--masks, --iters, --out...).
+FLAGS = flags.FlagValues()
+_MASKS = flags.DEFINE_list("masks", list(MASKS), "Mask families (the seed blog's settings).",
+                           flag_values=FLAGS)
+_SEQLENS = flags.DEFINE_list("seqlens", ["16384", "32768"], "Tokens.", flag_values=FLAGS)
 _OVERLAPS = flags.DEFINE_list("overlaps", ["none", "both"],
-                              f"backward_overlap values: {', '.join(mosaic_bwd_sm90.OVERLAPS)}.")
-_ITERS = flags.DEFINE_integer("iters", 10, "Samples per kernel.", lower_bound=1)
-_OUT = flags.DEFINE_string("out", None, "JSON lines, one per kernel.")
+                              f"backward_overlap values: {', '.join(mosaic_bwd_sm90.OVERLAPS)}.",
+                              flag_values=FLAGS)
+_ITERS = flags.DEFINE_integer("iters", 10, "Samples per kernel.", lower_bound=1,
+                              flag_values=FLAGS)
+_OUT = flags.DEFINE_string("out", None, "JSON lines, one per kernel.", flag_values=FLAGS)
 
 
 def blog_mask(name: str, seqlen: int):
@@ -80,11 +87,13 @@ def kernels(mask, overlap: str):
 
 
 def main(argv) -> None:
-    del argv
+    try:
+        FLAGS(argv)
+    except flags.Error as error:
+        sys.exit(f"{error}\n{__doc__}")
     unknown = sorted(set(_OVERLAPS.value) - set(mosaic_bwd_sm90.OVERLAPS))
     if unknown:
-        raise app.UsageError(f"--overlaps: {unknown[0]!r} is none of "
-                             f"{', '.join(mosaic_bwd_sm90.OVERLAPS)}")
+        sys.exit(f"--overlaps: {unknown[0]!r} is none of {', '.join(mosaic_bwd_sm90.OVERLAPS)}")
     runtime = JaxRuntime()
     device = jax.devices()[0].device_kind
     print(f"{device}, {HEADS}:{KV_HEADS} heads, d={HEAD_DIM}, bf16, batch 1\n")
@@ -123,4 +132,4 @@ def main(argv) -> None:
 
 
 if __name__ == "__main__":
-    app.run(main)
+    main(sys.argv)
