@@ -28,9 +28,17 @@ def run(tmp_path, cases, settings=SETTINGS, **kwargs):
 
 def test_a_correct_backend_gets_timed_rows(tmp_path):
     # Seven repeats; a busy host's noise blurring the backward has the pair
-    # measured again with at least four times as many.
+    # measured again with at least four times as many. On a 2-core machine
+    # running the suite in two workers even that can leave the backward
+    # "not measurable" (_ok_or_noise: the runner right): then the whole
+    # measurement again, up to three times, since this test is about the
+    # rows of a measurable one.
     settings = dataclasses.replace(SETTINGS, iters=7)
-    rows = run(tmp_path, [Case("numpy.reference", workload("causal_document"))], settings)
+    for attempt in range(3):
+        rows = run(tmp_path / str(attempt), [Case("numpy.reference", workload("causal_document"))],
+                   settings)
+        if all(_ok_or_noise(r) == r["status"] for r in rows):
+            break
     assert [(r["direction"], r["status"]) for r in rows] == [("fwd", "OK"), ("bwd", "OK")]
     assert len(rows[0]["samples_ms"]) == len(rows[1]["samples_ms"]) in (7, *range(28, 1001))
     for row in rows:
