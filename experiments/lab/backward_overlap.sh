@@ -32,6 +32,8 @@ out=${1:?$usage}
 commit=${2:?$usage}
 part=${3:?$usage}
 export XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1 CUDA_VISIBLE_DEVICES=0
+# backward_kernels.py runs as a script: the checkout must be importable (run from its root).
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 mkdir -p "$out"
 source "$(dirname "$0")/pack.sh"
 run() {  # name, then lcab.experiments flags
