@@ -76,12 +76,12 @@ def kernels(mask, overlap: str):
     def dq(q, k, v):
         return mosaic_bwd_sm90._dq(q, k, v, dout, rows, rows, geometry, tables, scale,
                                    config.stages, config.parts, dq_together,
-                                   overlap in ("dq", "both"))
+                                   config.overlaps("dq"))
 
     def dkv(q, k, v):
         return mosaic_bwd_sm90._dkv(q, k, v, dout, rows, rows, geometry, tables, scale,
                                     config.stages, dkv_together, config.parts,
-                                    overlap in ("dkv", "both"))
+                                    config.overlaps("dkv"))
 
     return geometry, (("dq", 3, dq), ("dkv", 4, dkv))
 

@@ -101,6 +101,10 @@ class Config:
         if self.stages < 2:
             raise ValueError(f"stages={self.stages}: the ring needs 2 or more")
 
+    def overlaps(self, kernel: str) -> bool:
+        """Whether `kernel` ("dq" or "dkv") issues its products ahead of their waits."""
+        return self.overlap in (kernel, "both")
+
 
 def backward(q, k, v, dout, lse2, delta, geometry: Geometry, tables,
              heads_together: bool = False, config: Config = Config(),
@@ -113,9 +117,9 @@ def backward(q, k, v, dout, lse2, delta, geometry: Geometry, tables,
     scale = 1.0 / math.sqrt(q.shape[3])
     lse_safe = jnp.where(lse2 == -jnp.inf, 0.0, lse2)  # rows that see nothing meet only masks
     dq = _dq(q, k, v, dout, lse_safe, delta, geometry, tables, scale, stages, parts,
-             dq_heads_together, config.overlap in ("dq", "both"))
+             dq_heads_together, config.overlaps("dq"))
     dk, dv = _dkv(q, k, v, dout, lse_safe, delta, geometry, tables, scale, stages,
-                  heads_together, parts, config.overlap in ("dkv", "both"))
+                  heads_together, parts, config.overlaps("dkv"))
     return dq, dk, dv
 
 
