@@ -114,7 +114,6 @@ SLOW_TESTS = {
         "test_the_lse_gradient_flows_for_context_parallel_merges",
     ),
     "test_pallas_flex_lowering.py": (
-        "test_the_backward_kernels_lab_script_times_the_sweeps_kernels",
         "test_the_mosaic_backward_lowers_for_a_gpu_on_every_family",
         "test_the_mosaic_forward_lowers_for_a_gpu_on_every_family",
     ),

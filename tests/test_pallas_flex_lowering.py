@@ -3,8 +3,6 @@ the Triton kernels to Triton IR, the Mosaic GPU forward and backward to
 Mosaic GPU's MLIR on every family; what each lowering refuses, and the
 backward's blocks following the lowering that runs."""
 
-import pathlib
-
 import jax
 import jax.numpy as jnp
 import pytest
@@ -16,8 +14,6 @@ from jax_backends.pallas_flex.plan import make_plan
 from lcab import registry
 from lcab.masks import MASK_NAMES, make_mask, small_mask
 from lcab.workloads import Workload
-
-ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
 def test_the_kernels_lower_to_triton_for_a_gpu():
@@ -61,15 +57,13 @@ def test_the_mosaic_forward_lowers_for_a_gpu_on_every_family(head_dim, dtype, bl
                    for op in ("arrive", "sync") for barrier in (4, 5)), name
 
 
-@pytest.mark.parametrize("head_dim,dtype,heads_together,parts,overlap", [
-    (128, jnp.bfloat16, False, 1, "none"), (64, jnp.float16, True, 1, "none"),
-    (128, jnp.bfloat16, True, 2, "none"), (128, jnp.bfloat16, False, 2, "both"),
-    (64, jnp.float16, True, 1, "both")])
+@pytest.mark.parametrize("head_dim,dtype,heads_together,parts", [
+    (128, jnp.bfloat16, False, 1), (64, jnp.float16, True, 1), (128, jnp.bfloat16, True, 2)])
 def test_the_mosaic_backward_lowers_for_a_gpu_on_every_family(head_dim, dtype, heads_together,
-                                                              parts, overlap):
+                                                              parts):
     """As the forward: lowered to Mosaic GPU's MLIR, both kernels, every
     family (its numbers are for a GPU to check)."""
-    config = mosaic_bwd_sm90.Config(parts=parts, overlap=overlap)
+    config = mosaic_bwd_sm90.Config(parts=parts)
     for name in MASK_NAMES:
         plan = make_plan(small_mask(name, 300), 128, 128)
         tables = jax.tree.map(jnp.asarray, plan.tables())
@@ -84,78 +78,6 @@ def test_the_mosaic_backward_lowers_for_a_gpu_on_every_family(head_dim, dtype, h
         text = jax.jit(gradients).trace(q, kv, kv, q, rows, rows, tables).lower(
             lowering_platforms=("cuda",)).as_text()
         assert "lcab_flex_dq_mosaic" in text and "lcab_flex_dkv_mosaic" in text, name
-
-
-def wgmma_sequences(monkeypatch, config) -> dict[str, str]:
-    """Each Mosaic backward kernel's wgmma traffic in program order, as
-    lowered for a GPU on the host: "m" a run of wgmma instructions, "C" a
-    commit of a group, "W<n>" a wait until at most n groups are in flight."""
-    import re
-
-    from jax._src.pallas.mosaic_gpu import lowering as mosaic_lowering
-
-    modules = []
-    lower = mosaic_lowering.lower_pipelined_jaxpr_to_module
-
-    def spy(*args, **kwargs):
-        result = lower(*args, **kwargs)
-        modules.append(result.module)
-        return result
-
-    monkeypatch.setattr(mosaic_lowering, "lower_pipelined_jaxpr_to_module", spy)
-    plan = make_plan(small_mask("causal_document", 512), 128, 128)
-    tables = jax.tree.map(jnp.asarray, plan.tables())
-    q = jax.ShapeDtypeStruct((1, plan.padded_q, 2, 128), jnp.bfloat16)
-    kv = jax.ShapeDtypeStruct((1, plan.padded_k, 1, 128), jnp.bfloat16)
-    rows = jax.ShapeDtypeStruct((1, 2, plan.padded_q), jnp.float32)
-
-    def gradients(q, k, v, dout, lse2, delta, t):
-        return mosaic_bwd_sm90.backward(q, k, v, dout, lse2, delta, plan.geometry, t,
-                                        config=config)
-
-    jax.jit(gradients).trace(q, kv, kv, q, rows, rows, tables).lower(
-        lowering_platforms=("cuda",))
-    assert len(modules) == 2  # dQ's kernel, then dK/dV's
-    sequences = {}
-    for name, module in zip(("dq", "dkv"), modules):
-        steps = []
-        for line in str(module).splitlines():
-            if "wgmma.mma_async" in line and steps[-1:] != ["m"]:
-                steps.append("m")
-            elif "wgmma.commit.group" in line:
-                steps.append("C")
-            elif "wgmma.wait.group" in line:
-                steps.append("W" + re.search(r"aligned\s+(\d+)", line).group(1))
-        sequences[name] = " ".join(steps)
-    return sequences
-
-
-def test_the_backward_overlap_issues_products_ahead_of_their_waits(monkeypatch):
-    """backward_overlap (v17): where a kernel overlaps, a strip's S and dP
-    are two groups in flight together and S is waited for alone (W1), and
-    dK/dV waits for dP^T with dV's group still running (W1 again); where
-    it does not, every product is waited for before the next is issued."""
-    serial = wgmma_sequences(monkeypatch, mosaic_bwd_sm90.Config(parts=1))
-    assert "W1" not in serial["dq"] and "W1" not in serial["dkv"]
-    assert serial["dq"].startswith("m C W0 m C W0 m C W0")  # S; dP; dQ += dS K
-    assert serial["dkv"].startswith("m C W0 m C m C W0 m C W0")  # S^T; dV, dP^T; dK
-    both = wgmma_sequences(monkeypatch, mosaic_bwd_sm90.Config(parts=1, overlap="both"))
-    assert both["dq"].startswith("m C m C W1 W0 m C W0")  # S, dP; P while dP runs
-    assert both["dkv"].startswith("m C m C W1 m C W1 m C W0")  # S^T, dP^T; dV; dK
-    only_dq = wgmma_sequences(monkeypatch, mosaic_bwd_sm90.Config(parts=1, overlap="dq"))
-    assert only_dq == {"dq": both["dq"], "dkv": serial["dkv"]}
-
-
-def test_the_backward_overlap_is_an_option_that_reaches_the_lowering():
-    default = registry.load_backend("jax.pallas_flex", {})
-    assert default.lowering.mosaic_backward.overlap == "none"
-    both = registry.load_backend("jax.pallas_flex", {"backward_overlap": "both"})
-    assert both.lowering.mosaic_backward == mosaic_bwd_sm90.Config(overlap="both")
-    assert "backward_overlap=both" in both.mask_support(cpu_workload()).how
-    with pytest.raises(registry.Unavailable, match="choose one of none, dq, dkv, both"):
-        registry.load_backend("jax.pallas_flex", {"backward_overlap": "always"})
-    with pytest.raises(ValueError, match="overlap='x': choose one of none, dq, dkv, both"):
-        mosaic_bwd_sm90.Config(overlap="x")
 
 
 def cpu_workload(head_dim=64):
@@ -329,27 +251,3 @@ def test_each_pass_takes_its_own_launch_order_through_ops(monkeypatch, dkv_launc
     dkv = (kv_heads, blocks, batch) if dkv_launch == "heads_together" else (
         blocks, kv_heads, batch)
     assert sorted(launched) == sorted([rows, rows, dkv])  # forward, dQ, dK/dV
-
-
-def test_the_backward_kernels_lab_script_times_the_sweeps_kernels():
-    """experiments/lab/backward_kernels.py times the seed blog's masks (the
-    canonical rows' fingerprints) and each backward kernel as the backward
-    runs it, under every overlap: each lowers for a GPU on the host."""
-    import json
-
-    from tests import experiment_scripts
-
-    script = experiment_scripts.load("lab/backward_kernels")
-    rows = ROOT / "results/2026-11-27-h200-blog/jax-16k-24k-causal_document/kernel_jax.jsonl"
-    swept = {row["mask_fingerprint"] for row in map(json.loads, rows.open())
-             if row["seqlen"] == 16384}
-    assert script.blog_mask("causal_document", 16384).fingerprint() in swept
-    mask = script.blog_mask("sliding_window_causal", 1024)
-    for overlap in mosaic_bwd_sm90.OVERLAPS:
-        geometry, timed = script.kernels(mask, overlap)
-        q = jax.ShapeDtypeStruct((1, geometry.padded_q, script.HEADS, 128), jnp.bfloat16)
-        kv = jax.ShapeDtypeStruct((1, geometry.padded_k, script.KV_HEADS, 128), jnp.bfloat16)
-        assert [(name, matmuls) for name, matmuls, _ in timed] == [("dq", 3), ("dkv", 4)]
-        for name, _, fn in timed:
-            text = jax.jit(fn).trace(q, kv, kv).lower(lowering_platforms=("cuda",)).as_text()
-            assert f"lcab_flex_{name}_mosaic" in text, (overlap, name)

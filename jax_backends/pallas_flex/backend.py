@@ -41,11 +41,9 @@ class PallasFlexBackend(Backend):
     # per direction, the lowering ("auto": Mosaic GPU where it fits).
     # The launch orders (ops.Lowering) are for measuring them: dkv_launch
     # "auto" decides per plan; rows_launch is the Mosaic forward's and dQ's.
-    # backward_overlap (mosaic_bwd_sm90.OVERLAPS) likewise: which Mosaic
-    # backward kernels issue their score products ahead of their waits.
     options = {"block_q": int, "block_k": int, "backward_block_q": int,
                "backward_block_k": int, "forward_lowering": str, "backward_lowering": str,
-               "dkv_launch": str, "rows_launch": str, "backward_overlap": str}
+               "dkv_launch": str, "rows_launch": str}
 
     def __init__(self, **options):
         unknown = sorted(set(options) - set(self.options))
@@ -72,11 +70,6 @@ class PallasFlexBackend(Backend):
             choices = ops.DKV_LAUNCHES if key == "dkv_launch" else ops.ROWS_LAUNCHES
             if value not in choices:
                 raise ValueError(f"{key}={value!r}: choose one of {', '.join(choices)}")
-        overlap = options.get("backward_overlap", mosaic_bwd_sm90.Config.overlap)
-        if overlap not in mosaic_bwd_sm90.OVERLAPS:
-            raise ValueError(f"backward_overlap={overlap!r}: choose one of "
-                             f"{', '.join(mosaic_bwd_sm90.OVERLAPS)}")
-        self.mosaic_backward = mosaic_bwd_sm90.Config(overlap=overlap)
 
     @functools.cached_property
     def lowering(self) -> ops.Lowering:
@@ -87,7 +80,7 @@ class PallasFlexBackend(Backend):
         mosaic = "mosaic" in (forward, backward)
         return ops.Lowering(forward=forward, backward=backward,
                             interpret=_shared.interpret_mode() and not mosaic,
-                            mosaic_backward=self.mosaic_backward, **self.launches)
+                            **self.launches)
 
     @classmethod
     def environment_problem(cls) -> str | None:

@@ -52,7 +52,6 @@ TRANSFORMS = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
 ROW = plgpu.Layout.WGMMA.reduce(1)  # one value per tile row
 COLUMN = plgpu.Layout.WGMMA.reduce(0)  # one value per tile column
 PARTS = (1, 2)  # strips per tile (Config.parts)
-OVERLAPS = ("none", "dq", "dkv", "both")  # Config.overlap: the kernels that overlap
 # dK/dV's registers per thread: compute and memory warpgroups (setmaxnreg;
 # 2 x 128 x 240 + 128 x 24 of the SM's 64k, FA3's split). Timed alone on
 # a GPU, dK/dV was faster so than with 232 / 40 (docs/pallas_flex.md).
@@ -88,22 +87,12 @@ class Config:
     # strips, so a warpgroup's scores take 1/parts of the registers (2 was
     # the faster measured: docs/pallas_flex.md, "Constants").
     parts: int = 2
-    # Which kernels issue a strip's two score products (S and dP) together
-    # and wait for S alone, so the exponentials run while dP's wgmma does
-    # (and, in dK/dV, dS while dV's): OVERLAPS; v17, unmeasured.
-    overlap: str = "none"
 
     def __post_init__(self):
         if self.parts not in PARTS:
             raise ValueError(f"parts={self.parts}: choose one of {', '.join(map(str, PARTS))}")
-        if self.overlap not in OVERLAPS:
-            raise ValueError(f"overlap={self.overlap!r}: choose one of {', '.join(OVERLAPS)}")
         if self.stages < 2:
             raise ValueError(f"stages={self.stages}: the ring needs 2 or more")
-
-    def overlaps(self, kernel: str) -> bool:
-        """Whether `kernel` ("dq" or "dkv") issues its products ahead of their waits."""
-        return self.overlap in (kernel, "both")
 
 
 def backward(q, k, v, dout, lse2, delta, geometry: Geometry, tables,
@@ -117,14 +106,14 @@ def backward(q, k, v, dout, lse2, delta, geometry: Geometry, tables,
     scale = 1.0 / math.sqrt(q.shape[3])
     lse_safe = jnp.where(lse2 == -jnp.inf, 0.0, lse2)  # rows that see nothing meet only masks
     dq = _dq(q, k, v, dout, lse_safe, delta, geometry, tables, scale, stages, parts,
-             dq_heads_together, config.overlaps("dq"))
+             dq_heads_together)
     dk, dv = _dkv(q, k, v, dout, lse_safe, delta, geometry, tables, scale, stages,
-                  heads_together, parts, config.overlaps("dkv"))
+                  heads_together, parts)
     return dq, dk, dv
 
 
 def _dq(q, k, v, dout, lse, delta, geometry: Geometry, tables, scale, stages, parts,
-        heads_together, overlap):
+        heads_together):
     batch, _, heads, head_dim = q.shape
     group = heads // k.shape[2]
     rows, dtype = ROWS_PER_WARPGROUP, q.dtype
@@ -162,24 +151,14 @@ def _dq(q, k, v, dout, lse, delta, geometry: Geometry, tables, scale, stages, pa
                 for part in range(parts):  # the tile's keys in `parts` column strips
                     k_part = k_smem.at[slot, pl.ds(part * cols, cols)]
                     v_part = v_smem.at[slot, pl.ds(part * cols, cols)]
-
-                    def probabilities(s, part=part):
-                        if j is not None:
-                            s = masked(s, first, ids, slices, lo[qi, j], hi[qi, j], row0,
-                                       kb * geometry.block_k + part * cols, test=DQ_MASK_TEST)
-                        return jnp.exp2(s * qk_scale - lax.broadcast_in_dim(lse, s.shape, [0]))
-
-                    v_wait = v_loaded.at[slot] if part == 0 else None
-                    if overlap:
-                        p, dp = scores_overlapped(
-                            (q_smem, plgpu.transpose_ref(k_part, (1, 0))),
-                            (do_smem, plgpu.transpose_ref(v_part, (1, 0))),
-                            probabilities, v_wait)
-                    else:
-                        p = probabilities(product(q_smem, plgpu.transpose_ref(k_part, (1, 0))))
-                        if v_wait is not None:
-                            plgpu.barrier_wait(v_wait)
-                        dp = product(do_smem, plgpu.transpose_ref(v_part, (1, 0)))
+                    s = product(q_smem, plgpu.transpose_ref(k_part, (1, 0)))
+                    if j is not None:
+                        s = masked(s, first, ids, slices, lo[qi, j], hi[qi, j], row0,
+                                   kb * geometry.block_k + part * cols, test=DQ_MASK_TEST)
+                    p = jnp.exp2(s * qk_scale - lax.broadcast_in_dim(lse, s.shape, [0]))
+                    if part == 0:
+                        plgpu.barrier_wait(v_loaded.at[slot])
+                    dp = product(do_smem, plgpu.transpose_ref(v_part, (1, 0)))
                     ds = p * (dp - lax.broadcast_in_dim(delta, dp.shape, [0]))
                     dq = accumulate(dq, ds.astype(dtype), k_part)
                 plgpu.barrier_arrive(v_consumed.at[slot])
@@ -229,7 +208,7 @@ def _dq(q, k, v, dout, lse, delta, geometry: Geometry, tables, scale, stages, pa
 
 
 def _dkv(q, k, v, dout, lse, delta, geometry: Geometry, tables, scale, stages,
-         heads_together, parts, overlap):
+         heads_together, parts):
     batch, _, heads, head_dim = q.shape
     kv_heads = k.shape[2]
     group = heads // kv_heads
@@ -281,8 +260,7 @@ def _dkv(q, k, v, dout, lse, delta, geometry: Geometry, tables, scale, stages,
                         mask_strip, first, j, qb * block_q + part * cols)
                     waits = (lse_loaded.at[slot], do_loaded.at[slot],
                              delta_loaded.at[slot]) if part == 0 else ()
-                    strip_of = dkv_strip_overlapped if overlap else dkv_strip
-                    dk, dv = strip_of(
+                    dk, dv, _ = dkv_strip(
                         k_smem, v_smem, q_smem.at[slot, strip], do_smem.at[slot, strip],
                         lse_smem.at[slot, strip], delta_smem.at[slot, strip], dk, dv, mask,
                         waits, qk_scale)
@@ -345,89 +323,31 @@ def dkv_strip(k_smem, v_smem, q_part, do_part, lse_part, delta_part, dk, dv, mas
     are wgmma's M: S^T = K Q^T (mask(S^T) on a partial tile), P^T,
     dV += P^T dO, dP^T = V dO^T, dS^T, dK += dS^T Q. waits: the lse, dO and
     delta barriers to wait for before their first use (empty: loaded).
-    Returns dK and dV."""
+    Returns dK, dV and dS^T in the inputs' dtype."""
     lse_wait, do_wait, delta_wait = waits or (None,) * 3
+    dtype = q_part.dtype
     s_t = product(k_smem, plgpu.transpose_ref(q_part, (1, 0)))
-    p_t = _probabilities_t(s_t if mask is None else mask(s_t), lse_part, lse_wait, qk_scale)
+    if mask is not None:
+        s_t = mask(s_t)
+    if lse_wait is not None:
+        plgpu.barrier_wait(lse_wait)
+    lse = plgpu.load(lse_part, (), layout=COLUMN)
+    p_t = jnp.exp2(s_t * qk_scale - lax.broadcast_in_dim(lse, s_t.shape, [1]))
     if do_wait is not None:
         plgpu.barrier_wait(do_wait)
 
     def dv_and_dp(refs):  # two wgmmas, one wait
         dv_ref, dp_ref = refs
-        plgpu.wgmma(dv_ref, p_t.astype(q_part.dtype), do_part)
+        plgpu.wgmma(dv_ref, p_t.astype(dtype), do_part)
         plgpu.wgmma(dp_ref, v_smem, plgpu.transpose_ref(do_part, (1, 0)))
 
     zeros = plgpu.layout_cast(jnp.zeros(s_t.shape, jnp.float32), plgpu.Layout.WGMMA)
     dv, dp_t = pl.run_state(dv_and_dp)((plgpu.ACC.init(dv), plgpu.ACC.init(zeros)))
-    ds_t = _score_gradients_t(p_t, dp_t, delta_part, delta_wait, q_part.dtype)
-    return accumulate(dk, ds_t, q_part), dv
-
-
-def dkv_strip_overlapped(k_smem, v_smem, q_part, do_part, lse_part, delta_part, dk, dv, mask,
-                         waits, qk_scale):
-    """dkv_strip's strip with its products issued ahead of their waits:
-    S^T and dP^T together, S^T waited for alone (the exponentials run
-    while dP^T's wgmma does), dV issued before dP^T is waited for (dS^T
-    runs while dV's wgmma does), and dK after it; only the strip's end
-    waits for everything. The same arithmetic as dkv_strip, in another
-    order. Returns dK and dV."""
-    lse_wait, do_wait, delta_wait = waits or (None,) * 3
-
-    def strip(refs):
-        s_ref, dp_ref, dv_ref, dk_ref = refs
-        plgpu.wgmma(s_ref, k_smem, plgpu.transpose_ref(q_part, (1, 0)))
-        if do_wait is not None:
-            plgpu.barrier_wait(do_wait)
-        plgpu.wgmma(dp_ref, v_smem, plgpu.transpose_ref(do_part, (1, 0)))
-        s_t = plgpu.wgmma_accumulator_load(s_ref, wait_n=1)  # dP^T still running
-        p_t = _probabilities_t(s_t if mask is None else mask(s_t), lse_part, lse_wait,
-                               qk_scale)
-        plgpu.wgmma(dv_ref, p_t.astype(q_part.dtype), do_part)
-        dp_t = plgpu.wgmma_accumulator_load(dp_ref, wait_n=1)  # dV still running
-        ds_t = _score_gradients_t(p_t, dp_t, delta_part, delta_wait, q_part.dtype)
-        plgpu.wgmma(dk_ref, ds_t, q_part)
-
-    shape = (k_smem.shape[0], q_part.shape[0])
-    zeros = plgpu.layout_cast(jnp.zeros(shape, jnp.float32), plgpu.Layout.WGMMA)
-    _, _, dv, dk = pl.run_state(strip)((plgpu.ACC.init(zeros), plgpu.ACC.init(zeros),
-                                        plgpu.ACC.init(dv), plgpu.ACC.init(dk)))
-    return dk, dv
-
-
-def _probabilities_t(s_t, lse_part, lse_wait, qk_scale):
-    """P^T of a strip's (masked) S^T: its lse column loaded (after
-    lse_wait, unless None) and subtracted in base 2."""
-    if lse_wait is not None:
-        plgpu.barrier_wait(lse_wait)
-    lse = plgpu.load(lse_part, (), layout=COLUMN)
-    return jnp.exp2(s_t * qk_scale - lax.broadcast_in_dim(lse, s_t.shape, [1]))
-
-
-def _score_gradients_t(p_t, dp_t, delta_part, delta_wait, dtype):
-    """dS^T = P^T (dP^T - delta), its delta column loaded (after
-    delta_wait, unless None), in the inputs' dtype."""
     if delta_wait is not None:
         plgpu.barrier_wait(delta_wait)
     delta = plgpu.load(delta_part, (), layout=COLUMN)
-    return (p_t * (dp_t - lax.broadcast_in_dim(delta, dp_t.shape, [1]))).astype(dtype)
-
-
-def scores_overlapped(scores, gradient_scores, probabilities, gradient_wait):
-    """(P, dP) of one dQ strip with both products in flight together: S =
-    scores' a @ b and dP = gradient_scores' a @ b issued back to back (dP
-    after gradient_wait, the V tile's barrier, where given), S waited for
-    alone and turned into P by `probabilities` while dP's wgmma runs."""
-    def both(s_ref, dp_ref):
-        plgpu.wgmma(s_ref, *scores)
-        if gradient_wait is not None:
-            plgpu.barrier_wait(gradient_wait)
-        plgpu.wgmma(dp_ref, *gradient_scores)
-        p = probabilities(plgpu.wgmma_accumulator_load(s_ref, wait_n=1))
-        return p, plgpu.wgmma_accumulator_load(dp_ref, wait_n=0)
-
-    rows, cols = scores[0].shape[0], scores[1].shape[1]
-    return pl.run_scoped(both, plgpu.ACC((rows, cols), jnp.float32),
-                         plgpu.ACC((rows, cols), jnp.float32))
+    ds_t = (p_t * (dp_t - lax.broadcast_in_dim(delta, dp_t.shape, [1]))).astype(dtype)
+    return accumulate(dk, ds_t, q_part), dv, ds_t
 
 
 def store_kv_gradients(dk, dv, k_smem, v_smem, dk_gmem, dv_gmem):
