@@ -16,7 +16,7 @@ import dataclasses
 import functools
 
 from jax_backends import _shared
-from jax_backends.pallas_flex import mosaic_bwd_sm90, ops, plan, ring
+from jax_backends.pallas_flex import mosaic_bwd_sm90, mosaic_fwd_sm90, ops, plan, ring
 from lcab.backend import Backend, ProbeNeeds, Support
 from lcab.masks import MASK_NAMES
 from lcab.workloads import Workload
@@ -41,9 +41,11 @@ class PallasFlexBackend(Backend):
     # per direction, the lowering ("auto": Mosaic GPU where it fits).
     # The launch orders (ops.Lowering) are for measuring them: dkv_launch
     # "auto" decides per plan; rows_launch is the Mosaic forward's and dQ's.
+    # forward_release (mosaic_fwd_sm90.RELEASES) likewise: how the Mosaic
+    # forward's K/V ring slots are handed back.
     options = {"block_q": int, "block_k": int, "backward_block_q": int,
                "backward_block_k": int, "forward_lowering": str, "backward_lowering": str,
-               "dkv_launch": str, "rows_launch": str}
+               "dkv_launch": str, "rows_launch": str, "forward_release": str}
 
     def __init__(self, **options):
         unknown = sorted(set(options) - set(self.options))
@@ -70,6 +72,11 @@ class PallasFlexBackend(Backend):
             choices = ops.DKV_LAUNCHES if key == "dkv_launch" else ops.ROWS_LAUNCHES
             if value not in choices:
                 raise ValueError(f"{key}={value!r}: choose one of {', '.join(choices)}")
+        release = options.get("forward_release", mosaic_fwd_sm90.Config.release)
+        if release not in mosaic_fwd_sm90.RELEASES:
+            raise ValueError(f"forward_release={release!r}: choose one of "
+                             f"{', '.join(mosaic_fwd_sm90.RELEASES)}")
+        self.mosaic_forward = mosaic_fwd_sm90.Config(release=release)
 
     @functools.cached_property
     def lowering(self) -> ops.Lowering:
@@ -80,7 +87,7 @@ class PallasFlexBackend(Backend):
         mosaic = "mosaic" in (forward, backward)
         return ops.Lowering(forward=forward, backward=backward,
                             interpret=_shared.interpret_mode() and not mosaic,
-                            **self.launches)
+                            mosaic_forward=self.mosaic_forward, **self.launches)
 
     @classmethod
     def environment_problem(cls) -> str | None:

@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# How the Mosaic forward's compute warpgroups hand a used K/V ring slot back
+# (option forward_release, v18 in docs/pallas_flex.md, its prediction
+# written there before any run), on one GPU, forward only (the backward
+# does not take it):
+#   mbarrier    the default: every compute thread arrives on the slot's
+#               mbarrier, the memory warpgroup polls it
+#   named       a non-waiting bar.arrive on the slot's named barrier, met by
+#               the memory warpgroup's bar.sync
+#   named_warp  the same met by one warp, which alone issues the copies
+# Parts (one device call each, about 4-6 minutes on an H200):
+#   check  every mask family at 2k with named and with named_warp, full-size
+#          check on (a wrong output shows as MISMATCH; a hang as the run's
+#          timeout, 150 s), and ptxas's registers and spills
+#   ab     A/B/C/A/B/C: mbarrier, named, named_warp, twice; full, causal,
+#          causal_document and sliding_window_causal at 16k and 32k
+# Each run writes OUT/<name>/ and OUT/<name>.log, packed after each run into
+# OUT/rows.tgz (pack.sh says why). The last lines are one short table per run.
+#
+#   experiments/lab/forward_release.sh OUT COMMIT check|ab
+#
+# COMMIT: the full hash, written out (experiments/README.md says why).
+# LCAB_LAB_SEQLENS (default 16k,32k) and LCAB_LAB_CHECK_SEQLEN (2k) shrink
+# it for a rehearsal on a CPU, where the Triton kernels run instead.
+set -uo pipefail
+usage="usage: $0 OUT COMMIT check|ab"
+out=${1:?$usage}
+commit=${2:?$usage}
+part=${3:?$usage}
+export XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1 CUDA_VISIBLE_DEVICES=0
+mkdir -p "$out"
+source "$(dirname "$0")/pack.sh"
+run() {  # name, seconds, then lcab.experiments flags
+  run_packed "$out" "$1" timeout "$2" python3 -m lcab.experiments \
+    --flagfile=experiments/seed_blog.flags --framework=jax --backends=jax.pallas_flex \
+    --directions=fwd --reference_cache="$out/references" \
+    "--git_commit=$commit" --noprogress --nosummary --out="$out/$1" "${@:3}"
+}
+release() { echo "--backend_options=jax.pallas_flex:forward_release=$1"; }
+ptxas() {  # the ptxas report of a run's forward kernels: registers and spills, counted
+  echo "## ptxas, $1: registers and spills per kernel"
+  grep -A3 "entry function 'lcab_flex" "$out/$1.log" \
+    | grep -oE "entry function '[a-z_]+|[0-9]+ bytes spill stores|Used [0-9]+ registers" \
+    | paste -d' ' - - - | sort | uniq -c
+}
+case $part in
+  check)
+    families=$(python3 -c "from lcab.masks import MASK_NAMES; print(','.join(MASK_NAMES))")
+    seqlen=--seqlens="${LCAB_LAB_CHECK_SEQLEN:-2k}"
+    for r in named named_warp; do
+      MOSAIC_GPU_DUMP_PTXAS=1 run "check-$r" 150 --masks="$families" "$seqlen" "$(release "$r")"
+      ptxas "check-$r"
+    done ;;
+  ab)
+    cut=(--seqlens="${LCAB_LAB_SEQLENS:-16k,32k}"
+         --masks=full,causal,causal_document,sliding_window_causal)
+    for round in 1 2; do
+      for r in mbarrier named named_warp; do
+        run "$r-$round" 200 "${cut[@]}" "$(release "$r")"
+      done
+    done ;;
+  *) echo "$usage" >&2; exit 2 ;;
+esac
+summaries "$out"
