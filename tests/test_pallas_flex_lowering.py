@@ -123,6 +123,47 @@ def test_the_forward_release_is_an_option_that_reaches_the_lowering():
     assert mosaic_fwd_sm90.Config(stages=6).release == "mbarrier"  # mbarriers have no such limit
 
 
+def test_the_dq_reduce_probe_hands_each_strip_to_a_reducer_warp():
+    """dq_reduce_probe (v19, a timing probe for a one-pass backward): in the
+    dK/dV kernel each compute warpgroup waits for its staging slot and
+    hands it over once a strip, at named barriers of 160 threads (its 128
+    and the reducer warp's 32); only "reduce" issues a bulk reduce-add.
+    The default kernel has none of it. Lowered for every family."""
+    def lowered(probe, name):
+        plan = make_plan(small_mask(name, 300), 128, 128)
+        tables = jax.tree.map(jnp.asarray, plan.tables())
+        q = jax.ShapeDtypeStruct((2, plan.padded_q, 4, 128), jnp.bfloat16)
+        kv = jax.ShapeDtypeStruct((2, plan.padded_k, 2, 128), jnp.bfloat16)
+        rows = jax.ShapeDtypeStruct((2, 4, plan.padded_q), jnp.float32)
+        config = mosaic_bwd_sm90.Config(dq_reduce_probe=probe)
+        backward = lambda q, k, v, do, lse, delta, t: mosaic_bwd_sm90.backward(
+            q, k, v, do, lse, delta, plan.geometry, t, False, config)
+        return jax.jit(backward).trace(q, kv, kv, q, rows, rows, tables).lower(
+            lowering_platforms=("cuda",)).as_text()
+
+    handover = {"bar.arrive $0, 160;", "bar.sync $0, 160;"}
+    default = lowered("none", "causal_document")
+    assert not handover & set(re.findall(r"bar\.\w+ [$0-9]+, [0-9]+;", default))
+    assert "cp.reduce" not in default
+    for name in MASK_NAMES:
+        for probe in ("handshake", "reduce"):
+            text = lowered(probe, name)
+            assert handover <= set(re.findall(r"bar\.\w+ [$0-9]+, [0-9]+;", text)), name
+            assert ("cp.reduce.async.bulk" in text) == (probe == "reduce"), (probe, name)
+
+
+def test_the_dq_reduce_probe_is_an_option_that_reaches_the_lowering():
+    assert registry.load_backend("jax.pallas_flex", {}).lowering.mosaic_backward == \
+        mosaic_bwd_sm90.Config()
+    probed = registry.load_backend("jax.pallas_flex", {"dq_reduce_probe": "reduce"})
+    assert probed.lowering.mosaic_backward == mosaic_bwd_sm90.Config(dq_reduce_probe="reduce")
+    assert "dq_reduce_probe=reduce" in probed.mask_support(cpu_workload()).how
+    with pytest.raises(registry.Unavailable, match="choose one of none, handshake, reduce"):
+        registry.load_backend("jax.pallas_flex", {"dq_reduce_probe": "atomic"})
+    with pytest.raises(ValueError, match="one 64-query strip at a time: parts=2"):
+        mosaic_bwd_sm90.Config(dq_reduce_probe="handshake", parts=1)
+
+
 def cpu_workload(head_dim=64):
     return Workload(1, 256, 256, 4, 2, head_dim, "bfloat16", small_mask("causal", 256))
 

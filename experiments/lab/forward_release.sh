@@ -37,19 +37,13 @@ run() {  # name, seconds, then lcab.experiments flags
     "--git_commit=$commit" --noprogress --nosummary --out="$out/$1" "${@:3}"
 }
 release() { echo "--backend_options=jax.pallas_flex:forward_release=$1"; }
-ptxas() {  # the ptxas report of a run's forward kernels: registers and spills, counted
-  echo "## ptxas, $1: registers and spills per kernel"
-  grep -A3 "entry function 'lcab_flex" "$out/$1.log" \
-    | grep -oE "entry function '[a-z_]+|[0-9]+ bytes spill stores|Used [0-9]+ registers" \
-    | paste -d' ' - - - | sort | uniq -c
-}
 case $part in
   check)
     families=$(python3 -c "from lcab.masks import MASK_NAMES; print(','.join(MASK_NAMES))")
     seqlen=--seqlens="${LCAB_LAB_CHECK_SEQLEN:-2k}"
     for r in named named_warp; do
       MOSAIC_GPU_DUMP_PTXAS=1 run "check-$r" 150 --masks="$families" "$seqlen" "$(release "$r")"
-      ptxas "check-$r"
+      ptxas_report "$out" "check-$r"
     done ;;
   ab)
     cut=(--seqlens="${LCAB_LAB_SEQLENS:-16k,32k}"

@@ -33,3 +33,12 @@ summaries() {
     python3 -m lcab.report --results="$1/$name" --summary 2>/dev/null | grep '^|'
   done
 }
+
+# ptxas_report OUT NAME: registers and bytes spilled per pallas_flex kernel in
+# OUT/NAME.log (a run under MOSAIC_GPU_DUMP_PTXAS=1), counted.
+ptxas_report() {
+  echo "## ptxas, $2: registers and spills per kernel"
+  grep -A3 "entry function 'lcab_flex" "$1/$2.log" \
+    | grep -oE "entry function '[a-z_]+|[0-9]+ bytes spill stores|Used [0-9]+ registers" \
+    | paste -d' ' - - - | sort | uniq -c
+}

@@ -42,10 +42,13 @@ class PallasFlexBackend(Backend):
     # The launch orders (ops.Lowering) are for measuring them: dkv_launch
     # "auto" decides per plan; rows_launch is the Mosaic forward's and dQ's.
     # forward_release (mosaic_fwd_sm90.RELEASES) likewise: how the Mosaic
-    # forward's K/V ring slots are handed back.
+    # forward's K/V ring slots are handed back; dq_reduce_probe
+    # (mosaic_bwd_sm90.DQ_REDUCE_PROBES) adds a one-pass backward's dQ
+    # traffic to the dK/dV kernel, to time it.
     options = {"block_q": int, "block_k": int, "backward_block_q": int,
                "backward_block_k": int, "forward_lowering": str, "backward_lowering": str,
-               "dkv_launch": str, "rows_launch": str, "forward_release": str}
+               "dkv_launch": str, "rows_launch": str, "forward_release": str,
+               "dq_reduce_probe": str}
 
     def __init__(self, **options):
         unknown = sorted(set(options) - set(self.options))
@@ -77,6 +80,11 @@ class PallasFlexBackend(Backend):
             raise ValueError(f"forward_release={release!r}: choose one of "
                              f"{', '.join(mosaic_fwd_sm90.RELEASES)}")
         self.mosaic_forward = mosaic_fwd_sm90.Config(release=release)
+        probe = options.get("dq_reduce_probe", mosaic_bwd_sm90.Config.dq_reduce_probe)
+        if probe not in mosaic_bwd_sm90.DQ_REDUCE_PROBES:
+            raise ValueError(f"dq_reduce_probe={probe!r}: choose one of "
+                             f"{', '.join(mosaic_bwd_sm90.DQ_REDUCE_PROBES)}")
+        self.mosaic_backward = mosaic_bwd_sm90.Config(dq_reduce_probe=probe)
 
     @functools.cached_property
     def lowering(self) -> ops.Lowering:
@@ -87,7 +95,8 @@ class PallasFlexBackend(Backend):
         mosaic = "mosaic" in (forward, backward)
         return ops.Lowering(forward=forward, backward=backward,
                             interpret=_shared.interpret_mode() and not mosaic,
-                            mosaic_forward=self.mosaic_forward, **self.launches)
+                            mosaic_forward=self.mosaic_forward,
+                            mosaic_backward=self.mosaic_backward, **self.launches)
 
     @classmethod
     def environment_problem(cls) -> str | None:

@@ -332,7 +332,7 @@ def _named_barrier(op: str, barrier: int, threads: int = COMPUTE_WARPGROUPS * 12
     ptx()
 
 
-def _named_barrier_at(op: str, barrier, threads: int):
+def named_barrier_at(op: str, barrier, threads: int):
     """_named_barrier with the barrier's number computed in the kernel (an
     int32 scalar, the same in every thread): bar.<op> takes it in a register."""
     @plgpu.inline_mgpu(arg_types=(plgpu.Layout.WG_SPLAT,))
@@ -375,7 +375,7 @@ class _SlotRelease:
     def release(self, consumed, ring: int, slot):
         """Compute warpgroups: this tile of ring `ring` is used."""
         if self.named:
-            _named_barrier_at("arrive", self._barrier(ring, slot), self.threads)
+            named_barrier_at("arrive", self._barrier(ring, slot), self.threads)
         else:
             plgpu.barrier_arrive(consumed.at[slot])
 
@@ -384,7 +384,7 @@ class _SlotRelease:
         the slot's named barrier."""
         if not self.named:
             return consumed
-        return lambda step, slot: _named_barrier_at("sync", self._barrier(ring, slot),
+        return lambda step, slot: named_barrier_at("sync", self._barrier(ring, slot),
                                                     self.threads)
 
     def feeding(self, feed):

@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# Can a one-pass backward's dQ be summed by bulk reduce-adds from a warp of
+# the memory warpgroup without slowing the compute warpgroups? The timing
+# probe of option dq_reduce_probe (v19 in docs/pallas_flex.md, its
+# prediction written there before any run), in today's dK/dV kernel, on
+# one GPU:
+#   none       the default
+#   handshake  each strip, each compute warpgroup waits for its staging
+#              slot and hands it to the reducer warp (named barriers)
+#   reduce     the same, and the warp reduce-adds the slot (64 x 64 float32)
+#              into a thrown-away float32 buffer by TMA
+# handshake - none is the handover's cost, reduce - handshake the
+# reduce-adds'. dK and dV stay exact (the full-size check still applies);
+# dQ comes from the dQ kernel as always.
+# Parts (one device call each, about 3-6 minutes on an H200):
+#   check  reduce on five families at 2k, forward and backward, full-size
+#          check on (150 s a run: a hang costs little), and ptxas's
+#          registers and spills beside the default's
+#   ab     A/B/C/A/B/C: none, handshake, reduce, twice; full and causal at
+#          32k, forward and backward
+# Each run writes OUT/<name>/ and OUT/<name>.log, packed after each run into
+# OUT/rows.tgz (pack.sh says why). The last lines are one short table per run.
+#
+#   experiments/lab/dq_reduce_probe.sh OUT COMMIT check|ab
+#
+# COMMIT: the full hash, written out (experiments/README.md says why).
+# LCAB_LAB_SEQLENS (default 32k) and LCAB_LAB_CHECK_SEQLEN (2k) shrink it
+# for a rehearsal on a CPU, where the Triton kernels run instead.
+set -uo pipefail
+usage="usage: $0 OUT COMMIT check|ab"
+out=${1:?$usage}
+commit=${2:?$usage}
+part=${3:?$usage}
+export XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1 CUDA_VISIBLE_DEVICES=0
+mkdir -p "$out"
+source "$(dirname "$0")/pack.sh"
+run() {  # name, seconds, then lcab.experiments flags
+  run_packed "$out" "$1" timeout "$2" python3 -m lcab.experiments \
+    --flagfile=experiments/seed_blog.flags --framework=jax --backends=jax.pallas_flex \
+    --reference_cache="$out/references" \
+    "--git_commit=$commit" --noprogress --nosummary --out="$out/$1" "${@:3}"
+}
+probe() { echo "--backend_options=jax.pallas_flex:dq_reduce_probe=$1"; }
+case $part in
+  check)
+    seqlen=--seqlens="${LCAB_LAB_CHECK_SEQLEN:-2k}"
+    masks=--masks=full,causal,causal_document,sliding_window_causal,var_block_sparse
+    MOSAIC_GPU_DUMP_PTXAS=1 run check-reduce 150 "$masks" "$seqlen" "$(probe reduce)"
+    MOSAIC_GPU_DUMP_PTXAS=1 run check-none 150 --masks=full "$seqlen" "$(probe none)"
+    ptxas_report "$out" check-reduce
+    ptxas_report "$out" check-none ;;
+  ab)
+    cut=(--seqlens="${LCAB_LAB_SEQLENS:-32k}" --masks=full,causal)
+    for round in 1 2; do
+      for p in none handshake reduce; do
+        run "$p-$round" 150 "${cut[@]}" "$(probe "$p")"
+      done
+    done ;;
+  *) echo "$usage" >&2; exit 2 ;;
+esac
+summaries "$out"
