@@ -9,9 +9,9 @@
 #               the memory warpgroup's bar.sync
 #   named_warp  the same met by one warp, which alone issues the copies
 # Parts (one device call each, about 4-6 minutes on an H200):
-#   check  every mask family at 2k with named and with named_warp, full-size
-#          check on (a wrong output shows as MISMATCH; a hang as the run's
-#          timeout, 150 s), and ptxas's registers and spills
+#   check  every mask family at 2k with named_warp and three with named,
+#          full-size check on (a wrong output shows as MISMATCH; a hang as
+#          the run's timeout), and ptxas's registers and spills
 #   ab     A/B/C/A/B/C: mbarrier, named, named_warp, twice; full, causal,
 #          causal_document and sliding_window_causal at 16k and 32k
 # Each run writes OUT/<name>/ and OUT/<name>.log, packed after each run into
@@ -41,10 +41,14 @@ case $part in
   check)
     families=$(python3 -c "from lcab.masks import MASK_NAMES; print(','.join(MASK_NAMES))")
     seqlen=--seqlens="${LCAB_LAB_CHECK_SEQLEN:-2k}"
-    for r in named named_warp; do
-      MOSAIC_GPU_DUMP_PTXAS=1 run "check-$r" 150 --masks="$families" "$seqlen" "$(release "$r")"
-      ptxas_report "$out" "check-$r"
-    done ;;
+    # named_warp (the barriers and the one-warp feed) on every family, named
+    # (the same barriers) on three: about 30 s a family (compiling).
+    MOSAIC_GPU_DUMP_PTXAS=1 run check-named_warp 330 --masks="$families" "$seqlen" \
+      "$(release named_warp)"
+    MOSAIC_GPU_DUMP_PTXAS=1 run check-named 150 --masks=full,causal_document,sliding_window_causal \
+      "$seqlen" "$(release named)"
+    ptxas_report "$out" check-named_warp
+    ptxas_report "$out" check-named ;;
   ab)
     cut=(--seqlens="${LCAB_LAB_SEQLENS:-16k,32k}"
          --masks=full,causal,causal_document,sliding_window_causal)
