@@ -35,7 +35,7 @@ export XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1 CUDA_VISIBLE_DEVIC
 mkdir -p "$out"
 source "$(dirname "$0")/pack.sh"
 run() {  # name, seconds, then lcab.experiments flags
-  run_packed "$out" "$1" timeout "$2" python3 -m lcab.experiments \
+  run_packed "$out" "$1" timeout -k 10 "$2" python3 -m lcab.experiments \
     --flagfile=experiments/seed_blog.flags --framework=jax --backends=jax.pallas_flex \
     --reference_cache="$out/references" \
     "--git_commit=$commit" --noprogress --nosummary --out="$out/$1" "${@:3}"

@@ -15,13 +15,16 @@ pack_runs() {
 }
 
 # run_packed OUT NAME COMMAND...: COMMAND with its output in OUT/NAME.log,
-# its exit status said, then every run so far (RUNS, in order) packed.
+# its exit status said (and kept in LAST_EXIT), then every run so far
+# (RUNS, in order) packed.
 RUNS=()
+LAST_EXIT=0
 run_packed() {
   local out=$1 name=$2; shift 2
   RUNS+=("$name")
   "$@" >"$out/$name.log" 2>&1
-  echo "$name: exit $?"
+  LAST_EXIT=$?
+  echo "$name: exit $LAST_EXIT"
   pack_runs "$out" "${RUNS[@]}"
 }
 
@@ -38,7 +41,7 @@ summaries() {
 # OUT/NAME.log (a run under MOSAIC_GPU_DUMP_PTXAS=1), counted.
 ptxas_report() {
   echo "## ptxas, $2: registers and spills per kernel"
-  grep -A3 "entry function 'lcab_flex" "$1/$2.log" \
+  grep -A3 "entry function 'lcab_flex" "$1/$2.log" 2>/dev/null \
     | grep -oE "entry function '[a-z_]+|[0-9]+ bytes spill stores|Used [0-9]+ registers" \
     | paste -d' ' - - - | sort | uniq -c
 }

@@ -166,6 +166,7 @@ def forward(q, k, v, geometry: Geometry, tables, config: Config = Config(),
             qo_smem, lse_smem = qo_smem2.at[wg], lse_smem2.at[wg]
 
             def one_item(step0):
+                slots.open()  # before any wait: the memory warpgroup's first loads need it
                 qi, head, b = where()
                 row0 = qi * BLOCK_Q + wg * rows
                 visits = visit_count(walk_refs, qi)
@@ -183,7 +184,6 @@ def forward(q, k, v, geometry: Geometry, tables, config: Config = Config(),
                 def _():
                     plgpu.barrier_wait(k_loaded.at[0])
 
-                slots.open()
                 turns.start()
 
                 def visit(step, kb, j, carry):
@@ -365,7 +365,9 @@ class _SlotRelease:
         return jnp.int32(_SLOT_BARRIER + ring * self.stages) + slot
 
     def open(self):
-        """Compute warpgroups, before an item's first tile."""
+        """Compute warpgroups, at an item's start, before they wait for
+        anything the memory warpgroup loads (its first wait on each slot
+        needs these arrivals)."""
         if self.named:
             for ring in (0, 1):
                 for slot in range(self.stages):
