@@ -129,11 +129,11 @@ def test_the_dq_reduce_probe_hands_each_strip_to_a_reducer_warp():
     hands it over once a strip, at named barriers of 160 threads (its 128
     and the reducer warp's 32); only "reduce" issues a bulk reduce-add.
     The default kernel has none of it. Lowered for every family."""
-    def lowered(probe, name):
+    def lowered(probe, name, head_dim=128):
         plan = make_plan(small_mask(name, 300), 128, 128)
         tables = jax.tree.map(jnp.asarray, plan.tables())
-        q = jax.ShapeDtypeStruct((2, plan.padded_q, 4, 128), jnp.bfloat16)
-        kv = jax.ShapeDtypeStruct((2, plan.padded_k, 2, 128), jnp.bfloat16)
+        q = jax.ShapeDtypeStruct((2, plan.padded_q, 4, head_dim), jnp.bfloat16)
+        kv = jax.ShapeDtypeStruct((2, plan.padded_k, 2, head_dim), jnp.bfloat16)
         rows = jax.ShapeDtypeStruct((2, 4, plan.padded_q), jnp.float32)
         config = mosaic_bwd_sm90.Config(dq_reduce_probe=probe)
         backward = lambda q, k, v, do, lse, delta, t: mosaic_bwd_sm90.backward(
@@ -150,6 +150,7 @@ def test_the_dq_reduce_probe_hands_each_strip_to_a_reducer_warp():
             text = lowered(probe, name)
             assert handover <= set(re.findall(r"bar\.\w+ [$0-9]+, [0-9]+;", text)), name
             assert ("cp.reduce.async.bulk" in text) == (probe == "reduce"), (probe, name)
+    assert "cp.reduce.async.bulk" in lowered("reduce", "causal", head_dim=64)  # 32-column shares
 
 
 def test_the_dq_reduce_probe_is_an_option_that_reaches_the_lowering():
@@ -160,8 +161,9 @@ def test_the_dq_reduce_probe_is_an_option_that_reaches_the_lowering():
     assert "dq_reduce_probe=reduce" in probed.mask_support(cpu_workload()).how
     with pytest.raises(registry.Unavailable, match="choose one of none, handshake, reduce"):
         registry.load_backend("jax.pallas_flex", {"dq_reduce_probe": "atomic"})
-    with pytest.raises(ValueError, match="one 64-query strip at a time: parts=2"):
-        mosaic_bwd_sm90.Config(dq_reduce_probe="handshake", parts=1)
+    for settings in ({"parts": 1}, {"stages": 3}):
+        with pytest.raises(ValueError, match="parts=2, stages=2"):
+            mosaic_bwd_sm90.Config(dq_reduce_probe="handshake", **settings)
 
 
 def cpu_workload(head_dim=64):

@@ -108,8 +108,9 @@ class Config:
         if self.dq_reduce_probe not in DQ_REDUCE_PROBES:
             raise ValueError(f"dq_reduce_probe={self.dq_reduce_probe!r}: choose one of "
                              f"{', '.join(DQ_REDUCE_PROBES)}")
-        if self.dq_reduce_probe != "none" and self.parts != 2:
-            raise ValueError("dq_reduce_probe hands over one 64-query strip at a time: parts=2")
+        if self.dq_reduce_probe != "none" and (self.parts, self.stages) != (2, 2):
+            raise ValueError("dq_reduce_probe hands over one 64-query strip at a time and its "
+                             "staging fills shared memory: parts=2, stages=2")
         if self.stages < 2:
             raise ValueError(f"stages={self.stages}: the ring needs 2 or more")
 
@@ -236,6 +237,7 @@ def _dkv(q, k, v, dout, lse, delta, geometry: Geometry, tables, scale, stages,
     qk_scale = scale * _LOG2E
 
     probing = probe != "none"
+    share_cols = head_dim // COMPUTE_WARPGROUPS  # each warpgroup's columns of a dQ strip
 
     def kernel(*refs):
         *walk, ids, slices, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dk_ref, dv_ref, \
@@ -321,7 +323,8 @@ def _dkv(q, k, v, dout, lse, delta, geometry: Geometry, tables, scale, stages,
                         named_barrier_at("sync", jnp.int32(_STAGED_BARRIER + w), _PROBE_THREADS)
                         if probe == "reduce":
                             rows_at = pl.ds(qb * block_q + part * cols, cols)
-                            share = probed[0].at[b, rows_at, head, pl.ds(w * cols, cols)]
+                            share = probed[0].at[b, rows_at, head, pl.ds(w * share_cols,
+                                                                         share_cols)]
                             plgpu.copy_smem_to_gmem(staging[0].at[w], share,
                                                     reduction_op="add")
                             plgpu.wait_smem_to_gmem(0, wait_read_only=True)
@@ -352,7 +355,8 @@ def _dkv(q, k, v, dout, lse, delta, geometry: Geometry, tables, scale, stages,
              tiles(stages, block_q, head_dim, dtype),
              plgpu.SMEM((stages, block_q), jnp.float32),
              plgpu.SMEM((stages, block_q), jnp.float32),
-             *([plgpu.SMEM((COMPUTE_WARPGROUPS, cols, cols), jnp.float32)] if probing else [])],
+             *([plgpu.SMEM((COMPUTE_WARPGROUPS, cols, share_cols), jnp.float32)]
+               if probing else [])],
             (plgpu.Barrier(num_barriers=COMPUTE_WARPGROUPS),) * 2,
             (plgpu.Barrier(num_barriers=stages),) * 4,
             plgpu.Barrier(num_arrivals=COMPUTE_WARPGROUPS, num_barriers=stages),

@@ -163,10 +163,12 @@ def forward(q, k, v, geometry: Geometry, tables, config: Config = Config(),
         @pl.when(wg < COMPUTE_WARPGROUPS)
         def _compute():
             plgpu.set_max_registers(232, action="increase")
+            # Once a program, before any wait: the memory warpgroup's first
+            # loads need it (a persistent kernel would open once, not per item).
+            slots.open()
             qo_smem, lse_smem = qo_smem2.at[wg], lse_smem2.at[wg]
 
             def one_item(step0):
-                slots.open()  # before any wait: the memory warpgroup's first loads need it
                 qi, head, b = where()
                 row0 = qi * BLOCK_Q + wg * rows
                 visits = visit_count(walk_refs, qi)
@@ -348,7 +350,7 @@ class _SlotRelease:
     memory warpgroup waits for it (Config.release, RELEASES). Ring `ring`
     (0 K, 1 V) of slot s has named barrier _SLOT_BARRIER + ring * stages + s.
     With named barriers every slot starts released (open: one arrival each,
-    before an item's first tile), so the memory warpgroup's n-th wait on a
+    before the first tile), so the memory warpgroup's n-th wait on a
     slot meets the compute warpgroups' (n-1)-th release of it; an item's
     last releases stay unmet when the kernel ends, which a named barrier
     allows."""
@@ -365,9 +367,9 @@ class _SlotRelease:
         return jnp.int32(_SLOT_BARRIER + ring * self.stages) + slot
 
     def open(self):
-        """Compute warpgroups, at an item's start, before they wait for
-        anything the memory warpgroup loads (its first wait on each slot
-        needs these arrivals)."""
+        """Compute warpgroups, once, before they wait for anything the
+        memory warpgroup loads (its first wait on each slot needs these
+        arrivals)."""
         if self.named:
             for ring in (0, 1):
                 for slot in range(self.stages):
