@@ -28,18 +28,9 @@
 # for a rehearsal on a CPU, where the Triton kernels run instead.
 set -uo pipefail
 usage="usage: $0 OUT COMMIT check|ab"
-out=${1:?$usage}
-commit=${2:?$usage}
-part=${3:?$usage}
-export XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1 CUDA_VISIBLE_DEVICES=0
-mkdir -p "$out"
 source "$(dirname "$0")/pack.sh"
-run() {  # name, seconds, then lcab.experiments flags
-  run_packed "$out" "$1" timeout -k 10 "$2" python3 -m lcab.experiments \
-    --flagfile=experiments/seed_blog.flags --framework=jax --backends=jax.pallas_flex \
-    --reference_cache="$out/references" \
-    "--git_commit=$commit" --noprogress --nosummary --out="$out/$1" "${@:3}"
-}
+lab_start "$@"
+run() { pallas_flex_run "$@"; }  # name, seconds, then lcab.experiments flags
 probe() { echo "--backend_options=jax.pallas_flex:dq_reduce_probe=$1"; }
 case $part in
   check)

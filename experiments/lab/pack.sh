@@ -45,3 +45,24 @@ ptxas_report() {
     | grep -oE "entry function '[a-z_]+|[0-9]+ bytes spill stores|Used [0-9]+ registers" \
     | paste -d' ' - - - | sort | uniq -c
 }
+
+# lab_start OUT COMMIT PART: a one-GPU lab script's arguments into out,
+# commit and part (a missing one exits with $usage), its environment, OUT.
+lab_start() {
+  out=${1:?$usage}
+  commit=${2:?$usage}
+  part=${3:?$usage}
+  export XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1 CUDA_VISIBLE_DEVICES=0
+  mkdir -p "$out"
+}
+
+# pallas_flex_run NAME SECONDS FLAGS...: jax.pallas_flex alone on the seed
+# blog's workloads at $commit into $out/NAME (run_packed), killed after
+# SECONDS, the full-size check's references shared between runs.
+pallas_flex_run() {
+  local name=$1 seconds=$2; shift 2
+  run_packed "$out" "$name" timeout -k 10 "$seconds" python3 -m lcab.experiments \
+    --flagfile=experiments/seed_blog.flags --framework=jax --backends=jax.pallas_flex \
+    --reference_cache="$out/references" "--git_commit=$commit" --noprogress --nosummary \
+    --out="$out/$name" "$@"
+}
