@@ -17,6 +17,43 @@ from lcab import registry
 from lcab.masks import MASK_NAMES, make_mask, small_mask
 from lcab.workloads import Workload
 
+BARRIERS = re.compile(r"bar\.(?:arrive|sync) [$0-9]+, [0-9]+;")  # named barriers in the text
+
+
+def mosaic_forward_text(name, config=None, head_dim=128,
+                        dtype=jnp.bfloat16, block_k=128) -> str:
+    """The Mosaic forward for family `name` at 300 tokens (padded rows and
+    columns) lowered for a GPU on the host: its text (config None: the
+    default)."""
+    plan = make_plan(small_mask(name, 300), 128, block_k)
+    tables = jax.tree.map(jnp.asarray, plan.tables())
+    q = jax.ShapeDtypeStruct((2, plan.padded_q, 4, head_dim), dtype)
+    kv = jax.ShapeDtypeStruct((2, plan.padded_k, 2, head_dim), dtype)
+
+    def forward(q, k, v, t):
+        return mosaic_fwd_sm90.forward(q, k, v, plan.geometry, t,
+                                       config or mosaic_fwd_sm90.Config())
+
+    return jax.jit(forward).trace(q, kv, kv, tables).lower(
+        lowering_platforms=("cuda",)).as_text()
+
+
+def mosaic_backward_text(name, config=None, head_dim=128,
+                         dtype=jnp.bfloat16, heads_together=False) -> str:
+    """The same for the Mosaic backward's two kernels."""
+    plan = make_plan(small_mask(name, 300), 128, 128)
+    tables = jax.tree.map(jnp.asarray, plan.tables())
+    q = jax.ShapeDtypeStruct((2, plan.padded_q, 4, head_dim), dtype)
+    kv = jax.ShapeDtypeStruct((2, plan.padded_k, 2, head_dim), dtype)
+    rows = jax.ShapeDtypeStruct((2, 4, plan.padded_q), jnp.float32)
+
+    def gradients(q, k, v, dout, lse2, delta, t):
+        return mosaic_bwd_sm90.backward(q, k, v, dout, lse2, delta, plan.geometry, t,
+                                        heads_together, config or mosaic_bwd_sm90.Config())
+
+    return jax.jit(gradients).trace(q, kv, kv, q, rows, rows, tables).lower(
+        lowering_platforms=("cuda",)).as_text()
+
 
 def test_the_kernels_lower_to_triton_for_a_gpu():
     """Lowering to Triton IR needs no GPU: this catches what interpret mode
@@ -44,14 +81,7 @@ def test_the_mosaic_forward_lowers_for_a_gpu_on_every_family(head_dim, dtype, bl
     catches ops and layouts the lowering lacks; its numbers are checked on a
     GPU (results/gpu/2026-11-26-h100-pallas-flex-mosaic/)."""
     for name in MASK_NAMES:
-        plan = make_plan(small_mask(name, 300), 128, block_k)  # 300: padded rows and columns
-        tables = jax.tree.map(jnp.asarray, plan.tables())
-        q = jax.ShapeDtypeStruct((2, plan.padded_q, 4, head_dim), dtype)
-        kv = jax.ShapeDtypeStruct((2, plan.padded_k, 2, head_dim), dtype)
-        forward = lambda q, k, v, t, plan=plan: mosaic_fwd_sm90.forward(  # noqa: E731
-            q, k, v, plan.geometry, t)
-        text = jax.jit(forward).trace(q, kv, kv, tables).lower(
-            lowering_platforms=("cuda",)).as_text()
+        text = mosaic_forward_text(name, head_dim=head_dim, dtype=dtype, block_k=block_k)
         assert text.count("stablehlo.custom_call @mosaic_gpu") == 1, name
         # The compute warpgroups take turns through named barriers 4 and 5
         # of both warpgroups' 256 threads (each hands over, each waits).
@@ -67,18 +97,7 @@ def test_the_mosaic_backward_lowers_for_a_gpu_on_every_family(head_dim, dtype, h
     family (its numbers are for a GPU to check)."""
     config = mosaic_bwd_sm90.Config(parts=parts)
     for name in MASK_NAMES:
-        plan = make_plan(small_mask(name, 300), 128, 128)
-        tables = jax.tree.map(jnp.asarray, plan.tables())
-        q = jax.ShapeDtypeStruct((2, plan.padded_q, 4, head_dim), dtype)
-        kv = jax.ShapeDtypeStruct((2, plan.padded_k, 2, head_dim), dtype)
-        rows = jax.ShapeDtypeStruct((2, 4, plan.padded_q), jnp.float32)
-
-        def gradients(q, k, v, dout, lse2, delta, t, plan=plan):
-            return mosaic_bwd_sm90.backward(q, k, v, dout, lse2, delta, plan.geometry, t,
-                                            heads_together, config)
-
-        text = jax.jit(gradients).trace(q, kv, kv, q, rows, rows, tables).lower(
-            lowering_platforms=("cuda",)).as_text()
+        text = mosaic_backward_text(name, config, head_dim, dtype, heads_together)
         assert "lcab_flex_dq_mosaic" in text and "lcab_flex_dkv_mosaic" in text, name
 
 
@@ -91,15 +110,7 @@ def test_the_forward_releases_its_ring_slots_at_named_barriers(release, threads)
     number in a register; the turns keep barriers 4 and 5. mbarrier, the
     default, uses none of them. Lowered for every family; timed on a GPU."""
     def bars(config, name):
-        plan = make_plan(small_mask(name, 300), 128, 128)
-        tables = jax.tree.map(jnp.asarray, plan.tables())
-        q = jax.ShapeDtypeStruct((2, plan.padded_q, 4, 128), jnp.bfloat16)
-        kv = jax.ShapeDtypeStruct((2, plan.padded_k, 2, 128), jnp.bfloat16)
-        forward = lambda q, k, v, t: mosaic_fwd_sm90.forward(
-            q, k, v, plan.geometry, t, config)
-        text = jax.jit(forward).trace(q, kv, kv, tables).lower(
-            lowering_platforms=("cuda",)).as_text()
-        return set(re.findall(r"bar\.(?:arrive|sync) [$0-9]+, [0-9]+;", text))
+        return set(BARRIERS.findall(mosaic_forward_text(name, config)))
 
     turns = {f"bar.{op} {barrier}, 256;" for op in ("arrive", "sync") for barrier in (4, 5)}
     assert bars(mosaic_fwd_sm90.Config(), "causal_document") - turns <= {"bar.sync $0, 128;"}
@@ -130,25 +141,17 @@ def test_the_dq_reduce_probe_hands_each_strip_to_a_reducer_warp():
     and the reducer warp's 32); only "reduce" issues a bulk reduce-add.
     The default kernel has none of it. Lowered for every family."""
     def lowered(probe, name, head_dim=128):
-        plan = make_plan(small_mask(name, 300), 128, 128)
-        tables = jax.tree.map(jnp.asarray, plan.tables())
-        q = jax.ShapeDtypeStruct((2, plan.padded_q, 4, head_dim), jnp.bfloat16)
-        kv = jax.ShapeDtypeStruct((2, plan.padded_k, 2, head_dim), jnp.bfloat16)
-        rows = jax.ShapeDtypeStruct((2, 4, plan.padded_q), jnp.float32)
-        config = mosaic_bwd_sm90.Config(dq_reduce_probe=probe)
-        backward = lambda q, k, v, do, lse, delta, t: mosaic_bwd_sm90.backward(
-            q, k, v, do, lse, delta, plan.geometry, t, False, config)
-        return jax.jit(backward).trace(q, kv, kv, q, rows, rows, tables).lower(
-            lowering_platforms=("cuda",)).as_text()
+        return mosaic_backward_text(name, mosaic_bwd_sm90.Config(dq_reduce_probe=probe),
+                                    head_dim)
 
     handover = {"bar.arrive $0, 160;", "bar.sync $0, 160;"}
     default = lowered("none", "causal_document")
-    assert not handover & set(re.findall(r"bar\.\w+ [$0-9]+, [0-9]+;", default))
+    assert not handover & set(BARRIERS.findall(default))
     assert "cp.reduce" not in default
     for name in MASK_NAMES:
         for probe in ("handshake", "reduce"):
             text = lowered(probe, name)
-            assert handover <= set(re.findall(r"bar\.\w+ [$0-9]+, [0-9]+;", text)), name
+            assert handover <= set(BARRIERS.findall(text)), name
             assert ("cp.reduce.async.bulk" in text) == (probe == "reduce"), (probe, name)
     assert "cp.reduce.async.bulk" in lowered("reduce", "causal", head_dim=64)  # 32-column shares
 

@@ -42,11 +42,7 @@ case $part in
     ptxas_report "$out" check-none ;;
   ab)
     cut=(--seqlens="${LCAB_LAB_SEQLENS:-32k}" --masks=full,causal)
-    for round in 1 2; do
-      for p in none handshake reduce; do
-        run "$p-$round" 150 "${cut[@]}" "$(probe "$p")"
-      done
-    done ;;
+    ab_rounds dq_reduce_probe 150 "none handshake reduce" "${cut[@]}" ;;
   *) echo "$usage" >&2; exit 2 ;;
 esac
 summaries "$out"

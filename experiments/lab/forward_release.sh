@@ -47,11 +47,7 @@ case $part in
   ab)
     cut=(--seqlens="${LCAB_LAB_SEQLENS:-16k,32k}"
          --masks=full,causal,causal_document,sliding_window_causal)
-    for round in 1 2; do
-      for r in mbarrier named named_warp; do
-        run "$r-$round" 200 "${cut[@]}" "$(release "$r")"
-      done
-    done ;;
+    ab_rounds forward_release 200 "mbarrier named named_warp" "${cut[@]}" ;;
   *) echo "$usage" >&2; exit 2 ;;
 esac
 summaries "$out"

@@ -28,6 +28,14 @@ FORWARD_BLOCKS = (128, 128)
 TRITON_BACKWARD_BLOCKS = (64, 64)
 
 
+def _choice(options: dict, key: str, choices, default):
+    """Option `key` as set (else default), refused unless one of choices."""
+    value = options.get(key, default)
+    if value not in choices:
+        raise ValueError(f"{key}={value!r}: choose one of {', '.join(choices)}")
+    return value
+
+
 class PallasFlexBackend(Backend):
     name = "jax.pallas_flex"
     framework = "jax"
@@ -64,27 +72,18 @@ class PallasFlexBackend(Backend):
                              (*self.forward_blocks, *self.chosen_backward_blocks)):
             if size is not None and (size < 16 or size & (size - 1)):
                 raise ValueError(f"{key}={size}: blocks are powers of two from 16 (Triton tiles)")
-        self.lowerings = (options.get("forward_lowering", "auto"),
-                          options.get("backward_lowering", "auto"))
-        for key, value in zip(("forward_lowering", "backward_lowering"), self.lowerings):
-            if value not in ops.LOWERINGS:
-                raise ValueError(f"{key}={value!r}: choose one of {', '.join(ops.LOWERINGS)}")
-        self.launches = {key: options[key] for key in ("dkv_launch", "rows_launch")
+        self.lowerings = tuple(_choice(options, key, ops.LOWERINGS, "auto")
+                               for key in ("forward_lowering", "backward_lowering"))
+        self.launches = {key: _choice(options, key, choices, None)
+                         for key, choices in (("dkv_launch", ops.DKV_LAUNCHES),
+                                              ("rows_launch", ops.ROWS_LAUNCHES))
                          if key in options}
-        for key, value in self.launches.items():
-            choices = ops.DKV_LAUNCHES if key == "dkv_launch" else ops.ROWS_LAUNCHES
-            if value not in choices:
-                raise ValueError(f"{key}={value!r}: choose one of {', '.join(choices)}")
-        release = options.get("forward_release", mosaic_fwd_sm90.Config.release)
-        if release not in mosaic_fwd_sm90.RELEASES:
-            raise ValueError(f"forward_release={release!r}: choose one of "
-                             f"{', '.join(mosaic_fwd_sm90.RELEASES)}")
-        self.mosaic_forward = mosaic_fwd_sm90.Config(release=release)
-        probe = options.get("dq_reduce_probe", mosaic_bwd_sm90.Config.dq_reduce_probe)
-        if probe not in mosaic_bwd_sm90.DQ_REDUCE_PROBES:
-            raise ValueError(f"dq_reduce_probe={probe!r}: choose one of "
-                             f"{', '.join(mosaic_bwd_sm90.DQ_REDUCE_PROBES)}")
-        self.mosaic_backward = mosaic_bwd_sm90.Config(dq_reduce_probe=probe)
+        self.mosaic_forward = mosaic_fwd_sm90.Config(release=_choice(
+            options, "forward_release", mosaic_fwd_sm90.RELEASES,
+            mosaic_fwd_sm90.Config.release))
+        self.mosaic_backward = mosaic_bwd_sm90.Config(dq_reduce_probe=_choice(
+            options, "dq_reduce_probe", mosaic_bwd_sm90.DQ_REDUCE_PROBES,
+            mosaic_bwd_sm90.Config.dq_reduce_probe))
 
     @functools.cached_property
     def lowering(self) -> ops.Lowering:
