@@ -70,9 +70,11 @@ pallas_flex_run() {
 # ab_rounds OPTION SECONDS "VALUES" FLAGS...: the script's run (name, seconds,
 # flags) of each of jax.pallas_flex's OPTION VALUES in turn, twice
 # (A/B/C/A/B/C: drift shows as a difference between rounds), as VALUE-ROUND.
+# LCAB_LAB_ROUNDS (default "1 2") runs some rounds only: one round a device
+# call when two would pass the call's ten minutes.
 ab_rounds() {
   local option=$1 seconds=$2 values=$3 round value; shift 3
-  for round in 1 2; do
+  for round in ${LCAB_LAB_ROUNDS:-1 2}; do
     for value in $values; do
       run "$value-$round" "$seconds" "$@" "--backend_options=jax.pallas_flex:$option=$value"
     done
