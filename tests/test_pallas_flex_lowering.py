@@ -3,8 +3,6 @@ the Triton kernels to Triton IR, the Mosaic GPU forward and backward to
 Mosaic GPU's MLIR on every family; what each lowering refuses, and the
 backward's blocks following the lowering that runs."""
 
-import re
-
 import jax
 import jax.numpy as jnp
 import pytest
@@ -17,29 +15,23 @@ from lcab import registry
 from lcab.masks import MASK_NAMES, make_mask, small_mask
 from lcab.workloads import Workload
 
-BARRIERS = re.compile(r"bar\.(?:arrive|sync) [$0-9]+, [0-9]+;")  # named barriers in the text
 
-
-def mosaic_forward_text(name, config=None, head_dim=128,
-                        dtype=jnp.bfloat16, block_k=128) -> str:
+def mosaic_forward_text(name, head_dim=128, dtype=jnp.bfloat16, block_k=128) -> str:
     """The Mosaic forward for family `name` at 300 tokens (padded rows and
-    columns) lowered for a GPU on the host: its text (config None: the
-    default)."""
+    columns) lowered for a GPU on the host: its text."""
     plan = make_plan(small_mask(name, 300), 128, block_k)
     tables = jax.tree.map(jnp.asarray, plan.tables())
     q = jax.ShapeDtypeStruct((2, plan.padded_q, 4, head_dim), dtype)
     kv = jax.ShapeDtypeStruct((2, plan.padded_k, 2, head_dim), dtype)
 
     def forward(q, k, v, t):
-        return mosaic_fwd_sm90.forward(q, k, v, plan.geometry, t,
-                                       config or mosaic_fwd_sm90.Config())
+        return mosaic_fwd_sm90.forward(q, k, v, plan.geometry, t)
 
     return jax.jit(forward).trace(q, kv, kv, tables).lower(
         lowering_platforms=("cuda",)).as_text()
 
 
-def mosaic_backward_text(name, config=None, head_dim=128,
-                         dtype=jnp.bfloat16, heads_together=False) -> str:
+def mosaic_backward_text(name, config, head_dim, dtype, heads_together) -> str:
     """The same for the Mosaic backward's two kernels."""
     plan = make_plan(small_mask(name, 300), 128, 128)
     tables = jax.tree.map(jnp.asarray, plan.tables())
@@ -49,7 +41,7 @@ def mosaic_backward_text(name, config=None, head_dim=128,
 
     def gradients(q, k, v, dout, lse2, delta, t):
         return mosaic_bwd_sm90.backward(q, k, v, dout, lse2, delta, plan.geometry, t,
-                                        heads_together, config or mosaic_bwd_sm90.Config())
+                                        heads_together, config)
 
     return jax.jit(gradients).trace(q, kv, kv, q, rows, rows, tables).lower(
         lowering_platforms=("cuda",)).as_text()
@@ -99,74 +91,6 @@ def test_the_mosaic_backward_lowers_for_a_gpu_on_every_family(head_dim, dtype, h
     for name in MASK_NAMES:
         text = mosaic_backward_text(name, config, head_dim, dtype, heads_together)
         assert "lcab_flex_dq_mosaic" in text and "lcab_flex_dkv_mosaic" in text, name
-
-
-@pytest.mark.parametrize("release,threads", [("named", 384), ("named_warp", 288)])
-def test_the_forward_releases_its_ring_slots_at_named_barriers(release, threads):
-    """forward_release (v18): the compute warpgroups hand each used K/V
-    slot back by bar.arrive on the slot's named barrier (6-7 K, 8-9 V at two
-    stages; each opened once before the first tile) and the memory
-    warpgroup, or one warp of it, meets it with bar.sync, with the slot's
-    number in a register; the turns keep barriers 4 and 5. mbarrier, the
-    default, uses none of them. Lowered for every family; timed on a GPU."""
-    def bars(config, name):
-        return set(BARRIERS.findall(mosaic_forward_text(name, config)))
-
-    turns = {f"bar.{op} {barrier}, 256;" for op in ("arrive", "sync") for barrier in (4, 5)}
-    assert bars(mosaic_fwd_sm90.Config(), "causal_document") - turns <= {"bar.sync $0, 128;"}
-    config = mosaic_fwd_sm90.Config(release=release)
-    for name in MASK_NAMES:
-        slots = {f"bar.arrive {barrier}, {threads};" for barrier in range(6, 10)}
-        assert bars(config, name) >= turns | slots | {
-            f"bar.arrive $0, {threads};", f"bar.sync $0, {threads};"}, name
-
-
-def test_the_forward_release_is_an_option_that_reaches_the_lowering():
-    default = registry.load_backend("jax.pallas_flex", {})
-    assert default.lowering.mosaic_forward.release == "mbarrier"
-    named = registry.load_backend("jax.pallas_flex", {"forward_release": "named"})
-    assert named.lowering.mosaic_forward == mosaic_fwd_sm90.Config(release="named")
-    assert "forward_release=named" in named.mask_support(cpu_workload()).how
-    with pytest.raises(registry.Unavailable, match="choose one of mbarrier, named, named_warp"):
-        registry.load_backend("jax.pallas_flex", {"forward_release": "tma"})
-    with pytest.raises(ValueError, match="at most 5 stages"):  # two named barriers a stage
-        mosaic_fwd_sm90.Config(release="named", stages=6)
-    assert mosaic_fwd_sm90.Config(stages=6).release == "mbarrier"  # mbarriers have no such limit
-
-
-def test_the_dq_reduce_probe_hands_each_strip_to_a_reducer_warp():
-    """dq_reduce_probe (v19, a timing probe for a one-pass backward): in the
-    dK/dV kernel each compute warpgroup waits for its staging slot and
-    hands it over once a strip, at named barriers of 160 threads (its 128
-    and the reducer warp's 32); only "reduce" issues a bulk reduce-add.
-    The default kernel has none of it. Lowered for every family."""
-    def lowered(probe, name, head_dim=128):
-        return mosaic_backward_text(name, mosaic_bwd_sm90.Config(dq_reduce_probe=probe),
-                                    head_dim)
-
-    handover = {"bar.arrive $0, 160;", "bar.sync $0, 160;"}
-    default = lowered("none", "causal_document")
-    assert not handover & set(BARRIERS.findall(default))
-    assert "cp.reduce" not in default
-    for name in MASK_NAMES:
-        for probe in ("handshake", "reduce"):
-            text = lowered(probe, name)
-            assert handover <= set(BARRIERS.findall(text)), name
-            assert ("cp.reduce.async.bulk" in text) == (probe == "reduce"), (probe, name)
-    assert "cp.reduce.async.bulk" in lowered("reduce", "causal", head_dim=64)  # 32-column shares
-
-
-def test_the_dq_reduce_probe_is_an_option_that_reaches_the_lowering():
-    assert registry.load_backend("jax.pallas_flex", {}).lowering.mosaic_backward == \
-        mosaic_bwd_sm90.Config()
-    probed = registry.load_backend("jax.pallas_flex", {"dq_reduce_probe": "reduce"})
-    assert probed.lowering.mosaic_backward == mosaic_bwd_sm90.Config(dq_reduce_probe="reduce")
-    assert "dq_reduce_probe=reduce" in probed.mask_support(cpu_workload()).how
-    with pytest.raises(registry.Unavailable, match="choose one of none, handshake, reduce"):
-        registry.load_backend("jax.pallas_flex", {"dq_reduce_probe": "atomic"})
-    for settings in ({"parts": 1}, {"stages": 3}):
-        with pytest.raises(ValueError, match="parts=2, stages=2"):
-            mosaic_bwd_sm90.Config(dq_reduce_probe="handshake", **settings)
 
 
 def cpu_workload(head_dim=64):

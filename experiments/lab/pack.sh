@@ -46,6 +46,11 @@ ptxas_report() {
     | paste -d' ' - - - | sort | uniq -c
 }
 
+# The one-GPU kernel helpers below (lab_start, pallas_flex_run, ab_rounds,
+# ptxas_report) are for the next pallas_flex variant's script; the last two
+# scripts that used them (forward_release.sh, dq_reduce_probe.sh) left main
+# with their options and are at commit a32f37e as examples.
+
 # lab_start OUT COMMIT PART: a one-GPU lab script's arguments into out,
 # commit and part (a missing one exits with $usage), its environment, OUT.
 lab_start() {

@@ -16,7 +16,7 @@ import dataclasses
 import functools
 
 from jax_backends import _shared
-from jax_backends.pallas_flex import mosaic_bwd_sm90, mosaic_fwd_sm90, ops, plan, ring
+from jax_backends.pallas_flex import mosaic_bwd_sm90, ops, plan, ring
 from lcab.backend import Backend, ProbeNeeds, Support
 from lcab.masks import MASK_NAMES
 from lcab.workloads import Workload
@@ -49,14 +49,9 @@ class PallasFlexBackend(Backend):
     # per direction, the lowering ("auto": Mosaic GPU where it fits).
     # The launch orders (ops.Lowering) are for measuring them: dkv_launch
     # "auto" decides per plan; rows_launch is the Mosaic forward's and dQ's.
-    # forward_release (mosaic_fwd_sm90.RELEASES) likewise: how the Mosaic
-    # forward's K/V ring slots are handed back; dq_reduce_probe
-    # (mosaic_bwd_sm90.DQ_REDUCE_PROBES) adds a one-pass backward's dQ
-    # traffic to the dK/dV kernel, to time it.
     options = {"block_q": int, "block_k": int, "backward_block_q": int,
                "backward_block_k": int, "forward_lowering": str, "backward_lowering": str,
-               "dkv_launch": str, "rows_launch": str, "forward_release": str,
-               "dq_reduce_probe": str}
+               "dkv_launch": str, "rows_launch": str}
 
     def __init__(self, **options):
         unknown = sorted(set(options) - set(self.options))
@@ -78,12 +73,6 @@ class PallasFlexBackend(Backend):
                          for key, choices in (("dkv_launch", ops.DKV_LAUNCHES),
                                               ("rows_launch", ops.ROWS_LAUNCHES))
                          if key in options}
-        self.mosaic_forward = mosaic_fwd_sm90.Config(release=_choice(
-            options, "forward_release", mosaic_fwd_sm90.RELEASES,
-            mosaic_fwd_sm90.Config.release))
-        self.mosaic_backward = mosaic_bwd_sm90.Config(dq_reduce_probe=_choice(
-            options, "dq_reduce_probe", mosaic_bwd_sm90.DQ_REDUCE_PROBES,
-            mosaic_bwd_sm90.Config.dq_reduce_probe))
 
     @functools.cached_property
     def lowering(self) -> ops.Lowering:
@@ -94,8 +83,7 @@ class PallasFlexBackend(Backend):
         mosaic = "mosaic" in (forward, backward)
         return ops.Lowering(forward=forward, backward=backward,
                             interpret=_shared.interpret_mode() and not mosaic,
-                            mosaic_forward=self.mosaic_forward,
-                            mosaic_backward=self.mosaic_backward, **self.launches)
+                            **self.launches)
 
     @classmethod
     def environment_problem(cls) -> str | None:

@@ -62,16 +62,6 @@ FORWARD_MASK_TEST = "offset"
 # Named barriers of the turns, one per compute warpgroup: Mosaic GPU takes
 # barrier 0 and one per warpgroup (1-3) for itself.
 _TURN_BARRIER = 4
-# How the compute warpgroups hand a used K/V ring slot back to the memory
-# warpgroup (Config.release): "mbarrier", each of their 256 threads arrives
-# on the slot's mbarrier and the memory warpgroup polls it; "named", they
-# arrive (without waiting) on a hardware named barrier of the slot that the
-# memory warpgroup meets with bar.sync; "named_warp", the same met by one
-# warp of the memory warpgroup, which alone issues the copies (tokamax's
-# scheme). v18 in docs/pallas_flex.md measures them.
-RELEASES = ("mbarrier", "named", "named_warp")
-_SLOT_BARRIER = _TURN_BARRIER + 2  # K's slots from here, then V's: 16 in all
-_NAMED_BARRIERS = 16
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -79,16 +69,10 @@ class Config:
     """The Mosaic forward's settings."""
 
     stages: int = 2  # shared-memory slots of the K/V ring
-    release: str = "mbarrier"  # RELEASES
 
     def __post_init__(self):
         if self.stages < 2:
             raise ValueError(f"stages={self.stages}: the K/V ring needs 2 or more")
-        if self.release not in RELEASES:
-            raise ValueError(f"release={self.release!r}: choose one of {', '.join(RELEASES)}")
-        if self.release != "mbarrier" and _SLOT_BARRIER + 2 * self.stages > _NAMED_BARRIERS:
-            raise ValueError(f"release={self.release!r} takes two named barriers a stage: "
-                             f"at most {(_NAMED_BARRIERS - _SLOT_BARRIER) // 2} stages")
 
 
 def problem(block_q: int, block_k: int, dtype, head_dim: int) -> str | None:
@@ -139,7 +123,6 @@ def forward(q, k, v, geometry: Geometry, tables, config: Config = Config(),
     qk_scale = _LOG2E / math.sqrt(head_dim)
     walk = [*tables["by_q"], tables["slice_ids"], tables["slices"]]
     q_blocks = geometry.num_q_blocks
-    slots = _SlotRelease(config.release, stages)
 
     def kernel(*refs):
         *walk_refs, ids, slices, q_ref, k_ref, v_ref, out_ref, lse_ref, scoped = refs
@@ -163,9 +146,6 @@ def forward(q, k, v, geometry: Geometry, tables, config: Config = Config(),
         @pl.when(wg < COMPUTE_WARPGROUPS)
         def _compute():
             plgpu.set_max_registers(232, action="increase")
-            # Once a program, before any wait: the memory warpgroup's first
-            # loads need it (a persistent kernel would open once, not per item).
-            slots.open()
             qo_smem, lse_smem = qo_smem2.at[wg], lse_smem2.at[wg]
 
             def one_item(step0):
@@ -202,7 +182,7 @@ def forward(q, k, v, geometry: Geometry, tables, config: Config = Config(),
                         return acc_ref[...]
 
                     s = pl.run_scoped(scores, plgpu.ACC((rows, block_k), jnp.float32))
-                    slots.release(k_consumed, 0, slot)
+                    plgpu.barrier_arrive(k_consumed.at[slot])
                     if j is not None:
                         s = masked(s, first, ids, slices, lo[qi, j], hi[qi, j], row0,
                                    kb * block_k, test=FORWARD_MASK_TEST)
@@ -222,7 +202,7 @@ def forward(q, k, v, geometry: Geometry, tables, config: Config = Config(),
                         l = l + p.sum(axis=1)
                     acc = accumulate(acc, p16, v_smem.at[slot],
                                      lambda: _wait_next(step, end, k_loaded, slot_of))
-                    slots.release(v_consumed, 1, slot)
+                    plgpu.barrier_arrive(v_consumed.at[slot])
                     return acc, m_next, l
 
                 step, (acc, m, l) = fold_visits(walk_refs, qi, visit, (step0, (acc, m, l)))
@@ -244,15 +224,10 @@ def forward(q, k, v, geometry: Geometry, tables, config: Config = Config(),
         def _memory():
             plgpu.set_max_registers(40, action="decrease")
 
-            qi, head, b = where()  # the grid's names are not in scope in one warp's map
-
-            def feed():
-                feed_row(walk_refs, qi, (b, lax.div(head, jnp.int32(group))), block_k, stages,
-                         ((k_ref, k_smem, k_loaded, slots.waiter(k_consumed, 0)),
-                          (v_ref, v_smem, v_loaded, slots.waiter(v_consumed, 1))),
-                         jnp.int32(0))
-
-            slots.feeding(feed)
+            qi, head, b = where()
+            feed_row(walk_refs, qi, (b, lax.div(head, jnp.int32(group))), block_k, stages,
+                     ((k_ref, k_smem, k_loaded, k_consumed), (v_ref, v_smem, v_loaded, v_consumed)),
+                     jnp.int32(0))
 
     def entry(*refs):
         transforms = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
@@ -322,84 +297,17 @@ class _Turns:
         pl.when(self.wg == 0)(self._hand_over)
 
 
-def _named_barrier(op: str, barrier: int, threads: int = COMPUTE_WARPGROUPS * 128):
-    """PTX bar.<op> on a hardware named barrier that `threads` threads meet
-    at (both compute warpgroups by default): "arrive" does not wait, "sync"
-    does."""
+def _named_barrier(op: str, barrier: int):
+    """PTX bar.<op> on a hardware named barrier that both compute
+    warpgroups meet at (256 threads): "arrive" does not wait, "sync" does."""
+    threads = COMPUTE_WARPGROUPS * 128
+
     @plgpu.inline_mgpu()
     def ptx(_):
         llvm.inline_asm(ir.Type.parse("!llvm.void"), [], f"bar.{op} {barrier}, {threads};",
                         "", has_side_effects=True)
 
     ptx()
-
-
-def named_barrier_at(op: str, barrier, threads: int):
-    """_named_barrier with the barrier's number computed in the kernel (an
-    int32 scalar, the same in every thread): bar.<op> takes it in a register."""
-    @plgpu.inline_mgpu(arg_types=(plgpu.Layout.WG_SPLAT,))
-    def ptx(_, barrier):
-        llvm.inline_asm(ir.Type.parse("!llvm.void"), [barrier.registers[()]],
-                        f"bar.{op} $0, {threads};", "r", has_side_effects=True)
-
-    ptx(barrier)
-
-
-class _SlotRelease:
-    """How the compute warpgroups give a used K/V ring slot back and the
-    memory warpgroup waits for it (Config.release, RELEASES). Ring `ring`
-    (0 K, 1 V) of slot s has named barrier _SLOT_BARRIER + ring * stages + s.
-    With named barriers every slot starts released (open: one arrival each,
-    before the first tile), so the memory warpgroup's n-th wait on a
-    slot meets the compute warpgroups' (n-1)-th release of it; an item's
-    last releases stay unmet when the kernel ends, which a named barrier
-    allows."""
-
-    def __init__(self, release: str, stages: int):
-        self.named = release != "mbarrier"
-        self.one_warp = release == "named_warp"
-        self.stages = stages
-        # Who meets at a slot's barrier: both compute warpgroups and the
-        # memory warpgroup, or one warp of it.
-        self.threads = COMPUTE_WARPGROUPS * 128 + (32 if self.one_warp else 128)
-
-    def _barrier(self, ring: int, slot):
-        return jnp.int32(_SLOT_BARRIER + ring * self.stages) + slot
-
-    def open(self):
-        """Compute warpgroups, once, before they wait for anything the
-        memory warpgroup loads (its first wait on each slot needs these
-        arrivals)."""
-        if self.named:
-            for ring in (0, 1):
-                for slot in range(self.stages):
-                    _named_barrier("arrive", _SLOT_BARRIER + ring * self.stages + slot,
-                                   self.threads)
-
-    def release(self, consumed, ring: int, slot):
-        """Compute warpgroups: this tile of ring `ring` is used."""
-        if self.named:
-            named_barrier_at("arrive", self._barrier(ring, slot), self.threads)
-        else:
-            plgpu.barrier_arrive(consumed.at[slot])
-
-    def waiter(self, consumed, ring: int):
-        """feed_row's wait for a slot of ring `ring`: consumed's mbarrier, or
-        the slot's named barrier."""
-        if not self.named:
-            return consumed
-        return lambda step, slot: named_barrier_at("sync", self._barrier(ring, slot),
-                                                    self.threads)
-
-    def feeding(self, feed):
-        """Memory warpgroup: run feed (its loads), in one warp if so set."""
-        if not self.one_warp:
-            feed()
-            return
-
-        @plgpu.warp_map
-        def _(warp):
-            pl.when(warp == 0)(feed)
 
 
 def fold_visits(walk, row, body, state):
@@ -424,8 +332,7 @@ def feed_kv(walk, row, at, block_k: int, stages: int, buffers):
     """The memory warpgroup of a kernel walking plan row `row`: for every
     visited kv block, and each (ref, ring, loaded, consumed) of `buffers`,
     wait until the ring slot is free again, then copy the block of ref at
-    (batch, kv head) = `at` into it by TMA. consumed: the ring's mbarriers,
-    or a function of (step, slot) that waits (_SlotRelease.waiter)."""
+    (batch, kv head) = `at` into it by TMA."""
     plgpu.set_max_registers(40, action="decrease")
     feed_row(walk, row, at, block_k, stages, buffers, jnp.int32(0))
 
@@ -438,10 +345,7 @@ def feed_row(walk, row, at, block_k: int, stages: int, buffers, step):
         slot = lax.rem(step, jnp.int32(stages))
         span = (batch, pl.ds(kb * block_k, block_k), kv_head)
         for ref, ring, loaded, consumed in buffers:
-            if callable(consumed):
-                consumed(step, slot)
-            else:
-                wait_free(step, stages, consumed.at[slot])
+            wait_free(step, stages, consumed.at[slot])
             plgpu.copy_gmem_to_smem(ref.at[span], ring.at[slot], loaded.at[slot])
         return carry
 
