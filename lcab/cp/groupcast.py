@@ -148,12 +148,16 @@ def plan(mask: AttnMask, dispatch: Dispatch, chunk: int | None = None) -> GroupC
     for rank, ranges in enumerate(dispatch.ranges):
         for start, stop in ranges:
             owner[start // chunk:stop // chunk] = rank
-    receives = tuple(
-        tuple(() if s == r else tuple(int(c) for c in np.flatnonzero((seen[r] > 0)
-                                                                     & (owner == s)))
-              for s in range(dispatch.cp))
-        for r in range(dispatch.cp))
-    return GroupCast(dispatch, int(chunk), receives)
+    rows = []
+    for r in range(dispatch.cp):
+        # r's visible chunks by owner, each owner's in chunk order: one sort a rank.
+        visible = np.flatnonzero(seen[r] > 0)
+        order = np.argsort(owner[visible], kind="stable")
+        chunks = visible[order].tolist()
+        bounds = np.searchsorted(owner[visible][order], np.arange(dispatch.cp + 1)).tolist()
+        rows.append(tuple(() if s == r else tuple(chunks[bounds[s]:bounds[s + 1]])
+                          for s in range(dispatch.cp)))
+    return GroupCast(dispatch, int(chunk), tuple(rows))
 
 
 # ----- a dispatch that moves little ---------------------------------------

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
+
 from lcab.model.kernel_curve import KernelCurve
 from lcab.workloads import format_seqlen
 
@@ -28,21 +30,25 @@ class Calls:
 
 class CallLog:
     """Stands in for a KernelCurve in lcab.model.strategies.predict (which
-    asks a curve only for `seconds`) and notes every non-empty call it
+    asks a curve only for `seconds_of`) and notes every non-empty call it
     answers, per direction."""
 
     def __init__(self, curve: KernelCurve):
         self.curve = curve
         self.calls: dict[str, Calls] = {}
 
-    def seconds(self, flops: float, density: float, direction: str) -> float:
-        if flops > 0:
+    def seconds_of(self, flops, density, direction: str):
+        flops, density = np.broadcast_arrays(np.asarray(flops, dtype=np.float64),
+                                             np.asarray(density, dtype=np.float64))
+        busy = flops > 0
+        if busy.any():
             calls = self.calls.setdefault(direction, Calls())
-            calls.count += 1
-            calls.outside += not self.curve.covers(flops, density, direction)
-            calls.smallest = min(calls.smallest, flops)
-            calls.largest = max(calls.largest, flops)
-        return self.curve.seconds(flops, density, direction)
+            calls.count += int(busy.sum())
+            calls.outside += int((~self.curve.covered(flops[busy], density[busy],
+                                                      direction)).sum())
+            calls.smallest = min(calls.smallest, float(flops[busy].min()))
+            calls.largest = max(calls.largest, float(flops[busy].max()))
+        return self.curve.seconds_of(flops, density, direction)
 
 
 def lengths_text(curve: KernelCurve) -> str:

@@ -92,17 +92,57 @@ class KernelCurve:
         return (x[near], speed[near]) if near.any() else (x, speed)
 
     def tflops(self, flops: float, density: float, direction: str) -> float:
-        x, speed = self._near(density, direction)
-        # Points of equal FLOPs (two masks of one area) average.
-        unique, inverse = np.unique(np.log(x), return_inverse=True)
-        mean = np.bincount(inverse, weights=speed) / np.bincount(inverse)
-        return float(np.interp(np.log(max(flops, 1.0)), unique, mean))
+        return float(_speed_at(*self._near(density, direction), flops))
 
     def seconds(self, flops: float, density: float, direction: str) -> float:
         """One call's time; an empty call costs nothing (the strategies skip it)."""
         if flops <= 0:
             return 0.0
         return flops / (self.tflops(flops, density, direction) * 1e12)
+
+    def seconds_of(self, flops, density, direction: str) -> np.ndarray:
+        """seconds() of many calls at once (arrays that broadcast), the same
+        numbers: calls that read the same points share one interpolation,
+        so the model's thousands of calls cost a few."""
+        flops, groups = self._grouped(flops, density, direction)
+        x, _, speed = self._points(direction)
+        tflops = np.ones(flops.shape)
+        for near, calls in groups:
+            tflops[calls] = _speed_at(x[near], speed[near], flops[calls])
+        return np.where(flops > 0, flops / (tflops * 1e12), 0.0)
+
+    def covered(self, flops, density, direction: str) -> np.ndarray:
+        """covers() of many calls at once (arrays that broadcast)."""
+        flops, groups = self._grouped(flops, density, direction)
+        x = self._points(direction)[0]
+        inside = np.zeros(flops.shape, dtype=bool)
+        for near, calls in groups:
+            lowest, highest = x[near][0], x[near][-1]
+            inside[calls] = ((lowest * (1 - 1e-9) <= flops[calls])
+                             & (flops[calls] <= highest * (1 + 1e-9)))
+        return inside
+
+    def _grouped(self, flops, density, direction: str):
+        """(flops as a float array of the broadcast shape, [(points, calls)]):
+        the calls grouped by the points _near reads for them, as masks."""
+        flops, density = np.broadcast_arrays(np.asarray(flops, dtype=np.float64),
+                                             np.asarray(density, dtype=np.float64))
+        dens = self._points(direction)[1]
+        near = np.abs(np.log2(np.maximum(dens, 1e-12)
+                              / np.maximum(density, 1e-12)[..., None])) <= 1.0
+        near[~near.any(axis=-1)] = True
+        patterns, group = np.unique(near.reshape(-1, len(dens)), axis=0, return_inverse=True)
+        group = group.reshape(flops.shape)
+        return flops, [(pattern, group == index) for index, pattern in enumerate(patterns)]
+
+
+def _speed_at(x: np.ndarray, speed: np.ndarray, flops):
+    """TFLOP/s at `flops` from points (x FLOPs, speed), linear in log FLOPs
+    and constant beyond them; points of equal FLOPs (two masks of one area)
+    average."""
+    unique, inverse = np.unique(np.log(x), return_inverse=True)
+    mean = np.bincount(inverse, weights=speed) / np.bincount(inverse)
+    return np.interp(np.log(np.maximum(flops, 1.0)), unique, mean)
 
 
 def curve_rows(rows, backend: str, device: str | None = None, *,

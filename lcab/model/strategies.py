@@ -134,9 +134,7 @@ def _call_seconds(curve: KernelCurve, shape: Shape, area, rows, cols, heads: int
     flops = attention_flops(1, batch=shape.batch, heads_q=heads, head_dim=shape.head_dim,
                             direction=direction) * area
     density = area / max(rows * cols, 1)
-    # otypes: without it np.vectorize calls the curve once more to learn the type.
-    return np.vectorize(lambda f, d: curve.seconds(f, d, direction),
-                        otypes=[float])(flops, density)
+    return curve.seconds_of(flops, density, direction)
 
 
 def _merge_bytes(local: int, heads_q: int, heads_kv: int, shape: Shape, direction: str) -> int:
