@@ -34,6 +34,9 @@ settings.load_profile("lcab")
 # @pytest.mark.slow; a new test that slow takes the mark in its file.
 SLOW_SECONDS = 3
 SLOW_TESTS = {
+    "test_advise.py": (
+        "test_the_model_is_not_ranked_where_its_nearest_point_is_off",
+    ),
     "test_attention_module.py": (
         "test_output_and_gradients_match_a_float64_composition",
         "test_the_output_comes_in_the_compute_dtype_from_float32_parameters",
@@ -79,12 +82,10 @@ SLOW_TESTS = {
         "test_forward_and_backward_are_timed_together_in_turn",
         "test_pallas_triton_matches_the_reference_in_float32_at_its_widest_head_dim",
     ),
-    "test_jax_cp_groupcast.py": (
-        "test_the_tabled_kernel_serves_every_rank_at_cp_2_4_and_8",
-    ),
     "test_jax_cp.py": (
         "test_a_run_that_differs_from_the_golden_data_is_a_mismatch_without_a_time",
         "test_cp_runs_are_checked_against_a_single_device_run",
+        "test_dispatch_chunks_deal_finer_chunks_and_still_match",
         "test_eight_ranks",
         "test_every_strategy_and_dispatch_matches_the_reference",
         "test_rows_carry_cp_size_strategy_and_imbalance",
@@ -95,9 +96,23 @@ SLOW_TESTS = {
         "test_timed_calls_take_inputs_already_dispatched_and_split_over_the_mesh",
         "test_usp_splits_ranks_into_ulysses_groups_and_a_ring",
     ),
+    "test_jax_cp_groupcast.py": (
+        "test_every_family_matches_the_reference_with_its_own_dispatch",
+        "test_shifts_deliver_the_same_keys_with_less_padding",
+        "test_the_gathered_transpose_matches_the_reference",
+        "test_the_gathers_transpose_sums_each_chunks_slots_as_a_scatter_would",
+        "test_the_tabled_kernel_serves_every_rank_at_cp_2_4_and_8",
+    ),
     "test_jax_cp_inner.py": (
         "test_every_strategy_and_dispatch_with_the_xla_inner_matches_the_reference",
         "test_rows_of_the_xla_inner_pass_the_gate_and_name_it",
+    ),
+    "test_model.py": (
+        "test_the_cli_prints_the_model_table_and_writes_its_files",
+        "test_the_nvlink_flags_override_the_fitted_links",
+    ),
+    "test_model_calibration.py": (
+        "test_the_cli_names_its_rows_and_runs_from_any_directory",
     ),
     "test_module_backend.py": (
         "test_the_cli_times_the_layer_and_counts_its_flops",
@@ -119,6 +134,15 @@ SLOW_TESTS = {
     ),
     "test_pallas_flex_tables.py": (
         "test_the_committed_tile_efficiency_table_is_what_the_script_prints",
+    ),
+    "test_reference_cache.py": (
+        "test_a_cp_strategy_on_several_devices_reads_it_too",
+        "test_a_second_process_reads_the_reference_and_gets_the_same_errors",
+        "test_another_seed_is_another_entry",
+    ),
+    "test_report.py": (
+        "test_cli_prints_the_short_summary_table",
+        "test_cli_writes_every_table_figure_and_the_index",
     ),
     "test_report_memory.py": (
         "test_the_cli_writes_the_memory_files_and_indexes_them",
