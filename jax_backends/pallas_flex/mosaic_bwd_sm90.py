@@ -52,6 +52,9 @@ TRANSFORMS = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
 ROW = plgpu.Layout.WGMMA.reduce(1)  # one value per tile row
 COLUMN = plgpu.Layout.WGMMA.reduce(0)  # one value per tile column
 PARTS = (1, 2)  # strips per tile (Config.parts)
+# Kernels of the backward (Config.passes): 2, dQ's and dK/dV's; 1, one
+# that sums dQ from the dK/dV walk (mosaic_bwd_onepass_sm90, v20).
+PASSES = (1, 2)
 # dK/dV's registers per thread: compute and memory warpgroups (setmaxnreg;
 # 2 x 128 x 240 + 128 x 24 of the SM's 64k, FA3's split). Timed alone on
 # a GPU, dK/dV was faster so than with 232 / 40 (docs/pallas_flex.md).
@@ -87,10 +90,17 @@ class Config:
     # strips, so a warpgroup's scores take 1/parts of the registers (2 was
     # the faster measured: docs/pallas_flex.md, "Constants").
     parts: int = 2
+    passes: int = 2  # PASSES
 
     def __post_init__(self):
         if self.parts not in PARTS:
             raise ValueError(f"parts={self.parts}: choose one of {', '.join(map(str, PARTS))}")
+        if self.passes not in PASSES:
+            raise ValueError(f"passes={self.passes}: choose one of {', '.join(map(str, PASSES))}")
+        if self.passes == 1 and self.parts != 2:
+            raise ValueError("passes=1 walks 64-row strips, two a tile: parts=2")
+        if self.passes == 1 and self.stages > 3:  # about 177 KiB at 2, 210 at 3, 242 at 4
+            raise ValueError(f"stages={self.stages}: passes=1 fits 2 or 3 in shared memory")
         if self.stages < 2:
             raise ValueError(f"stages={self.stages}: the ring needs 2 or more")
 
