@@ -65,19 +65,19 @@ class KernelCurve:
     def covers(self, flops: float, density: float, direction: str) -> bool:
         """Whether a call lies within the FLOPs of the points its speed is
         read from (those of similar density); outside, it is extrapolated."""
-        x = self._near(density, direction)[0]
-        # A hair of slack: a call the size of a measured row may differ in the last bit.
-        return bool(x[0] * (1 - 1e-9) <= flops <= x[-1] * (1 + 1e-9))
+        return bool(self.covered(flops, density, direction))
 
     def has_density(self, density: float, direction: str) -> bool:
         """Whether some measured point lies within a factor of two of
         `density` (else every point stands in, and the speed is a guess)."""
         return bool(self._within_two(density, direction).any())
 
-    def _within_two(self, density: float, direction: str) -> np.ndarray:
-        """Which points lie within a factor of two of `density`."""
+    def _within_two(self, density, direction: str) -> np.ndarray:
+        """Which points lie within a factor of two of `density`: a flag per
+        point, for each value of `density` (a scalar or an array)."""
         dens = self._points(direction)[1]
-        return np.abs(np.log2(np.maximum(dens, 1e-12) / max(density, 1e-12))) <= 1.0
+        return np.abs(np.log2(np.maximum(dens, 1e-12)
+                              / np.maximum(density, 1e-12)[..., None])) <= 1.0
 
     def _points(self, direction: str):
         if direction not in self.points:
@@ -96,14 +96,12 @@ class KernelCurve:
 
     def seconds(self, flops: float, density: float, direction: str) -> float:
         """One call's time; an empty call costs nothing (the strategies skip it)."""
-        if flops <= 0:
-            return 0.0
-        return flops / (self.tflops(flops, density, direction) * 1e12)
+        return float(self.seconds_of(flops, density, direction))
 
     def seconds_of(self, flops, density, direction: str) -> np.ndarray:
-        """seconds() of many calls at once (arrays that broadcast), the same
-        numbers: calls that read the same points share one interpolation,
-        so the model's thousands of calls cost a few."""
+        """seconds() of many calls at once (arrays that broadcast): calls
+        that read the same points share one interpolation, so the model's
+        thousands of calls cost a few."""
         flops, groups = self._grouped(flops, density, direction)
         x, _, speed = self._points(direction)
         tflops = np.ones(flops.shape)
@@ -112,7 +110,8 @@ class KernelCurve:
         return np.where(flops > 0, flops / (tflops * 1e12), 0.0)
 
     def covered(self, flops, density, direction: str) -> np.ndarray:
-        """covers() of many calls at once (arrays that broadcast)."""
+        """covers() of many calls at once (arrays that broadcast). A hair of
+        slack: a call the size of a measured row may differ in the last bit."""
         flops, groups = self._grouped(flops, density, direction)
         x = self._points(direction)[0]
         inside = np.zeros(flops.shape, dtype=bool)
@@ -127,11 +126,10 @@ class KernelCurve:
         the calls grouped by the points _near reads for them, as masks."""
         flops, density = np.broadcast_arrays(np.asarray(flops, dtype=np.float64),
                                              np.asarray(density, dtype=np.float64))
-        dens = self._points(direction)[1]
-        near = np.abs(np.log2(np.maximum(dens, 1e-12)
-                              / np.maximum(density, 1e-12)[..., None])) <= 1.0
-        near[~near.any(axis=-1)] = True
-        patterns, group = np.unique(near.reshape(-1, len(dens)), axis=0, return_inverse=True)
+        near = self._within_two(density, direction)
+        near[~near.any(axis=-1)] = True  # as _near: all points where none is near
+        patterns, group = np.unique(near.reshape(-1, near.shape[-1]), axis=0,
+                                    return_inverse=True)
         group = group.reshape(flops.shape)
         return flops, [(pattern, group == index) for index, pattern in enumerate(patterns)]
 
