@@ -200,20 +200,15 @@ def backward(q, k, v, dout, lse2, delta, geometry: Geometry, tables,
                     plgpu.wait_smem_to_gmem(0)
 
     def entry(*refs):
+        buffers, barriers = two_pass.dkv_scratch(stages, STRIP, head_dim, dtype)
+        # Then both warpgroups' dS^T and their dQ staging; ds_ready, ds_free.
         pl.run_scoped(
             lambda *scoped: kernel(*refs, scoped),
-            [two_pass.tiles(COMPUTE_WARPGROUPS, rows, head_dim, dtype),
-             two_pass.tiles(COMPUTE_WARPGROUPS, rows, head_dim, dtype),
-             two_pass.tiles(stages, STRIP, head_dim, dtype),
-             two_pass.tiles(stages, STRIP, head_dim, dtype),
-             plgpu.SMEM((stages, STRIP), jnp.float32),
-             plgpu.SMEM((stages, STRIP), jnp.float32),
+            [*buffers,
              plgpu.SMEM((two_pass.BLOCK, STRIP), dtype, transforms=two_pass.TRANSFORMS),
              plgpu.SMEM((COMPUTE_WARPGROUPS, STRIP, STRIP), jnp.float32,
                         transforms=DQ_TRANSFORMS)],
-            (plgpu.Barrier(num_barriers=COMPUTE_WARPGROUPS),) * 2,
-            (plgpu.Barrier(num_barriers=stages),) * 4,
-            plgpu.Barrier(num_arrivals=COMPUTE_WARPGROUPS, num_barriers=stages),
+            *barriers,
             plgpu.Barrier(num_arrivals=COMPUTE_WARPGROUPS),
             plgpu.Barrier(num_arrivals=COMPUTE_WARPGROUPS),
             collective_axes="wg",

@@ -297,19 +297,9 @@ def _dkv(q, k, v, dout, lse, delta, geometry: Geometry, tables, scale, stages,
             for_each_head(load, jnp.int32(0))
 
     def entry(*refs):
-        pl.run_scoped(
-            lambda *scoped: kernel(*refs, scoped),
-            [tiles(COMPUTE_WARPGROUPS, rows, head_dim, dtype),
-             tiles(COMPUTE_WARPGROUPS, rows, head_dim, dtype),
-             tiles(stages, block_q, head_dim, dtype),
-             tiles(stages, block_q, head_dim, dtype),
-             plgpu.SMEM((stages, block_q), jnp.float32),
-             plgpu.SMEM((stages, block_q), jnp.float32)],
-            (plgpu.Barrier(num_barriers=COMPUTE_WARPGROUPS),) * 2,
-            (plgpu.Barrier(num_barriers=stages),) * 4,
-            plgpu.Barrier(num_arrivals=COMPUTE_WARPGROUPS, num_barriers=stages),
-            collective_axes="wg",
-        )
+        buffers, barriers = dkv_scratch(stages, block_q, head_dim, dtype)
+        pl.run_scoped(lambda *scoped: kernel(*refs, scoped), buffers, *barriers,
+                      collective_axes="wg")
 
     # Every kv head of a block together, or one head after another (ops decides).
     grid, names = launch_grid(("kv_seq", geometry.num_k_blocks), ("kv_heads", kv_heads), batch,
@@ -325,6 +315,24 @@ def _dkv(q, k, v, dout, lse, delta, geometry: Geometry, tables, scale, stages,
         kernel_name="lcab_flex_dkv_mosaic",
     )
     return call(*walk_inputs(tables, "by_k"), q, k, v, dout, lse, delta)
+
+
+def dkv_scratch(stages: int, streamed_rows: int, head_dim: int, dtype):
+    """A dK/dV walk's shared memory and barriers (run_scoped's buffers, and
+    its barrier groups): K and V, a tile a compute warpgroup; rings of
+    `stages` slots of `streamed_rows` query rows of Q, dO, lse and delta;
+    barriers own (K, V), loaded (Q, dO, lse, delta) and consumed."""
+    rows = ROWS_PER_WARPGROUP
+    buffers = [tiles(COMPUTE_WARPGROUPS, rows, head_dim, dtype),
+               tiles(COMPUTE_WARPGROUPS, rows, head_dim, dtype),
+               tiles(stages, streamed_rows, head_dim, dtype),
+               tiles(stages, streamed_rows, head_dim, dtype),
+               plgpu.SMEM((stages, streamed_rows), jnp.float32),
+               plgpu.SMEM((stages, streamed_rows), jnp.float32)]
+    barriers = ((plgpu.Barrier(num_barriers=COMPUTE_WARPGROUPS),) * 2,
+                (plgpu.Barrier(num_barriers=stages),) * 4,
+                plgpu.Barrier(num_arrivals=COMPUTE_WARPGROUPS, num_barriers=stages))
+    return buffers, barriers
 
 
 def dkv_strip(k_smem, v_smem, q_part, do_part, lse_part, delta_part, dk, dv, mask, waits,
