@@ -3,21 +3,17 @@ the Triton kernels to Triton IR, the Mosaic GPU forward and backward to
 Mosaic GPU's MLIR on every family; what each lowering refuses, and the
 backward's blocks following the lowering that runs."""
 
-import re
-
 import jax
 import jax.numpy as jnp
 import pytest
 
 from jax_backends import _shared
-from jax_backends.pallas_flex import mosaic_bwd_onepass_sm90, mosaic_bwd_sm90, mosaic_fwd_sm90
+from jax_backends.pallas_flex import mosaic_bwd_sm90, mosaic_fwd_sm90
 from jax_backends.pallas_flex.ops import Lowering, flex_attention
 from jax_backends.pallas_flex.plan import make_plan
 from lcab import registry
 from lcab.masks import MASK_NAMES, make_mask, small_mask
 from lcab.workloads import Workload
-
-BARRIERS = re.compile(r"bar\.(?:arrive|sync) [$0-9]+, [0-9]+;")  # named barriers in the text
 
 
 def mosaic_forward_text(name, head_dim=128, dtype=jnp.bfloat16, block_k=128) -> str:
@@ -46,22 +42,6 @@ def mosaic_backward_text(name, config, head_dim, dtype, heads_together) -> str:
     def gradients(q, k, v, dout, lse2, delta, t):
         return mosaic_bwd_sm90.backward(q, k, v, dout, lse2, delta, plan.geometry, t,
                                         heads_together, config)
-
-    return jax.jit(gradients).trace(q, kv, kv, q, rows, rows, tables).lower(
-        lowering_platforms=("cuda",)).as_text()
-
-
-def one_pass_text(name, dtype=jnp.bfloat16, heads_together=False) -> str:
-    """The same for the one-pass Mosaic backward's kernel (head_dim 128)."""
-    plan = make_plan(small_mask(name, 300), 128, 128)
-    tables = jax.tree.map(jnp.asarray, plan.tables())
-    q = jax.ShapeDtypeStruct((2, plan.padded_q, 4, 128), dtype)
-    kv = jax.ShapeDtypeStruct((2, plan.padded_k, 2, 128), dtype)
-    rows = jax.ShapeDtypeStruct((2, 4, plan.padded_q), jnp.float32)
-
-    def gradients(q, k, v, dout, lse2, delta, t):
-        return mosaic_bwd_onepass_sm90.backward(q, k, v, dout, lse2, delta, plan.geometry, t,
-                                                heads_together)
 
     return jax.jit(gradients).trace(q, kv, kv, q, rows, rows, tables).lower(
         lowering_platforms=("cuda",)).as_text()
@@ -111,44 +91,6 @@ def test_the_mosaic_backward_lowers_for_a_gpu_on_every_family(head_dim, dtype, h
     for name in MASK_NAMES:
         text = mosaic_backward_text(name, config, head_dim, dtype, heads_together)
         assert "lcab_flex_dq_mosaic" in text and "lcab_flex_dkv_mosaic" in text, name
-
-
-def test_the_one_pass_backward_lowers_for_a_gpu_on_every_family():
-    """backward_passes=1 (v20): one Mosaic kernel for dQ, dK and dV, lowered
-    for every family. It returns dK, dV and dQ's float32 sum (the Ref it
-    adds into); dQ's shares leave by bulk reduce-adds, handed to a warp of
-    the memory warpgroup at named barriers of 160 threads (a compute
-    warpgroup and that warp), and both compute warpgroups meet (256
-    threads) before their epilogue writes dK over K, which the other's dQ
-    reads. The two-kernel backward has none of it. Its numbers are for a
-    GPU to check."""
-    shares = {"bar.arrive $0, 160;", "bar.sync $0, 160;"}
-    for name in MASK_NAMES:
-        text = one_pass_text(name)
-        assert len(re.findall(r"%\w+:3 = stablehlo.custom_call @mosaic_gpu", text)) == 1, name
-        assert "cp.reduce.async.bulk" in text, name
-        assert shares | {"bar.sync $0, 256;"} <= set(BARRIERS.findall(text)), name
-    assert "cp.reduce.async.bulk" in one_pass_text("causal_document", jnp.float16, True)
-    two = mosaic_backward_text("causal_document", mosaic_bwd_sm90.Config(), 128, jnp.bfloat16,
-                               False)
-    assert not shares & set(BARRIERS.findall(two)) and "cp.reduce" not in two
-
-
-def test_backward_passes_is_an_option_that_reaches_the_lowering():
-    assert registry.load_backend("jax.pallas_flex", {}).lowering.mosaic_backward.passes == 2
-    one = registry.load_backend("jax.pallas_flex", {"backward_passes": 1})
-    assert one.lowering.mosaic_backward == mosaic_bwd_sm90.Config(passes=1)
-    assert "backward_passes=1" in one.mask_support(cpu_workload()).how
-    with pytest.raises(registry.Unavailable, match="backward_passes=3: choose one of 1, 2"):
-        registry.load_backend("jax.pallas_flex", {"backward_passes": 3})
-    with pytest.raises(ValueError, match="parts=2"):
-        mosaic_bwd_sm90.Config(passes=1, parts=1)
-    with pytest.raises(ValueError, match="fits 2 or 3"):  # shared memory
-        mosaic_bwd_sm90.Config(passes=1, stages=4)
-    # A 64-column half of dQ per compute warpgroup: head_dim 128 only.
-    assert "head_dim 128" in mosaic_bwd_onepass_sm90.problem(128, 128, jnp.bfloat16, 64)
-    assert mosaic_bwd_onepass_sm90.problem(128, 128, jnp.bfloat16, 128) is None
-    assert mosaic_bwd_onepass_sm90.problem(64, 64, jnp.bfloat16, 128) is not None
 
 
 def cpu_workload(head_dim=64):

@@ -47,8 +47,9 @@ ptxas_report() {
 }
 
 # The one-GPU kernel helpers below (lab_start, pallas_flex_run, ab_rounds,
-# ptxas_report) serve one_pass.sh, as they served forward_release.sh and
-# dq_reduce_probe.sh (at commit a32f37e, gone with their options).
+# ptxas_report) are for the next pallas_flex variant's script; the last
+# scripts that used them left main with their options: forward_release.sh
+# and dq_reduce_probe.sh are at commit a32f37e, one_pass.sh at 520f3a5.
 
 # lab_start OUT COMMIT PART: a one-GPU lab script's arguments into out,
 # commit and part (a missing one exits with $usage), its environment, OUT.

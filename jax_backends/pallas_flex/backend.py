@@ -32,7 +32,7 @@ def _choice(options: dict, key: str, choices, default):
     """Option `key` as set (else default), refused unless one of choices."""
     value = options.get(key, default)
     if value not in choices:
-        raise ValueError(f"{key}={value!r}: choose one of {', '.join(map(str, choices))}")
+        raise ValueError(f"{key}={value!r}: choose one of {', '.join(choices)}")
     return value
 
 
@@ -49,11 +49,9 @@ class PallasFlexBackend(Backend):
     # per direction, the lowering ("auto": Mosaic GPU where it fits).
     # The launch orders (ops.Lowering) are for measuring them: dkv_launch
     # "auto" decides per plan; rows_launch is the Mosaic forward's and dQ's.
-    # backward_passes (mosaic_bwd_sm90.PASSES) likewise: 1 runs the Mosaic
-    # backward as one kernel (v20, head_dim 128), 2 as dQ's and dK/dV's.
     options = {"block_q": int, "block_k": int, "backward_block_q": int,
                "backward_block_k": int, "forward_lowering": str, "backward_lowering": str,
-               "dkv_launch": str, "rows_launch": str, "backward_passes": int}
+               "dkv_launch": str, "rows_launch": str}
 
     def __init__(self, **options):
         unknown = sorted(set(options) - set(self.options))
@@ -75,8 +73,6 @@ class PallasFlexBackend(Backend):
                          for key, choices in (("dkv_launch", ops.DKV_LAUNCHES),
                                               ("rows_launch", ops.ROWS_LAUNCHES))
                          if key in options}
-        self.mosaic_backward = mosaic_bwd_sm90.Config(passes=_choice(
-            options, "backward_passes", mosaic_bwd_sm90.PASSES, mosaic_bwd_sm90.Config.passes))
 
     @functools.cached_property
     def lowering(self) -> ops.Lowering:
@@ -87,7 +83,7 @@ class PallasFlexBackend(Backend):
         mosaic = "mosaic" in (forward, backward)
         return ops.Lowering(forward=forward, backward=backward,
                             interpret=_shared.interpret_mode() and not mosaic,
-                            mosaic_backward=self.mosaic_backward, **self.launches)
+                            **self.launches)
 
     @classmethod
     def environment_problem(cls) -> str | None:

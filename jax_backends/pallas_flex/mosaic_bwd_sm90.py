@@ -52,9 +52,6 @@ TRANSFORMS = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
 ROW = plgpu.Layout.WGMMA.reduce(1)  # one value per tile row
 COLUMN = plgpu.Layout.WGMMA.reduce(0)  # one value per tile column
 PARTS = (1, 2)  # strips per tile (Config.parts)
-# Kernels of the backward (Config.passes): 2, dQ's and dK/dV's; 1, one
-# that sums dQ from the dK/dV walk (mosaic_bwd_onepass_sm90, v20).
-PASSES = (1, 2)
 # dK/dV's registers per thread: compute and memory warpgroups (setmaxnreg;
 # 2 x 128 x 240 + 128 x 24 of the SM's 64k, FA3's split). Timed alone on
 # a GPU, dK/dV was faster so than with 232 / 40 (docs/pallas_flex.md).
@@ -90,17 +87,10 @@ class Config:
     # strips, so a warpgroup's scores take 1/parts of the registers (2 was
     # the faster measured: docs/pallas_flex.md, "Constants").
     parts: int = 2
-    passes: int = 2  # PASSES
 
     def __post_init__(self):
         if self.parts not in PARTS:
             raise ValueError(f"parts={self.parts}: choose one of {', '.join(map(str, PARTS))}")
-        if self.passes not in PASSES:
-            raise ValueError(f"passes={self.passes}: choose one of {', '.join(map(str, PASSES))}")
-        if self.passes == 1 and self.parts != 2:
-            raise ValueError("passes=1 walks 64-row strips, two a tile: parts=2")
-        if self.passes == 1 and self.stages > 3:  # about 177 KiB at 2, 210 at 3, 242 at 4
-            raise ValueError(f"stages={self.stages}: passes=1 fits 2 or 3 in shared memory")
         if self.stages < 2:
             raise ValueError(f"stages={self.stages}: the ring needs 2 or more")
 
@@ -297,9 +287,19 @@ def _dkv(q, k, v, dout, lse, delta, geometry: Geometry, tables, scale, stages,
             for_each_head(load, jnp.int32(0))
 
     def entry(*refs):
-        buffers, barriers = dkv_scratch(stages, block_q, head_dim, dtype)
-        pl.run_scoped(lambda *scoped: kernel(*refs, scoped), buffers, *barriers,
-                      collective_axes="wg")
+        pl.run_scoped(
+            lambda *scoped: kernel(*refs, scoped),
+            [tiles(COMPUTE_WARPGROUPS, rows, head_dim, dtype),
+             tiles(COMPUTE_WARPGROUPS, rows, head_dim, dtype),
+             tiles(stages, block_q, head_dim, dtype),
+             tiles(stages, block_q, head_dim, dtype),
+             plgpu.SMEM((stages, block_q), jnp.float32),
+             plgpu.SMEM((stages, block_q), jnp.float32)],
+            (plgpu.Barrier(num_barriers=COMPUTE_WARPGROUPS),) * 2,
+            (plgpu.Barrier(num_barriers=stages),) * 4,
+            plgpu.Barrier(num_arrivals=COMPUTE_WARPGROUPS, num_barriers=stages),
+            collective_axes="wg",
+        )
 
     # Every kv head of a block together, or one head after another (ops decides).
     grid, names = launch_grid(("kv_seq", geometry.num_k_blocks), ("kv_heads", kv_heads), batch,
@@ -315,24 +315,6 @@ def _dkv(q, k, v, dout, lse, delta, geometry: Geometry, tables, scale, stages,
         kernel_name="lcab_flex_dkv_mosaic",
     )
     return call(*walk_inputs(tables, "by_k"), q, k, v, dout, lse, delta)
-
-
-def dkv_scratch(stages: int, streamed_rows: int, head_dim: int, dtype):
-    """A dK/dV walk's shared memory and barriers (run_scoped's buffers, and
-    its barrier groups): K and V, a tile a compute warpgroup; rings of
-    `stages` slots of `streamed_rows` query rows of Q, dO, lse and delta;
-    barriers own (K, V), loaded (Q, dO, lse, delta) and consumed."""
-    rows = ROWS_PER_WARPGROUP
-    buffers = [tiles(COMPUTE_WARPGROUPS, rows, head_dim, dtype),
-               tiles(COMPUTE_WARPGROUPS, rows, head_dim, dtype),
-               tiles(stages, streamed_rows, head_dim, dtype),
-               tiles(stages, streamed_rows, head_dim, dtype),
-               plgpu.SMEM((stages, streamed_rows), jnp.float32),
-               plgpu.SMEM((stages, streamed_rows), jnp.float32)]
-    barriers = ((plgpu.Barrier(num_barriers=COMPUTE_WARPGROUPS),) * 2,
-                (plgpu.Barrier(num_barriers=stages),) * 4,
-                plgpu.Barrier(num_arrivals=COMPUTE_WARPGROUPS, num_barriers=stages))
-    return buffers, barriers
 
 
 def dkv_strip(k_smem, v_smem, q_part, do_part, lse_part, delta_part, dk, dv, mask, waits,

@@ -28,12 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jax_backends import _shared
-from jax_backends.pallas_flex import (
-    mosaic_bwd_onepass_sm90,
-    mosaic_bwd_sm90,
-    mosaic_fwd_sm90,
-    triton,
-)
+from jax_backends.pallas_flex import mosaic_bwd_sm90, mosaic_fwd_sm90, triton
 from jax_backends.pallas_flex.plan import FlexPlan, Geometry
 
 _LN2 = math.log(2.0)
@@ -96,8 +91,7 @@ class Lowering:
         chosen = getattr(self, direction)
         if self.interpret or chosen == "triton":
             return f"{direction}={chosen}, interpret={self.interpret}"
-        kernels = mosaic_fwd_sm90 if direction == "forward" else (
-            mosaic_bwd_onepass_sm90 if self.mosaic_backward.passes == 1 else mosaic_bwd_sm90)
+        kernels = mosaic_fwd_sm90 if direction == "forward" else mosaic_bwd_sm90
         return (_shared.gpu_problem(capability=mosaic_fwd_sm90.SM90, exact=True)
                 or kernels.problem(block_q, block_k, dtype, head_dim))
 
@@ -123,9 +117,6 @@ def _backward(q, k, v, delta, lse2, dout, plan: Geometry, tables, lowering: Lowe
     """(dq, dk, dv) of the padded inputs."""
     together = _heads_together(plan, k.shape[2] * q.shape[0], lowering)
     if lowering.is_mosaic("backward", plan.block_q, plan.block_k, q.dtype, q.shape[3]):
-        if lowering.mosaic_backward.passes == 1:
-            return mosaic_bwd_onepass_sm90.backward(q, k, v, dout, lse2, delta, plan, tables,
-                                                    together, lowering.mosaic_backward.stages)
         return mosaic_bwd_sm90.backward(q, k, v, dout, lse2, delta, plan, tables,
                                         together, lowering.mosaic_backward,
                                         lowering.rows_launch == "heads_together")
