@@ -109,6 +109,9 @@ COLUMNS: dict[str, str] = {
     "check_s": "seconds the full-size check took (backend run and reference), untimed",
     "golden_err": "normalised max difference from --golden_dir's data of this workload "
                   "(None: not compared, or this run saved it)",
+    "clocks": "the GPUs' SM clock (sm_mhz median, sm_mhz_min, sm_mhz_max the card's top), "
+              "board power (power_w median, power_limit_w) and temp_c_max over nvidia-smi's "
+              "busy polls while the samples ran (JSON, lcab.gpu_poll; None: no nvidia-smi)",
     "compile_s": "JAX: lower+compile seconds; torch: first-call seconds",
     "setup_s": "seconds of the backend's host-side build (masks, BlockMasks, cu_seqlens), untimed",
     "device": "device name, e.g. NVIDIA H200, or cpu",
@@ -132,7 +135,8 @@ COLUMNS: dict[str, str] = {
     "warmup": "untimed calls before timing",
     "iters": "timed repeats",
 }
-JSON_COLUMNS = ("mask_params", "versions", "options", "inner_options", "check_errors")
+JSON_COLUMNS = ("mask_params", "versions", "options", "inner_options", "check_errors",
+                "clocks")
 
 COMM_SUITE = "comm"
 # The comm suite's schema (lcab.comm.comm_row): column -> meaning.

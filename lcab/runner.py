@@ -34,6 +34,7 @@ from collections.abc import Callable, Iterable, Sequence
 
 from lcab import fullcheck, processes, registry, results, validation
 from lcab.flops import tflops_per_second
+from lcab.gpu_poll import GpuPoll
 from lcab.runtime import Runtime, Timing
 from lcab.status import Status
 from lcab.workloads import Workload
@@ -516,14 +517,16 @@ class Runner:
             return rows
         both = failure = None
         try:
-            if "bwd" in directions:  # both from one warm state, samples in turn
-                try:
-                    forward, both = self._measure_pair(runtime, fn, inputs, measure)
-                except Exception as exc:  # noqa: BLE001 - the forward may still stand
-                    runtime.cleanup()
-                    failure = exc
-            if both is None:
-                forward = runtime.measure(fn, inputs[:3], backward=False, **measure)
+            with GpuPoll() as poll:
+                if "bwd" in directions:  # both from one warm state, samples in turn
+                    try:
+                        forward, both = self._measure_pair(runtime, fn, inputs, measure)
+                    except Exception as exc:  # noqa: BLE001 - the forward may still stand
+                        runtime.cleanup()
+                        failure = exc
+                if both is None:
+                    forward = runtime.measure(fn, inputs[:3], backward=False, **measure)
+            context["clocks"] = poll.summary()
         except Exception as exc:  # noqa: BLE001
             runtime.cleanup()
             return rows + self.failed(case, directions, exc, runtime, context, "forward")

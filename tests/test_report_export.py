@@ -15,7 +15,8 @@ def folder(tmp_path):
     sparse = {"seed": 0, "keep": 0.2, "block_size": 128}
     return write(tmp_path / "rows", [
         # median 10 ms, so p20 = 9 and p80 = 12.5 (row(): 0.9 and 1.25 of it)
-        row("jax.a", tflops=200.0, median_ms=10.0, peak_mem_bytes=3 * 2**30),
+        row("jax.a", tflops=200.0, median_ms=10.0, peak_mem_bytes=3 * 2**30,
+            clocks={"polls": 40, "sm_mhz": 1755.0, "power_w": 690.5}),
         row("torch.b", status="UNSUPPORTED", reason="no such mask, torch.b says"),
         row("jax.a", mask="block_sparse", mask_params=sparse, tflops=50.0, checked=False),
         # An older run of jax.a's first measurement: the newer row wins.
@@ -43,6 +44,11 @@ def test_the_csv_reads_back_as_numbers(folder, tmp_path):
     assert (ok["status"], ok["sweep"], ok["commit"], ok["date"]) == ("OK", "demo", COMMIT, DATE)
     assert ok["source"].endswith("rows/kernel_test.jsonl")
     assert pd.isna(ok["reason"])
+    # The clocks the samples ran at; a row without them (older, or no
+    # nvidia-smi) leaves both empty.
+    assert (ok["sm_mhz"], ok["power_w"]) == (1755.0, 690.5)
+    sparse = back[back["mask"] == "block_sparse"].iloc[0]
+    assert pd.isna(sparse["sm_mhz"]) and pd.isna(sparse["power_w"])
 
     failed = back[back["backend"] == "torch.b"].iloc[0]
     assert failed["status"] == "UNSUPPORTED" and failed["reason"] == "no such mask, torch.b says"

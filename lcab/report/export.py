@@ -62,6 +62,9 @@ COLUMNS: dict[str, str] = {
     "check_err": "normalised max error of the full-size check at this workload "
                  "(empty: not checked)",
     "max_err": "normalised max error of the small float64 correctness probe",
+    "sm_mhz": "median SM clock of the GPUs while its samples ran, MHz (empty where not "
+              "polled; rows before 2026-12-02 were not)",
+    "power_w": "median board power over the same polls, W",
     "device": "device name, e.g. NVIDIA H100 80GB HBM3, or cpu",
     "date": "UTC date the row was written, YYYY-MM-DD",
     "timestamp": "UTC time the row was written, ISO 8601",
@@ -74,7 +77,7 @@ COLUMNS: dict[str, str] = {
 NUMBER_COLUMNS = (
     "keep", "block_size", "density", "seqlen", "seqlen_k", "batch", "heads_q", "heads_kv",
     "head_dim", "cp_size", "median_ms", "p20_ms", "p80_ms", "tflops", "tflops_at_p20_ms",
-    "tflops_at_p80_ms", "flops", "peak_mem_bytes", "check_err", "max_err",
+    "tflops_at_p80_ms", "flops", "peak_mem_bytes", "check_err", "max_err", "sm_mhz", "power_w",
 )
 TEXT_COLUMNS = tuple(c for c in COLUMNS if c not in NUMBER_COLUMNS)
 # The columns a row is sorted by, so a regenerated file diffs line by line.
@@ -86,6 +89,13 @@ def _numbers(frame: pd.DataFrame, column: str) -> pd.Series:
     if column not in frame:
         return pd.Series(float("nan"), index=frame.index)
     return pd.to_numeric(frame[column], errors="coerce")
+
+
+def _clock(frame: pd.DataFrame, key: str) -> pd.Series:
+    """One figure of the rows' `clocks` (lcab.gpu_poll.summarise), NaN where absent."""
+    if "clocks" not in frame:
+        return pd.Series(float("nan"), index=frame.index)
+    return frame["clocks"].map(lambda c: results.json_field(c).get(key, float("nan")))
 
 
 def _texts(values: pd.Series) -> pd.Series:
@@ -119,7 +129,9 @@ def tidy(frame: pd.DataFrame, sweep: str = "") -> pd.DataFrame:
         # The same FLOPs over a shorter time: more TFLOP/s at the p20 time.
         "tflops_at_p20_ms": tflops * median / p20,
         "tflops_at_p80_ms": tflops * median / p80,
-        **{c: rows[c] for c in ("flops", "peak_mem_bytes", "check_err", "max_err", "device")},
+        **{c: rows[c] for c in ("flops", "peak_mem_bytes", "check_err", "max_err")},
+        **{key: _clock(rows, key) for key in ("sm_mhz", "power_w")},
+        "device": rows["device"],
         "date": times.dt.strftime("%Y-%m-%d"),
         "timestamp": rows["timestamp"],
         "commit": rows["git_commit"],
