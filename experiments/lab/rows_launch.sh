@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Should the Mosaic forward run its rows head after head? On one GPU, v15's
+# forward with rows_launch=heads_together (the default) and head_major in
+# turn, twice (A/B/A/B), on the seed blog's six masks at 16k, 32k and 64k,
+# forward only, full-size check on. v9's A/B (results/gpu/
+# 2026-11-28-h200-rows-launch/) had head after head +2-3 % on full and
+# causal at 32k and left the document masks and other lengths unsettled
+# (docs/pallas_flex.md, "Launch orders"): this decides a default, or a rule
+# by plan. Each run writes OUT/<order>-<round>/ and its .log, packed into
+# OUT/rows.tgz after each; the last lines are one short table per run.
+#
+#   experiments/lab/rows_launch.sh OUT COMMIT
+#
+# COMMIT: the full hash, written out (experiments/README.md says why).
+# LCAB_LAB_ROUNDS (default "1 2") runs some rounds only (one a call);
+# LCAB_LAB_SEQLENS (default 16k,32k,64k) shrinks it.
+set -uo pipefail
+usage="usage: $0 OUT COMMIT"
+source "$(dirname "$0")/pack.sh"
+lab_start "$1" "${2:-}" rows_launch
+run() { pallas_flex_run "$@"; }  # name, seconds, then lcab.experiments flags
+ab_rounds rows_launch 270 "heads_together head_major" \
+  --seqlens="${LCAB_LAB_SEQLENS:-16k,32k,64k}" --directions=fwd
+summaries "$out"
