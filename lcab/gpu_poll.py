@@ -101,6 +101,9 @@ class GpuPoll:
         self._reader.start()
         return self
 
+    # No watchdog is needed if this process dies without __exit__ (SIGKILL):
+    # the pipe's reading end closes with it, and nvidia-smi's next poll, 20 ms
+    # later, ends it by SIGPIPE.
     def _read(self) -> None:
         for line in self._process.stdout:
             poll = parse_line(line)

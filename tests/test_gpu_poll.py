@@ -1,6 +1,9 @@
 """lcab.gpu_poll: the clocks a case's samples ran at, from a stand-in nvidia-smi."""
 
+import os
+import pathlib
 import stat
+import subprocess
 import sys
 import time
 
@@ -97,6 +100,39 @@ def test_without_nvidia_smi_there_are_no_clocks(tmp_path):
     with GpuPoll(str(failing)) as poll:
         time.sleep(0.2)
     assert poll.summary() is None
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads /proc to see the poller end")
+def test_the_poller_dies_with_a_killed_parent(tmp_path):
+    # A process killed inside the block (SIGKILL, no __exit__) leaves no
+    # nvidia-smi behind polling forever: its next write finds the pipe closed.
+    pid_file = tmp_path / "pid"
+    script = fake_nvidia_smi(tmp_path, [BUSY])
+    parent = subprocess.run([sys.executable, "-c", f"""
+import os, sys, time
+sys.path.insert(0, {str(pathlib.Path(gpu_poll.__file__).parents[1])!r})
+from lcab.gpu_poll import GpuPoll
+poll = GpuPoll({str(script)!r}).__enter__()
+while not poll._polls:
+    time.sleep(0.01)
+open({str(pid_file)!r}, "w").write(str(poll._process.pid))
+os.kill(os.getpid(), 9)
+"""], check=False, timeout=60)
+    assert parent.returncode == -9
+    child = int(pid_file.read_text())
+    deadline = time.monotonic() + 10
+    while _alive(child) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(child)
+
+
+def _alive(pid: int) -> bool:
+    """Whether pid runs (a zombie, dead but not yet reaped by init, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat_file:
+            return stat_file.read().split(") ")[1][0] != "Z"
+    except FileNotFoundError:
+        return False
 
 
 class PatientPoll(GpuPoll):
