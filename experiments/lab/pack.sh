@@ -47,7 +47,7 @@ ptxas_report() {
 }
 
 # The one-GPU kernel helpers below (lab_start, pallas_flex_run, ab_rounds,
-# ptxas_report) are for the next pallas_flex variant's script; the last
+# ptxas_report) serve dkv_strips.sh, clocks.sh and rows_launch.sh; earlier
 # scripts that used them left main with their options: forward_release.sh
 # and dq_reduce_probe.sh are at commit a32f37e, one_pass.sh at 520f3a5.
 
