@@ -51,7 +51,7 @@ BLOCK = ROWS_PER_WARPGROUP * COMPUTE_WARPGROUPS  # both plan blocks: 128
 TRANSFORMS = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
 ROW = plgpu.Layout.WGMMA.reduce(1)  # one value per tile row
 COLUMN = plgpu.Layout.WGMMA.reduce(0)  # one value per tile column
-PARTS = (1, 2)  # strips per tile (Config.parts)
+PARTS = (1, 2)  # dQ's strips per tile (Config.parts)
 # dK/dV's strips (Config.dkv_parts): 4 is v21's, to measure (32-query strips).
 DKV_PARTS = (1, 2, 4)
 # dK/dV's registers per thread: compute and memory warpgroups (setmaxnreg;
@@ -85,9 +85,9 @@ class Config:
     """The Mosaic backward's settings."""
 
     stages: int = 2  # shared-memory slots of the streamed tiles' ring
-    # Each tile's streamed side (dQ's keys, dK/dV's queries) in this many
-    # strips, so a warpgroup's scores take 1/parts of the registers (2 was
-    # the faster measured: docs/pallas_flex.md, "Constants").
+    # dQ's tile of keys in this many strips, so a warpgroup's scores take
+    # 1/parts of the registers (2 was the faster measured, in both kernels:
+    # docs/pallas_flex.md, "Constants").
     parts: int = 2
     # dK/dV's tile of queries in this many strips (the option dkv_strips):
     # 4 halves S^T and dP^T again, against dK/dV's 192 bytes spilled a thread.
