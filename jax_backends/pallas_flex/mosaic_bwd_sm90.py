@@ -48,7 +48,6 @@ from jax_backends.pallas_flex.plan import Geometry
 
 _LOG2E = math.log2(math.e)
 BLOCK = ROWS_PER_WARPGROUP * COMPUTE_WARPGROUPS  # both plan blocks: 128
-TRANSFORMS = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
 ROW = plgpu.Layout.WGMMA.reduce(1)  # one value per tile row
 COLUMN = plgpu.Layout.WGMMA.reduce(0)  # one value per tile column
 PARTS = (1, 2)  # dQ's strips per tile (Config.parts)
@@ -407,10 +406,9 @@ def copy_and_wait(copies, barriers, wg):
 
 def tiles(count: int, rows: int, head_dim: int, dtype, swizzle: int = 128):
     """count tiles of rows x head_dim in shared memory, swizzled as wgmma
-    reads them. wgmma takes a tile's rows as its K in groups of the swizzle's
-    width, so 32-row strips (dkv_parts=4) need the 64-byte swizzle."""
-    if swizzle == 128:
-        return plgpu.SMEM((count, rows, head_dim), dtype, transforms=TRANSFORMS)
+    reads them (tiles of 8 rows by the swizzle's width). wgmma takes a
+    tile's rows as its K in groups of that width, so 32-row strips
+    (dkv_parts=4) need the 64-byte swizzle."""
     width = swizzle // jnp.dtype(dtype).itemsize
     return plgpu.SMEM((count, rows, head_dim), dtype, transforms=(
         plgpu.TilingTransform((8, width)), plgpu.SwizzleTransform(swizzle)))
