@@ -93,20 +93,6 @@ def test_the_mosaic_backward_lowers_for_a_gpu_on_every_family(head_dim, dtype, h
         assert "lcab_flex_dq_mosaic" in text and "lcab_flex_dkv_mosaic" in text, name
 
 
-@pytest.mark.parametrize("head_dim,dtype", [(128, jnp.bfloat16), (64, jnp.float16)])
-def test_the_dkv_kernel_lowers_in_32_query_strips_on_every_family(head_dim, dtype):
-    """dkv_strips=4 (v21): dK/dV's scores and dP come 32 queries wide
-    (wgmma n32), on tiles swizzled at 64 bytes, since a strip is the K of
-    dK's and dV's products; the default keeps 64-wide strips."""
-    config = mosaic_bwd_sm90.Config(dkv_parts=4)
-    for name in MASK_NAMES:
-        text = mosaic_backward_text(name, config, head_dim, dtype, heads_together=False)
-        assert "lcab_flex_dq_mosaic" in text and "lcab_flex_dkv_mosaic" in text, name
-        assert "m64n32k16" in text, name
-    default = mosaic_backward_text("full", mosaic_bwd_sm90.Config(), 128, jnp.bfloat16, False)
-    assert "m64n32k16" not in default
-
-
 def cpu_workload(head_dim=64):
     return Workload(1, 256, 256, 4, 2, head_dim, "bfloat16", small_mask("causal", 256))
 
@@ -151,8 +137,6 @@ def test_the_mosaic_backward_says_what_it_cannot_take():
         Lowering(interpret=True, backward="mosaic")
     with pytest.raises(ValueError, match="parts=3: choose one of 1, 2"):
         mosaic_bwd_sm90.Config(parts=3)
-    with pytest.raises(ValueError, match="dkv_parts=8: choose one of 1, 2, 4"):
-        mosaic_bwd_sm90.Config(dkv_parts=8)
 
 
 def test_the_backward_blocks_follow_the_backward_that_runs(monkeypatch):
@@ -230,16 +214,6 @@ def test_the_launch_orders_are_options_that_reach_the_lowering():
         "auto", "heads_together")  # rows: what every Mosaic row so far ran
     with pytest.raises(registry.Unavailable, match="choose one of heads_together, head_major"):
         registry.load_backend("jax.pallas_flex", {"rows_launch": "sideways"})
-
-
-def test_the_dkv_strips_option_reaches_the_backward():
-    backend = registry.load_backend("jax.pallas_flex", {"dkv_strips": 4})
-    assert backend.lowering.mosaic_backward.dkv_parts == 4
-    assert "dkv_strips=4" in backend.mask_support(cpu_workload()).how
-    assert registry.load_backend("jax.pallas_flex", {}).lowering.mosaic_backward == (
-        mosaic_bwd_sm90.Config())
-    with pytest.raises(registry.Unavailable, match="dkv_strips=3: choose one of 1, 2, 4"):
-        registry.load_backend("jax.pallas_flex", {"dkv_strips": 3})
 
 
 def test_the_mosaic_kernels_test_partial_tiles_as_measured_fastest():

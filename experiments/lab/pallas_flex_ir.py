@@ -79,7 +79,7 @@ def mosaic_lines(name: str):
                 if NEW:
                     return mosaic_bwd_sm90.backward(
                         q, k, v, dout, lse2, delta, plan.geometry, t, heads_together=together,
-                        config=mosaic_bwd_sm90.Config(parts=parts, dkv_parts=parts))
+                        config=mosaic_bwd_sm90.Config(parts=parts))
                 return mosaic_bwd_sm90.backward(q, k, v, dout, lse2, delta, plan.geometry, t,
                                                 heads_together=together, parts=parts)
 

@@ -49,10 +49,9 @@ class PallasFlexBackend(Backend):
     # per direction, the lowering ("auto": Mosaic GPU where it fits).
     # The launch orders (ops.Lowering) are for measuring them: dkv_launch
     # "auto" decides per plan; rows_launch is the Mosaic forward's and dQ's.
-    # dkv_strips likewise (v21): the Mosaic dK/dV kernel's query strips a tile.
     options = {"block_q": int, "block_k": int, "backward_block_q": int,
                "backward_block_k": int, "forward_lowering": str, "backward_lowering": str,
-               "dkv_launch": str, "rows_launch": str, "dkv_strips": int}
+               "dkv_launch": str, "rows_launch": str}
 
     def __init__(self, **options):
         unknown = sorted(set(options) - set(self.options))
@@ -74,8 +73,6 @@ class PallasFlexBackend(Backend):
                          for key, choices in (("dkv_launch", ops.DKV_LAUNCHES),
                                               ("rows_launch", ops.ROWS_LAUNCHES))
                          if key in options}
-        self.mosaic_backward = mosaic_bwd_sm90.Config(dkv_parts=_choice(
-            options, "dkv_strips", mosaic_bwd_sm90.DKV_PARTS, mosaic_bwd_sm90.Config.dkv_parts))
 
     @functools.cached_property
     def lowering(self) -> ops.Lowering:
@@ -86,7 +83,7 @@ class PallasFlexBackend(Backend):
         mosaic = "mosaic" in (forward, backward)
         return ops.Lowering(forward=forward, backward=backward,
                             interpret=_shared.interpret_mode() and not mosaic,
-                            mosaic_backward=self.mosaic_backward, **self.launches)
+                            **self.launches)
 
     @classmethod
     def environment_problem(cls) -> str | None:

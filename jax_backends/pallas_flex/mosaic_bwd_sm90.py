@@ -48,11 +48,10 @@ from jax_backends.pallas_flex.plan import Geometry
 
 _LOG2E = math.log2(math.e)
 BLOCK = ROWS_PER_WARPGROUP * COMPUTE_WARPGROUPS  # both plan blocks: 128
+TRANSFORMS = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
 ROW = plgpu.Layout.WGMMA.reduce(1)  # one value per tile row
 COLUMN = plgpu.Layout.WGMMA.reduce(0)  # one value per tile column
-PARTS = (1, 2)  # dQ's strips per tile (Config.parts)
-# dK/dV's strips (Config.dkv_parts): 4 is v21's, to measure (32-query strips).
-DKV_PARTS = (1, 2, 4)
+PARTS = (1, 2)  # strips per tile (Config.parts)
 # dK/dV's registers per thread: compute and memory warpgroups (setmaxnreg;
 # 2 x 128 x 240 + 128 x 24 of the SM's 64k, FA3's split). Timed alone on
 # a GPU, dK/dV was faster so than with 232 / 40 (docs/pallas_flex.md).
@@ -84,20 +83,14 @@ class Config:
     """The Mosaic backward's settings."""
 
     stages: int = 2  # shared-memory slots of the streamed tiles' ring
-    # dQ's tile of keys in this many strips, so a warpgroup's scores take
-    # 1/parts of the registers (2 was the faster measured, in both kernels:
-    # docs/pallas_flex.md, "Constants").
+    # Each tile's streamed side (dQ's keys, dK/dV's queries) in this many
+    # strips, so a warpgroup's scores take 1/parts of the registers (2 was
+    # the faster measured: docs/pallas_flex.md, "Constants").
     parts: int = 2
-    # dK/dV's tile of queries in this many strips (the option dkv_strips):
-    # 4 halves S^T and dP^T again, against dK/dV's 192 bytes spilled a thread.
-    dkv_parts: int = 2
 
     def __post_init__(self):
         if self.parts not in PARTS:
             raise ValueError(f"parts={self.parts}: choose one of {', '.join(map(str, PARTS))}")
-        if self.dkv_parts not in DKV_PARTS:
-            raise ValueError(f"dkv_parts={self.dkv_parts}: choose one of "
-                             f"{', '.join(map(str, DKV_PARTS))}")
         if self.stages < 2:
             raise ValueError(f"stages={self.stages}: the ring needs 2 or more")
 
@@ -115,7 +108,7 @@ def backward(q, k, v, dout, lse2, delta, geometry: Geometry, tables,
     dq = _dq(q, k, v, dout, lse_safe, delta, geometry, tables, scale, stages, parts,
              dq_heads_together)
     dk, dv = _dkv(q, k, v, dout, lse_safe, delta, geometry, tables, scale, stages,
-                  heads_together, config.dkv_parts)
+                  heads_together, parts)
     return dq, dk, dv
 
 
@@ -221,10 +214,6 @@ def _dkv(q, k, v, dout, lse, delta, geometry: Geometry, tables, scale, stages,
     group = heads // kv_heads
     rows, dtype, block_q = ROWS_PER_WARPGROUP, q.dtype, geometry.block_q
     cols = block_q // parts
-    # A strip is wgmma's K in dK's and dV's products: narrower than the
-    # 128-byte swizzle's 64 elements, every tile takes the strip's (wgmma
-    # wants both operands' alike).
-    swizzle = min(128, cols * jnp.dtype(dtype).itemsize)
     qk_scale = scale * _LOG2E
 
     def kernel(*refs):
@@ -300,10 +289,10 @@ def _dkv(q, k, v, dout, lse, delta, geometry: Geometry, tables, scale, stages,
     def entry(*refs):
         pl.run_scoped(
             lambda *scoped: kernel(*refs, scoped),
-            [tiles(COMPUTE_WARPGROUPS, rows, head_dim, dtype, swizzle),
-             tiles(COMPUTE_WARPGROUPS, rows, head_dim, dtype, swizzle),
-             tiles(stages, block_q, head_dim, dtype, swizzle),
-             tiles(stages, block_q, head_dim, dtype, swizzle),
+            [tiles(COMPUTE_WARPGROUPS, rows, head_dim, dtype),
+             tiles(COMPUTE_WARPGROUPS, rows, head_dim, dtype),
+             tiles(stages, block_q, head_dim, dtype),
+             tiles(stages, block_q, head_dim, dtype),
              plgpu.SMEM((stages, block_q), jnp.float32),
              plgpu.SMEM((stages, block_q), jnp.float32)],
             (plgpu.Barrier(num_barriers=COMPUTE_WARPGROUPS),) * 2,
@@ -404,14 +393,8 @@ def copy_and_wait(copies, barriers, wg):
         plgpu.barrier_wait(barrier.at[wg])
 
 
-def tiles(count: int, rows: int, head_dim: int, dtype, swizzle: int = 128):
-    """count tiles of rows x head_dim in shared memory, swizzled as wgmma
-    reads them (tiles of 8 rows by the swizzle's width). wgmma takes a
-    tile's rows as its K in groups of that width, so 32-row strips
-    (dkv_parts=4) need the 64-byte swizzle."""
-    width = swizzle // jnp.dtype(dtype).itemsize
-    return plgpu.SMEM((count, rows, head_dim), dtype, transforms=(
-        plgpu.TilingTransform((8, width)), plgpu.SwizzleTransform(swizzle)))
+def tiles(count: int, rows: int, head_dim: int, dtype):
+    return plgpu.SMEM((count, rows, head_dim), dtype, transforms=TRANSFORMS)
 
 
 def walk_inputs(tables, walk: str):
