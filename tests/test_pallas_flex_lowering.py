@@ -31,8 +31,8 @@ def mosaic_forward_text(name, head_dim=128, dtype=jnp.bfloat16, block_k=128) -> 
         lowering_platforms=("cuda",)).as_text()
 
 
-def mosaic_backward_text(name, config, head_dim, dtype, heads_together) -> str:
-    """The same for the Mosaic backward's two kernels."""
+def mosaic_backward_text(name, config, head_dim, dtype, heads_together, dkv_split=1) -> str:
+    """The same for the Mosaic backward's two kernels (4:2 heads)."""
     plan = make_plan(small_mask(name, 300), 128, 128)
     tables = jax.tree.map(jnp.asarray, plan.tables())
     q = jax.ShapeDtypeStruct((2, plan.padded_q, 4, head_dim), dtype)
@@ -41,7 +41,7 @@ def mosaic_backward_text(name, config, head_dim, dtype, heads_together) -> str:
 
     def gradients(q, k, v, dout, lse2, delta, t):
         return mosaic_bwd_sm90.backward(q, k, v, dout, lse2, delta, plan.geometry, t,
-                                        heads_together, config)
+                                        heads_together, config, dkv_split=dkv_split)
 
     return jax.jit(gradients).trace(q, kv, kv, q, rows, rows, tables).lower(
         lowering_platforms=("cuda",)).as_text()
@@ -91,6 +91,19 @@ def test_the_mosaic_backward_lowers_for_a_gpu_on_every_family(head_dim, dtype, h
     for name in MASK_NAMES:
         text = mosaic_backward_text(name, config, head_dim, dtype, heads_together)
         assert "lcab_flex_dq_mosaic" in text and "lcab_flex_dkv_mosaic" in text, name
+
+
+def test_the_mosaic_dkv_kernel_lowers_split_over_query_heads():
+    """dkv_split=2 at 4:2 heads: the dK/dV kernel runs over 4 K/V heads (each
+    repeated), one query head each, and its shares come back summed to 2."""
+    padded = make_plan(small_mask("causal", 300), 128, 128).geometry.padded_k
+    for name in ("causal", "causal_document"):
+        split = mosaic_backward_text(name, mosaic_bwd_sm90.Config(), 128, jnp.bfloat16, False, 2)
+        whole = mosaic_backward_text(name, mosaic_bwd_sm90.Config(), 128, jnp.bfloat16, False)
+        # dK/dV's 4 heads as 2 K/V heads' 2 shares each, summed in float32.
+        shares = f"tensor<2x{padded}x2x2x128xbf16>"
+        assert "lcab_flex_dkv_mosaic" in split and shares in split and shares not in whole
+        assert f"tensor<2x{padded}x2x2x128xf32>" in split
 
 
 def cpu_workload(head_dim=64):

@@ -10,6 +10,8 @@ declares its tilings and pins the timed case's dK/dV launch order.
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from lcab import validation
@@ -103,13 +105,31 @@ def test_pallas_flex_declares_its_tilings_and_pins_the_launch_order():
     workload = timed("causal_document", 16384, "chatqa2_long_sft")
     needs = backend.probe_needs(workload)
     assert needs.tilings[0] == (128, 128) and needs.min_tiles == 4
-    order = backend.launch_order(workload)
+    order, split = backend.launch_order(workload)
     pinned, note = backend.pinned_to(workload)
-    assert pinned.lowering.dkv_launch == order and order in note
+    assert pinned.lowering.dkv_launch == order and order in note and split == 1
     # The probe's own heads and length alone could pick the other order.
     probe, _ = validation.choose_probe(backend, workload)
-    assert pinned.launch_order(probe) == order
+    assert pinned.launch_order(probe) == (order, 1)
     assert backend.pinned_to(workload)[0].set_options == backend.set_options
+
+
+def test_pallas_flex_pins_the_dkv_split_of_the_timed_workload():
+    """dkv_split=auto splits a short sequence's dK/dV programs (ops.dkv_split
+    has the rule's tests): the probe runs the timed workload's split, and
+    the note says so."""
+    pytest.importorskip("jax")
+    from jax_backends.pallas_flex.backend import PallasFlexBackend
+
+    backend = PallasFlexBackend(dkv_split="auto")
+    assert backend.launch_order(timed("causal", 65536, "pile"))[1] == 1
+    short = timed("causal", 512, "pile")
+    split = backend.launch_order(short)[1]
+    assert split > 1
+    pinned, note = backend.pinned_to(short)
+    assert pinned.lowering.dkv_split == str(split) and f"block in {split} programs" in note
+    probe, _ = validation.choose_probe(backend, short)
+    assert pinned.launch_order(probe)[1] == math.gcd(split, probe.heads_q // probe.heads_kv)
 
 
 def test_unsized_probes_leave_the_needs_aside():

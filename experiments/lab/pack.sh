@@ -47,9 +47,9 @@ ptxas_report() {
 }
 
 # The one-GPU kernel helpers below (lab_start, pallas_flex_run, ab_rounds,
-# ptxas_report) serve clocks.sh and rows_launch.sh; earlier scripts that
-# used them left main with their options: forward_release.sh and
-# dq_reduce_probe.sh are at commit a32f37e, one_pass.sh at 520f3a5,
+# ptxas_report) serve clocks.sh, rows_launch.sh and dkv_split.sh; earlier
+# scripts that used them left main with their options: forward_release.sh
+# and dq_reduce_probe.sh are at commit a32f37e, one_pass.sh at 520f3a5,
 # dkv_strips.sh at 28b11ca.
 
 # lab_start OUT COMMIT PART: a one-GPU lab script's arguments into out,

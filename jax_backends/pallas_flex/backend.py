@@ -48,10 +48,11 @@ class PallasFlexBackend(Backend):
     # What a user may choose: tile sizes (None: the lowering's own) and,
     # per direction, the lowering ("auto": Mosaic GPU where it fits).
     # The launch orders (ops.Lowering) are for measuring them: dkv_launch
-    # "auto" decides per plan; rows_launch is the Mosaic forward's and dQ's.
+    # "auto" decides per plan; rows_launch is the Mosaic forward's and dQ's;
+    # dkv_split the dK/dV programs a K/V head's block (head_split).
     options = {"block_q": int, "block_k": int, "backward_block_q": int,
                "backward_block_k": int, "forward_lowering": str, "backward_lowering": str,
-               "dkv_launch": str, "rows_launch": str}
+               "dkv_launch": str, "rows_launch": str, "dkv_split": str}
 
     def __init__(self, **options):
         unknown = sorted(set(options) - set(self.options))
@@ -71,7 +72,8 @@ class PallasFlexBackend(Backend):
                                for key in ("forward_lowering", "backward_lowering"))
         self.launches = {key: _choice(options, key, choices, None)
                          for key, choices in (("dkv_launch", ops.DKV_LAUNCHES),
-                                              ("rows_launch", ops.ROWS_LAUNCHES))
+                                              ("rows_launch", ops.ROWS_LAUNCHES),
+                                              ("dkv_split", ops.DKV_SPLITS))
                          if key in options}
 
     @functools.cached_property
@@ -122,20 +124,24 @@ class PallasFlexBackend(Backend):
         return ProbeNeeds(tilings=(self.forward_blocks,
                                    self.backward_blocks(workload.dtype, workload.head_dim)))
 
-    def launch_order(self, workload: Workload) -> str:
-        """The dK/dV launch order the backward takes on `workload`."""
+    def launch_order(self, workload: Workload) -> tuple[str, int]:
+        """The dK/dV launch order and split the backward takes on `workload`."""
         backward = plan.make_plan(workload.mask,
                                   *self.backward_blocks(workload.dtype, workload.head_dim))
-        return ops.dkv_launch(backward.geometry, workload.heads_kv * workload.batch,
+        blocks = workload.heads_kv * workload.batch
+        split = ops.dkv_split(backward.geometry, blocks, workload.heads_q // workload.heads_kv,
                               self.lowering)
+        return ops.dkv_launch(backward.geometry, blocks * split, self.lowering), split
 
     def pinned_to(self, workload: Workload):
         # A probe has fewer heads and a shorter mask, from which "auto"
-        # could choose the other dK/dV launch order: pin the timed one.
-        order = self.launch_order(workload)
+        # could choose another dK/dV launch order or split: pin the timed ones.
+        order, split = self.launch_order(workload)
         pinned = type(self)(**self.set_options)
-        pinned.__dict__["lowering"] = dataclasses.replace(self.lowering, dkv_launch=order)
-        return pinned, f"probed with the dK/dV launch {order}"
+        pinned.__dict__["lowering"] = dataclasses.replace(self.lowering, dkv_launch=order,
+                                                          dkv_split=str(split))
+        split_note = f", each K/V head's block in {split} programs" if split > 1 else ""
+        return pinned, f"probed with the dK/dV launch {order}{split_note}"
 
     def plans(self, workload: Workload) -> tuple[plan.FlexPlan, plan.FlexPlan]:
         return (plan.make_plan(workload.mask, *self.forward_blocks),

@@ -33,6 +33,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
+from jax_backends.pallas_flex import head_split
 from jax_backends.pallas_flex.mosaic_fwd_sm90 import (
     COMPUTE_WARPGROUPS,
     ROWS_PER_WARPGROUP,
@@ -97,19 +98,20 @@ class Config:
 
 def backward(q, k, v, dout, lse2, delta, geometry: Geometry, tables,
              heads_together: bool = False, config: Config = Config(),
-             dq_heads_together: bool = True):
+             dq_heads_together: bool = True, dkv_split: int = 1):
     """(dq, dk, dv) of padded inputs: lse2 (base 2) and delta are
     (batch, heads, padded_q) float32, as ops._backward takes them.
     heads_together: dK/dV launches every kv head of a block together;
-    dq_heads_together: dQ every q head of a block (launch_grid)."""
+    dq_heads_together: dQ every q head of a block (launch_grid);
+    dkv_split: dK/dV programs a kv head's block (head_split)."""
     stages, parts = config.stages, config.parts
     scale = 1.0 / math.sqrt(q.shape[3])
     lse_safe = jnp.where(lse2 == -jnp.inf, 0.0, lse2)  # rows that see nothing meet only masks
     dq = _dq(q, k, v, dout, lse_safe, delta, geometry, tables, scale, stages, parts,
              dq_heads_together)
-    dk, dv = _dkv(q, k, v, dout, lse_safe, delta, geometry, tables, scale, stages,
-                  heads_together, parts)
-    return dq, dk, dv
+    dk, dv = _dkv(q, head_split.spread(k, dkv_split), head_split.spread(v, dkv_split), dout,
+                  lse_safe, delta, geometry, tables, scale, stages, heads_together, parts)
+    return dq, head_split.fold(dk, dkv_split), head_split.fold(dv, dkv_split)
 
 
 def _dq(q, k, v, dout, lse, delta, geometry: Geometry, tables, scale, stages, parts,

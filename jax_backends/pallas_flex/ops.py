@@ -36,6 +36,15 @@ _LN2 = math.log(2.0)
 LOWERINGS = ("auto", "triton", "mosaic")
 DKV_LAUNCHES = ("auto", "head_major", "heads_together")
 ROWS_LAUNCHES = ("heads_together", "head_major")
+# dK/dV programs a K/V head's block (head_split): one, a number of them
+# (at most the group; else its largest divisor in common), or "auto".
+DKV_SPLITS = ("1", "2", "4", "8", "auto")
+# SMs of an H100 or H200: the Mosaic dK/dV kernel's registers and shared
+# memory fill an SM, so this many of its programs run at once.
+_SMS = 132
+# "auto" takes a larger split only where its estimated pass is this much
+# shorter (more programs cost their loads, stores and the shares' sum).
+_SPLIT_GAIN = 0.95
 # Programs that run at once: two 4-warp dK/dV programs per SM of an H100's
 # 132 (an estimate; only the launch choice depends on it).
 _CONCURRENT_PROGRAMS = 264
@@ -56,7 +65,9 @@ class Lowering:
     running programs share a K/V head in L2), "heads_together" (every head
     of a block together: no long program starts last) or "auto" (the
     latter only where the plan's heaviest program would trail).
-    rows_launch: the order the Mosaic forward's and dQ's programs (one per
+    dkv_split: dK/dV programs for each K/V head's block, each over a share
+    of the head's query heads (DKV_SPLITS; "1": one over all, as every row
+    before 2026-12-02 ran). rows_launch: the order the Mosaic forward's and dQ's programs (one per
     q block and head) start in, "heads_together" (every head of a q block
     together, blocks heaviest first: what every Mosaic row so far ran, all
     at batch 1; batch is now the slowest axis) or "head_major". The Triton
@@ -69,6 +80,7 @@ class Lowering:
     interpret: bool = False
     dkv_launch: str = "auto"
     rows_launch: str = "heads_together"
+    dkv_split: str = "1"
     triton: triton.Config = triton.Config()
     mosaic_forward: mosaic_fwd_sm90.Config = mosaic_fwd_sm90.Config()
     mosaic_backward: mosaic_bwd_sm90.Config = mosaic_bwd_sm90.Config()
@@ -77,7 +89,8 @@ class Lowering:
         for field, value, choices in (("forward", self.forward, LOWERINGS),
                                       ("backward", self.backward, LOWERINGS),
                                       ("dkv_launch", self.dkv_launch, DKV_LAUNCHES),
-                                      ("rows_launch", self.rows_launch, ROWS_LAUNCHES)):
+                                      ("rows_launch", self.rows_launch, ROWS_LAUNCHES),
+                                      ("dkv_split", self.dkv_split, DKV_SPLITS)):
             if value not in choices:
                 raise ValueError(f"{field}={value!r}: choose one of {', '.join(choices)}")
         for direction in ("forward", "backward"):
@@ -115,17 +128,43 @@ def _forward(q, k, v, plan: Geometry, tables, lowering: Lowering):
 
 def _backward(q, k, v, delta, lse2, dout, plan: Geometry, tables, lowering: Lowering):
     """(dq, dk, dv) of the padded inputs."""
-    together = _heads_together(plan, k.shape[2] * q.shape[0], lowering)
+    split = dkv_split(plan, k.shape[2] * q.shape[0], q.shape[2] // k.shape[2], lowering)
+    together = _heads_together(plan, k.shape[2] * q.shape[0] * split, lowering)
     if lowering.is_mosaic("backward", plan.block_q, plan.block_k, q.dtype, q.shape[3]):
         return mosaic_bwd_sm90.backward(q, k, v, dout, lse2, delta, plan, tables,
                                         together, lowering.mosaic_backward,
-                                        lowering.rows_launch == "heads_together")
+                                        lowering.rows_launch == "heads_together", split)
     return triton.backward(q, k, v, delta, lse2, dout, plan, tables, lowering.triton,
-                           lowering.interpret, together)
+                           lowering.interpret, together, split)
 
 
 def _heads_together(plan: Geometry, programs_per_block: int, lowering: Lowering) -> bool:
     return dkv_launch(plan, programs_per_block, lowering) == "heads_together"
+
+
+def dkv_split(plan: Geometry, programs_per_block: int, group: int, lowering: Lowering) -> int:
+    """How many dK/dV programs each K/V head's block takes (head_split): the
+    lowering's, or with "auto" the power of two dividing the group whose
+    pass is estimated shortest. A pass lasts at least its waves of
+    average programs (programs over _SMS, rounded up) and at least its
+    heaviest program (the plan's dkv_tail gives heaviest / average), each
+    1/split of the unsplit program's work; a short sequence has too few
+    programs to fill the SMs, a causal one a heaviest program far past
+    the average. programs_per_block: K/V heads x batch; group: query
+    heads a K/V head."""
+    if lowering.dkv_split != "auto":
+        return math.gcd(int(lowering.dkv_split), group)
+    programs = plan.num_k_blocks * programs_per_block
+    heaviest = 1 + plan.dkv_tail * plan.num_k_blocks  # over the average program
+
+    def estimate(split):  # in unsplit average programs' time
+        return max(math.ceil(programs * split / _SMS), heaviest) / split
+
+    best = 1
+    for split in (2, 4, 8):
+        if group % split == 0 and estimate(split) < _SPLIT_GAIN * estimate(best):
+            best = split
+    return best
 
 
 def dkv_launch(plan: Geometry, programs_per_block: int, lowering: Lowering) -> str:

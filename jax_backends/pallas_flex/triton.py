@@ -30,6 +30,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
+from jax_backends.pallas_flex import head_split
 from jax_backends.pallas_flex.plan import Geometry
 from lcab.masks.slices import BI_CAUSAL, CAUSAL, INV_CAUSAL
 
@@ -237,14 +238,23 @@ def forward(q, k, v, plan: Geometry, tables, config: Config, interpret: bool):
 
 
 def backward(q, k, v, delta, lse2, dout, plan: Geometry, tables, config: Config,
-             interpret: bool, heads_together: bool):
+             interpret: bool, heads_together: bool, dkv_split: int = 1):
     """(dq, dk, dv) of the padded inputs: dQ in its own pass over the
-    q-block rows, then dK/dV over the kv-block columns."""
+    q-block rows, then dK/dV over the kv-block columns, dkv_split programs
+    a kv head's block (head_split)."""
+    dq = _dq(q, k, v, delta, lse2, dout, plan, tables, config, interpret,
+             1.0 / math.sqrt(q.shape[3]))
+    dk, dv = _dkv(q, head_split.spread(k, dkv_split), head_split.spread(v, dkv_split), delta,
+                  lse2, dout, plan, tables, config, interpret, heads_together)
+    return dq, head_split.fold(dk, dkv_split), head_split.fold(dv, dkv_split)
+
+
+def _dkv(q, k, v, delta, lse2, dout, plan: Geometry, tables, config: Config,
+         interpret: bool, heads_together: bool):
     batch, _, heads, head_dim = q.shape
     kv_heads = k.shape[2]
     group = heads // kv_heads
     scale = 1.0 / math.sqrt(head_dim)
-    dq = _dq(q, k, v, delta, lse2, dout, plan, tables, config, interpret, scale)
 
     by_k = walk_tables(tables, "by_k")
     # Grid (kv head, kv block, batch) when together, else (kv block, kv head, batch).
@@ -269,7 +279,7 @@ def backward(q, k, v, delta, lse2, dout, plan: Geometry, tables, config: Config,
         compiler_params=config.params(interpret, backward=True),
         name="lcab_flex_dkv",
     )(*by_k, q, k, v, dout, lse2, delta)
-    return dq, dk, dv
+    return dk, dv
 
 
 def _dq(q, k, v, delta, lse2, dout, plan: Geometry, tables, config: Config, interpret: bool,

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Should short sequences split each K/V head's dK/dV programs over its query
+# heads? On one GPU, pallas_flex's backward with dkv_split=auto (v22:
+# 64:8 heads at 1k make 64 dK/dV programs for 132 SMs; auto splits them
+# until there are 264) against 1 (every row so far). check: all 16
+# families at 1k with auto (each K/V head's block in 8 programs), the
+# full-size check on, and ptxas's report; ab: 1 and auto in turn (one
+# round a call, LCAB_LAB_ROUNDS) on four masks at 1k, 2k and 4k, forward
+# and backward (from 8k auto takes 1: nothing to compare). Each run writes
+# OUT/<name>/ and its .log, packed into OUT/rows.tgz after each; the last
+# lines are one short table per run.
+#
+#   experiments/lab/dkv_split.sh OUT COMMIT check|ab
+#
+# COMMIT: the full hash, written out (experiments/README.md says why).
+set -uo pipefail
+usage="usage: $0 OUT COMMIT check|ab"
+source "$(dirname "$0")/pack.sh"
+lab_start "$@"
+run() { pallas_flex_run "$@"; }  # name, seconds, then lcab.experiments flags
+case $part in
+  check)
+    all=$(python3 -c "from lcab.masks import MASK_NAMES; print(','.join(MASK_NAMES))")
+    MOSAIC_GPU_DUMP_PTXAS=1 run check-auto 420 --masks="$all" --seqlens=1k \
+      --backend_options=jax.pallas_flex:dkv_split=auto
+    ptxas_report "$out" check-auto ;;
+  ab)
+    ab_rounds dkv_split 260 "1 auto" --seqlens="${LCAB_LAB_SEQLENS:-1k,2k,4k}" \
+      --masks=full,causal,causal_document,sliding_window_causal ;;
+  *) echo "$usage" >&2; exit 2 ;;
+esac
+summaries "$out"
