@@ -127,7 +127,7 @@ def test_pallas_flex_pins_the_dkv_split_of_the_timed_workload():
     split = backend.launch_order(short)[1]
     assert split > 1
     pinned, note = backend.pinned_to(short)
-    assert pinned.lowering.dkv_split == str(split) and f"block in {split} programs" in note
+    assert pinned.lowering.dkv_split == str(split) and f"block in {split} dK/dV programs" in note
     probe, _ = validation.choose_probe(backend, short)
     assert pinned.launch_order(probe)[1] == math.gcd(split, probe.heads_q // probe.heads_kv)
 

@@ -140,7 +140,8 @@ class PallasFlexBackend(Backend):
         pinned = type(self)(**self.set_options)
         pinned.__dict__["lowering"] = dataclasses.replace(self.lowering, dkv_launch=order,
                                                           dkv_split=str(split))
-        split_note = f", each K/V head's block in {split} programs" if split > 1 else ""
+        split_note = (f", each K/V head's block in {split} dK/dV programs (K/V repeated "
+                      f"{split}x for them)" if split > 1 else "")
         return pinned, f"probed with the dK/dV launch {order}{split_note}"
 
     def plans(self, workload: Workload) -> tuple[plan.FlexPlan, plan.FlexPlan]:
