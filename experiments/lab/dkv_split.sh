@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Should short sequences split each K/V head's dK/dV programs over its query
 # heads? On one GPU, pallas_flex's backward with dkv_split=auto (v22:
-# 64:8 heads at 1k make 64 dK/dV programs for 132 SMs; auto splits them
-# until there are 264) against 1 (every row so far). check: all 16
-# families at 1k with auto (each K/V head's block in 8 programs), the
-# full-size check on, and ptxas's report; ab: 1 and auto in turn (one
-# round a call, LCAB_LAB_ROUNDS) on four masks at 1k, 2k and 4k, forward
-# and backward (from 8k auto takes 1: nothing to compare). Each run writes
+# 64:8 heads at 1k make 64 dK/dV programs for 132 SMs, and a causal pass
+# waits on its heaviest; auto splits where its estimate says the pass
+# shortens, ops.dkv_split) against 1 (every row so far). check: all 16
+# families at 1k with auto, the full-size check on, and ptxas's report;
+# ab: 1 and auto in turn (one round a call, LCAB_LAB_ROUNDS) on four
+# masks at 1k, 2k and 4k, forward and backward: auto splits eight of the
+# twelve cells, and the four it leaves at 1 (full 2k and 4k, causal and
+# sliding_window_causal 4k) show the runs' drift. Each run writes
 # OUT/<name>/ and its .log, packed into OUT/rows.tgz after each; the last
 # lines are one short table per run.
 #

@@ -67,7 +67,8 @@ class Lowering:
     latter only where the plan's heaviest program would trail).
     dkv_split: dK/dV programs for each K/V head's block, each over a share
     of the head's query heads (DKV_SPLITS; "1": one over all, as every row
-    before 2026-12-02 ran). rows_launch: the order the Mosaic forward's and dQ's programs (one per
+    before 2026-12-02 ran; dkv_split() says how "auto" chooses).
+    rows_launch: the order the Mosaic forward's and dQ's programs (one per
     q block and head) start in, "heads_together" (every head of a q block
     together, blocks heaviest first: what every Mosaic row so far ran, all
     at batch 1; batch is now the slowest axis) or "head_major". The Triton
