@@ -98,7 +98,8 @@ def test_dkv_launches_heads_together_only_where_a_heavy_program_would_trail():
     def together(name, seqlen, programs_per_block=8):
         params = {"distribution": "chatqa2_long_sft"} if "document" in name else {}
         plan = make_plan(make_mask(name, seqlen, **params), 64, 64)
-        return ops._heads_together(plan.geometry, programs_per_block, ops.Lowering())
+        return ops.dkv_launch(plan.geometry, programs_per_block,
+                              ops.Lowering()) == "heads_together"
 
     assert not together("full", 16384)  # equal programs: no tail to cut
     assert together("causal_document", 16384)  # measured 19 % faster so

@@ -128,10 +128,8 @@ class PallasFlexBackend(Backend):
         """The dK/dV launch order and split the backward takes on `workload`."""
         backward = plan.make_plan(workload.mask,
                                   *self.backward_blocks(workload.dtype, workload.head_dim))
-        blocks = workload.heads_kv * workload.batch
-        split = ops.dkv_split(backward.geometry, blocks, workload.heads_q // workload.heads_kv,
-                              self.lowering)
-        return ops.dkv_launch(backward.geometry, blocks * split, self.lowering), split
+        return ops.dkv_schedule(backward.geometry, workload.heads_kv * workload.batch,
+                                workload.heads_q // workload.heads_kv, self.lowering)
 
     def pinned_to(self, workload: Workload):
         # A probe has fewer heads and a shorter mask, from which "auto"

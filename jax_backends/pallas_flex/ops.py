@@ -129,8 +129,9 @@ def _forward(q, k, v, plan: Geometry, tables, lowering: Lowering):
 
 def _backward(q, k, v, delta, lse2, dout, plan: Geometry, tables, lowering: Lowering):
     """(dq, dk, dv) of the padded inputs."""
-    split = dkv_split(plan, k.shape[2] * q.shape[0], q.shape[2] // k.shape[2], lowering)
-    together = _heads_together(plan, k.shape[2] * q.shape[0] * split, lowering)
+    order, split = dkv_schedule(plan, k.shape[2] * q.shape[0], q.shape[2] // k.shape[2],
+                                lowering)
+    together = order == "heads_together"
     if lowering.is_mosaic("backward", plan.block_q, plan.block_k, q.dtype, q.shape[3]):
         return mosaic_bwd_sm90.backward(q, k, v, dout, lse2, delta, plan, tables,
                                         together, lowering.mosaic_backward,
@@ -139,8 +140,14 @@ def _backward(q, k, v, delta, lse2, dout, plan: Geometry, tables, lowering: Lowe
                            lowering.interpret, together, split)
 
 
-def _heads_together(plan: Geometry, programs_per_block: int, lowering: Lowering) -> bool:
-    return dkv_launch(plan, programs_per_block, lowering) == "heads_together"
+def dkv_schedule(plan: Geometry, programs_per_block: int, group: int,
+                 lowering: Lowering) -> tuple[str, int]:
+    """The dK/dV launch order and split the backward takes (the backend pins
+    a probe to them): the split first, since it multiplies the programs
+    a block launches. programs_per_block: K/V heads x batch; group: query
+    heads a K/V head."""
+    split = dkv_split(plan, programs_per_block, group, lowering)
+    return dkv_launch(plan, programs_per_block * split, lowering), split
 
 
 def dkv_split(plan: Geometry, programs_per_block: int, group: int, lowering: Lowering) -> int:
