@@ -93,6 +93,10 @@ class Backend(abc.ABC):
     # Constructor options a run may set (--backend_options NAME:KEY=VALUE),
     # name -> type (int, float, bool or str). Rows say which were set.
     options: ClassVar[dict[str, type]] = {}
+    # Options this backend takes as a context-parallel strategy's inner
+    # kernel unless the strategy's inner options set them: a default
+    # measured on one GPU's whole passes that CP has not been measured with.
+    cp_inner_defaults: ClassVar[dict[str, str]] = {}
     # The mask families this backend runs exactly (its supports() accepts a
     # small square workload of each, in its first dtype and head_dim 128 or
     # its first). The conformance suite (tests/conformance.py) holds every

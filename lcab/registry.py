@@ -8,6 +8,7 @@ backend is one module plus one line in BACKENDS.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
 import types
 from collections.abc import Mapping
@@ -27,6 +28,18 @@ class Change:
     commit: str
     directions: tuple[str, ...]  # the directions whose figures it can move
     what: str  # one line for the reader: what changed, and what it moves
+    # "module:function" of the rows it can move (row -> bool), imported only
+    # when asked; "": every row of its directions. A scope says True when
+    # unsure: an unmarked row must be one the change cannot move.
+    scope: str = ""
+
+    def can_move(self, row: Mapping) -> bool:
+        if not self.scope:
+            return True
+        try:
+            return bool(_scope_function(self.scope)(row))
+        except Exception:  # noqa: BLE001 - a scope that cannot judge marks the row
+            return True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -162,7 +175,13 @@ def changes_since(row: Mapping) -> list[Change]:
     return [change for name in dict.fromkeys(names) if name in entries
             for change in entries[name].changes
             if row.get("direction") in change.directions
-            and parsed_time(change.when) > measured]
+            and parsed_time(change.when) > measured and change.can_move(row)]
+
+
+@functools.cache
+def _scope_function(target: str):
+    module_name, attribute = target.split(":")
+    return getattr(importlib.import_module(module_name), attribute)
 
 
 def register_backend(name: str, target: str, suite: str = "kernel") -> None:

@@ -64,6 +64,19 @@ def test_options_other_than_the_strategys_own_go_to_the_inner():
         type(ring).parse_options({"merge": "in_kernel"})
 
 
+def test_an_inner_takes_its_cp_defaults_unless_the_strategy_sets_them():
+    """pallas_flex's dK/dV split ("auto" on one GPU) stays whole inside CP,
+    where it was not measured, unless the run asks for it; rows' inner
+    options stay what the run set."""
+    for name in ("jax.cp_ring", "jax.cp_ulysses", "jax.cp_allgather"):
+        strategy = registry.load_backend(name, {"cp_size": "2"})
+        assert strategy.inner_backend.lowering.dkv_split == "1"
+        assert strategy.inner() == ("jax.pallas_flex", {})
+    asked = registry.load_backend("jax.cp_ring", {"cp_size": "2", "dkv_split": "auto"})
+    assert asked.inner_backend.lowering.dkv_split == "auto"
+    assert registry.load_backend("jax.pallas_flex").lowering.dkv_split == "auto"
+
+
 def test_an_inner_that_cannot_express_a_sub_mask_is_unsupported_with_its_reason():
     # jax.pallas_triton states full, causal and documents of square masks only.
     ulysses = support_of("jax.cp_ulysses", "sliding_window", inner="jax.pallas_triton")

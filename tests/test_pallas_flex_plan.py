@@ -4,7 +4,7 @@ tiles come as runs, work follows the area, heavy blocks launch first."""
 import numpy as np
 import pytest
 
-from jax_backends.pallas_flex import ops
+from jax_backends.pallas_flex import ops, schedule
 from jax_backends.pallas_flex.plan import make_plan, stack_plans
 from lcab.masks import MASK_NAMES, make_mask, small_mask
 from lcab.masks import slices as slices_lib
@@ -98,8 +98,8 @@ def test_dkv_launches_heads_together_only_where_a_heavy_program_would_trail():
     def together(name, seqlen, programs_per_block=8):
         params = {"distribution": "chatqa2_long_sft"} if "document" in name else {}
         plan = make_plan(make_mask(name, seqlen, **params), 64, 64)
-        return ops.dkv_launch(plan.geometry, programs_per_block,
-                              ops.Lowering()) == "heads_together"
+        return schedule.dkv_launch(plan.geometry, programs_per_block,
+                                   "auto") == "heads_together"
 
     assert not together("full", 16384)  # equal programs: no tail to cut
     assert together("causal_document", 16384)  # measured 19 % faster so

@@ -140,7 +140,8 @@ class ContextParallelBackend(Strategy, Backend):
     def load_dependencies(self) -> None:
         # Not in __init__, which the CLI calls to check options: an inner
         # kernel may start JAX, which must first learn its host devices.
-        options = {key: str(value) for key, value in self.inner_options.items()}
+        options = {**_inner_class(self.inner_name).cp_inner_defaults,
+                   **{key: str(value) for key, value in self.inner_options.items()}}
         try:
             self.inner_backend = registry.load_backend(self.inner_name, options)
         except registry.Unavailable as exc:

@@ -8,6 +8,9 @@
   through Mosaic GPU on Hopper (wgmma, TMA, warp specialised), each with
   its own Config.
 - ops.py: the op: lowering chosen per direction, padding, custom VJP.
+- schedule.py: how the dK/dV programs are split and launched (host
+  arithmetic on a plan, without JAX); head_split.py: the split itself.
+- changed_rows.py: which measured rows a registry Change can move.
 - ring.py: the op as a context-parallel ring's inner kernel.
 - backend.py: the registry's jax.pallas_flex and its options.
 

@@ -16,7 +16,7 @@ import dataclasses
 import functools
 
 from jax_backends import _shared
-from jax_backends.pallas_flex import mosaic_bwd_sm90, ops, plan, ring
+from jax_backends.pallas_flex import mosaic_bwd_sm90, ops, plan, ring, schedule
 from lcab.backend import Backend, ProbeNeeds, Support
 from lcab.masks import MASK_NAMES
 from lcab.workloads import Workload
@@ -53,6 +53,9 @@ class PallasFlexBackend(Backend):
     options = {"block_q": int, "block_k": int, "backward_block_q": int,
                "backward_block_k": int, "forward_lowering": str, "backward_lowering": str,
                "dkv_launch": str, "rows_launch": str, "dkv_split": str}
+    # dkv_split "auto" was measured on whole single-GPU passes, not on ring
+    # steps or CP ranks' sub-masks: inside CP the dK/dV programs stay whole.
+    cp_inner_defaults = {"dkv_split": "1"}
 
     def __init__(self, **options):
         unknown = sorted(set(options) - set(self.options))
@@ -71,9 +74,9 @@ class PallasFlexBackend(Backend):
         self.lowerings = tuple(_choice(options, key, ops.LOWERINGS, "auto")
                                for key in ("forward_lowering", "backward_lowering"))
         self.launches = {key: _choice(options, key, choices, None)
-                         for key, choices in (("dkv_launch", ops.DKV_LAUNCHES),
+                         for key, choices in (("dkv_launch", schedule.DKV_LAUNCHES),
                                               ("rows_launch", ops.ROWS_LAUNCHES),
-                                              ("dkv_split", ops.DKV_SPLITS))
+                                              ("dkv_split", schedule.DKV_SPLITS))
                          if key in options}
 
     @functools.cached_property
@@ -126,10 +129,13 @@ class PallasFlexBackend(Backend):
 
     def launch_order(self, workload: Workload) -> tuple[str, int]:
         """The dK/dV launch order and split the backward takes on `workload`."""
-        backward = plan.make_plan(workload.mask,
-                                  *self.backward_blocks(workload.dtype, workload.head_dim))
-        return ops.dkv_schedule(backward.geometry, workload.heads_kv * workload.batch,
-                                workload.heads_q // workload.heads_kv, self.lowering)
+        blocks = self.backward_blocks(workload.dtype, workload.head_dim)
+        backward = plan.make_plan(workload.mask, *blocks)
+        mosaic = self.lowering.mosaic_problem("backward", *blocks, workload.dtype,
+                                              workload.head_dim) is None
+        return schedule.dkv_schedule(backward.geometry, workload.heads_kv * workload.batch,
+                                     workload.heads_q // workload.heads_kv,
+                                     self.lowering.dkv_launch, self.lowering.dkv_split, mosaic)
 
     def pinned_to(self, workload: Workload):
         # A probe has fewer heads and a shorter mask, from which "auto"

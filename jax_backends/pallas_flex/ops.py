@@ -30,28 +30,12 @@ import numpy as np
 from jax_backends import _shared
 from jax_backends.pallas_flex import mosaic_bwd_sm90, mosaic_fwd_sm90, triton
 from jax_backends.pallas_flex.plan import FlexPlan, Geometry
+from jax_backends.pallas_flex.schedule import DKV_LAUNCHES, DKV_SPLITS, dkv_schedule
 
 _LN2 = math.log(2.0)
 
 LOWERINGS = ("auto", "triton", "mosaic")
-DKV_LAUNCHES = ("auto", "head_major", "heads_together")
 ROWS_LAUNCHES = ("heads_together", "head_major")
-# dK/dV programs a K/V head's block (head_split): one, a number of them
-# (at most the group; else its largest divisor in common), or "auto".
-DKV_SPLITS = ("1", "2", "4", "8", "auto")
-# SMs of an H100 or H200: the Mosaic dK/dV kernel's registers and shared
-# memory fill an SM, so this many of its programs run at once.
-_SMS = 132
-# "auto" takes a larger split only where its estimated pass is this much
-# shorter (more programs cost their loads, stores and the shares' sum).
-_SPLIT_GAIN = 0.95
-# Programs that run at once: two 4-warp dK/dV programs per SM of an H100's
-# 132 (an estimate; only the launch choice depends on it).
-_CONCURRENT_PROGRAMS = 264
-# dK/dV launches every head of a block together where its heaviest program,
-# started last, would outrun the others by more than this share of the pass
-# (the measurements behind it: docs/pallas_flex.md, "dK/dV launch order").
-_TAIL_LIMIT = 0.15
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -67,7 +51,8 @@ class Lowering:
     latter only where the plan's heaviest program would trail).
     dkv_split: dK/dV programs for each K/V head's block, each over a share
     of the head's query heads (DKV_SPLITS; "1": one over all, as every row
-    before 2026-12-02 ran; dkv_split() says how "auto" chooses).
+    before 2026-12-02 ran; "auto", the default, splits short sequences'
+    Mosaic backward: schedule.dkv_split says how).
     rows_launch: the order the Mosaic forward's and dQ's programs (one per
     q block and head) start in, "heads_together" (every head of a q block
     together, blocks heaviest first: what every Mosaic row so far ran, all
@@ -81,7 +66,7 @@ class Lowering:
     interpret: bool = False
     dkv_launch: str = "auto"
     rows_launch: str = "heads_together"
-    dkv_split: str = "1"
+    dkv_split: str = "auto"
     triton: triton.Config = triton.Config()
     mosaic_forward: mosaic_fwd_sm90.Config = mosaic_fwd_sm90.Config()
     mosaic_backward: mosaic_bwd_sm90.Config = mosaic_bwd_sm90.Config()
@@ -129,61 +114,16 @@ def _forward(q, k, v, plan: Geometry, tables, lowering: Lowering):
 
 def _backward(q, k, v, delta, lse2, dout, plan: Geometry, tables, lowering: Lowering):
     """(dq, dk, dv) of the padded inputs."""
+    mosaic = lowering.is_mosaic("backward", plan.block_q, plan.block_k, q.dtype, q.shape[3])
     order, split = dkv_schedule(plan, k.shape[2] * q.shape[0], q.shape[2] // k.shape[2],
-                                lowering)
+                                lowering.dkv_launch, lowering.dkv_split, mosaic)
     together = order == "heads_together"
-    if lowering.is_mosaic("backward", plan.block_q, plan.block_k, q.dtype, q.shape[3]):
+    if mosaic:
         return mosaic_bwd_sm90.backward(q, k, v, dout, lse2, delta, plan, tables,
                                         together, lowering.mosaic_backward,
                                         lowering.rows_launch == "heads_together", split)
     return triton.backward(q, k, v, delta, lse2, dout, plan, tables, lowering.triton,
                            lowering.interpret, together, split)
-
-
-def dkv_schedule(plan: Geometry, programs_per_block: int, group: int,
-                 lowering: Lowering) -> tuple[str, int]:
-    """The dK/dV launch order and split the backward takes (the backend pins
-    a probe to them): the split first, since it multiplies the programs
-    a block launches. programs_per_block: K/V heads x batch; group: query
-    heads a K/V head."""
-    split = dkv_split(plan, programs_per_block, group, lowering)
-    return dkv_launch(plan, programs_per_block * split, lowering), split
-
-
-def dkv_split(plan: Geometry, programs_per_block: int, group: int, lowering: Lowering) -> int:
-    """How many dK/dV programs each K/V head's block takes (head_split): the
-    lowering's, or with "auto" the power of two dividing the group whose
-    pass is estimated shortest. A pass lasts at least its waves of
-    average programs (programs over _SMS, rounded up) and at least its
-    heaviest program (the plan's dkv_tail gives heaviest / average), each
-    1/split of the unsplit program's work; a short sequence has too few
-    programs to fill the SMs, a causal one a heaviest program far past
-    the average. programs_per_block: K/V heads x batch; group: query
-    heads a K/V head."""
-    if lowering.dkv_split != "auto":
-        return math.gcd(int(lowering.dkv_split), group)
-    programs = plan.num_k_blocks * programs_per_block
-    heaviest = 1 + plan.dkv_tail * plan.num_k_blocks  # over the average program
-
-    def estimate(split):  # in unsplit average programs' time
-        return max(math.ceil(programs * split / _SMS), heaviest) / split
-
-    best = 1
-    for split in (2, 4, 8):
-        if group % split == 0 and estimate(split) < _SPLIT_GAIN * estimate(best):
-            best = split
-    return best
-
-
-def dkv_launch(plan: Geometry, programs_per_block: int, lowering: Lowering) -> str:
-    """The dK/dV launch order the backward takes: the lowering's, or with
-    "auto", every head of a block together where the heaviest program's
-    excess run beats the pass's share of work per running program (all
-    equal: never). programs_per_block: K/V heads x batch."""
-    if lowering.dkv_launch != "auto":
-        return lowering.dkv_launch
-    together = plan.dkv_tail * _CONCURRENT_PROGRAMS / programs_per_block > _TAIL_LIMIT
-    return "heads_together" if together else "head_major"
 
 
 def _pad(x, length):

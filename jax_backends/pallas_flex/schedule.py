@@ -1,0 +1,80 @@
+"""How jax.pallas_flex's dK/dV programs are launched: the split of each K/V
+head's block over its query heads (head_split) and the launch order. Host
+arithmetic on a plan's Geometry, without JAX, so that the registry's
+record of which rows a change moves (changed_rows.py) can ask it too.
+"""
+
+from __future__ import annotations
+
+import math
+
+from jax_backends.pallas_flex.plan import Geometry
+
+DKV_LAUNCHES = ("auto", "head_major", "heads_together")
+# dK/dV programs a K/V head's block (head_split): one, a number of them
+# (at most the group; else its largest divisor in common), or "auto".
+DKV_SPLITS = ("1", "2", "4", "8", "auto")
+# SMs of an H100 or H200: the Mosaic dK/dV kernel's registers and shared
+# memory fill an SM, so this many of its programs run at once.
+_SMS = 132
+# "auto" takes a larger split only where its estimated pass is this much
+# shorter (more programs cost their loads, stores and the shares' sum).
+_SPLIT_GAIN = 0.95
+# Programs that run at once: two 4-warp dK/dV programs per SM of an H100's
+# 132 (an estimate; only the launch choice depends on it).
+_CONCURRENT_PROGRAMS = 264
+# dK/dV launches every head of a block together where its heaviest program,
+# started last, would outrun the others by more than this share of the pass
+# (the measurements behind it: docs/pallas_flex.md, "dK/dV launch order").
+_TAIL_LIMIT = 0.15
+
+
+def dkv_schedule(plan: Geometry, programs_per_block: int, group: int, launch: str,
+                 split: str, mosaic: bool) -> tuple[str, int]:
+    """The dK/dV launch order and split the backward takes for the asked
+    `launch` (DKV_LAUNCHES) and `split` (DKV_SPLITS): the split first,
+    since it multiplies the programs a block launches. programs_per_block:
+    K/V heads x batch; group: query heads a K/V head; mosaic: the backward
+    runs the Mosaic kernels."""
+    chosen = dkv_split(plan, programs_per_block, group, split, mosaic)
+    return dkv_launch(plan, programs_per_block * chosen, launch), chosen
+
+
+def dkv_split(plan: Geometry, programs_per_block: int, group: int, asked: str,
+              mosaic: bool) -> int:
+    """How many dK/dV programs each K/V head's block takes: as asked (the
+    largest divisor of the group it shares), or with "auto" on the Mosaic
+    backward the power of two dividing the group whose pass is estimated
+    shortest. A pass lasts at least its waves of average programs
+    (programs over _SMS, rounded up) and at least its heaviest program (the
+    plan's dkv_tail gives heaviest / average), each 1/split of the unsplit
+    program's work; a short sequence has too few programs to fill the
+    SMs, a causal one a heaviest program far past the average. The Triton
+    backward (other GPUs, a CPU) takes 1 under "auto": its split is
+    unmeasured, and its programs do not fill an SM each."""
+    if asked != "auto":
+        return math.gcd(int(asked), group)
+    if not mosaic:
+        return 1
+    programs = plan.num_k_blocks * programs_per_block
+    heaviest = 1 + plan.dkv_tail * plan.num_k_blocks  # over the average program
+
+    def estimate(split):  # in unsplit average programs' time
+        return max(math.ceil(programs * split / _SMS), heaviest) / split
+
+    best = 1
+    for split in (2, 4, 8):
+        if group % split == 0 and estimate(split) < _SPLIT_GAIN * estimate(best):
+            best = split
+    return best
+
+
+def dkv_launch(plan: Geometry, programs_per_block: int, asked: str) -> str:
+    """The dK/dV launch order the backward takes: as asked, or with "auto",
+    every head of a block together where the heaviest program's excess run
+    beats the pass's share of work per running program (all equal:
+    never). programs_per_block: K/V heads x batch (x split)."""
+    if asked != "auto":
+        return asked
+    together = plan.dkv_tail * _CONCURRENT_PROGRAMS / programs_per_block > _TAIL_LIMIT
+    return "heads_together" if together else "head_major"
