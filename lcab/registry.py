@@ -85,7 +85,14 @@ _BUILTIN_BACKENDS = {
                "its Mosaic (Hopper) dK/dV kernel tests partial tiles against row bounds less "
                "the tile's first column (+1.3 to +2.1 % backward on sliding_window_causal on "
                "one H200, fewer spills), so a backward figure may move; outputs and the "
-               "forward are unchanged (docs/pallas_flex.md)"),)),
+               "forward are unchanged (docs/pallas_flex.md)"),
+        Change("2026-12-02T16:05:46+00:00", "af7fa1e", ("bwd",),
+               "its Mosaic (Hopper) backward splits each K/V head's dK/dV programs over its "
+               "query heads where a pass has too few programs or one far heavier than the "
+               "rest (+6 to +76 % backward at 1k-2k on one H200), so the one-GPU backward "
+               "figures of such workloads may move; others, CP and the forward are "
+               "unchanged (docs/pallas_flex.md)",
+               scope="jax_backends.pallas_flex.changed_rows:split_by_default"),)),
     "jax.cp_allgather": Entry("jax_backends.cp.allgather:AllGatherBackend", "cp"),
     "jax.cp_ring": Entry("jax_backends.cp.ring:RingBackend", "cp"),
     "jax.cp_ulysses": Entry("jax_backends.cp.ulysses:UlyssesBackend", "cp"),

@@ -13,7 +13,8 @@ from lcab.flops import TIMED_DIRECTIONS
 from lcab.report import changes, export, headline, legend, tables
 from lcab.report import sources as loading
 
-PALLAS_FLEX_V9, PALLAS_FLEX_V13, PALLAS_FLEX_V15 = registry.all_backends()["jax.pallas_flex"].changes
+(PALLAS_FLEX_V9, PALLAS_FLEX_V13, PALLAS_FLEX_V15,
+ PALLAS_FLEX_V22) = registry.all_backends()["jax.pallas_flex"].changes
 RING_FLEX_FIX = registry.all_backends()["torch.cp_ring_flex"].changes[-1]
 GROUPCAST_PADDING = registry.all_backends()["jax.cp_groupcast"].changes[-1]
 BEFORE = "2026-11-28T11:27:32+00:00"  # a second before that commit
@@ -61,6 +62,55 @@ def test_a_row_predates_the_changes_made_after_it_in_its_direction():
     assert registry.changes_since(row(timestamp=None)) == []
     assert registry.changes_since(row(timestamp=float("nan"))) == []
     assert registry.changes_since(row(backend="jax.plugin")) == []
+
+
+MOSAIC_NOTES = "block plan from the mask's slices; compiled; forward Mosaic GPU, backward Mosaic GPU"
+
+
+def short(**fields):
+    """A one-GPU Mosaic backward at 1k, 64:8 heads: the dK/dV split's
+    default reaches it."""
+    return row(**{"mask": "causal", "seqlen": 1024, "mask_params": "{}", "heads_q": 64,
+                  "heads_kv": 8, "batch": 1, "notes": MOSAIC_NOTES, "options": "{}",
+                  "timestamp": LATEST, **fields})
+
+
+def test_a_scoped_change_marks_only_the_rows_it_can_move():
+    """The dK/dV split reaches the Mosaic backward of a short or lopsided
+    one-GPU workload; a long causal pass, the Triton backward, a row that
+    set its split and a CP row (whose inner keeps whole programs) are
+    left unmarked, and so is every forward."""
+    from jax_backends.pallas_flex import changed_rows, mosaic_bwd_sm90
+
+    assert changed_rows.MOSAIC_BACKWARD_BLOCK == mosaic_bwd_sm90.BLOCK
+    assert registry.changes_since(short()) == [PALLAS_FLEX_V22]
+    assert registry.changes_since(short(mask="full")) == [PALLAS_FLEX_V22]
+    assert registry.changes_since(short(seqlen=32768)) == []
+    assert registry.changes_since(short(direction="fwd")) == []
+    assert registry.changes_since(short(notes=MOSAIC_NOTES.replace("backward Mosaic",
+                                                                   "backward Triton"))) == []
+    assert registry.changes_since(short(options='{"dkv_split": "1"}')) == []
+    assert registry.changes_since(short(heads_q=8, heads_kv=8)) == []  # no query heads to split
+    ring = short(backend="jax.cp_ring", inner="jax.pallas_flex", cp_size=2, suite="cp")
+    assert registry.changes_since(ring) == []
+    # A workload it cannot rebuild is marked: unsure says it may have moved.
+    assert registry.changes_since(short(mask="no_such_mask")) == [PALLAS_FLEX_V22]
+    unsure = registry.Change(LATEST, "abc1234", ("bwd",), "x", scope="no.such.module:f")
+    assert unsure.can_move(short())
+
+
+def test_the_split_marks_the_committed_short_rows_and_no_long_ones():
+    """Of the committed H200 blog rows of pallas_flex's backward, the split
+    reaches 1k-4k only (full at 1k; causal and the documents at 1k-2k;
+    full_document and varlen_block_causal also at 4k), never 8k on."""
+    rows = loading.load([canonical.ROOT / "results" / "2026-11-27-h200-blog"])
+    rows = rows[(rows["backend"] == "jax.pallas_flex") & (rows["direction"] == "bwd")
+                & (rows["status"] == "OK")]
+    marked = rows[[PALLAS_FLEX_V22 in registry.changes_since(r) for _, r in rows.iterrows()]]
+    assert set(marked["seqlen"]) == {1024, 2048, 4096}  # the sweep runs 1k-64k
+    assert set(marked[marked["seqlen"] == 4096]["mask"]) == {"full_document",
+                                                              "varlen_block_causal"}
+    assert set(marked[marked["mask"] == "full"]["seqlen"]) == {1024}
 
 
 def test_a_marked_figure_carries_the_flag_after_its_others():
@@ -175,9 +225,9 @@ def test_advice_says_which_rows_it_read_predate_a_change():
     said = evidence.load("H100").describe().splitlines()
     predating = [line for line in said if "predate a later change" in line]
     # One line per change, each naming its commit and its direction.
-    assert len(predating) == 4
+    assert len(predating) == 5
     assert [change.commit in line for change, line in zip(
-        (PALLAS_FLEX_V9, GROUPCAST_PADDING, PALLAS_FLEX_V13, PALLAS_FLEX_V15), predating)
-            ] == [True] * 4
-    for line, direction in zip(predating, ("bwd", "bwd", "fwd", "bwd")):
+        (PALLAS_FLEX_V9, GROUPCAST_PADDING, PALLAS_FLEX_V13, PALLAS_FLEX_V15, PALLAS_FLEX_V22),
+        predating)] == [True] * 5
+    for line, direction in zip(predating, ("bwd", "bwd", "fwd", "bwd", "bwd")):
         assert re.match(rf"\d+ {direction} rows read here", line), line
