@@ -50,8 +50,7 @@ class Entry:
     changes: tuple[Change, ...] = ()
 
     def load(self):
-        module_name, attribute = self.target.split(":")
-        return getattr(importlib.import_module(module_name), attribute)
+        return _imported(self.target)
 
 
 SUITES = ("kernel", "cp", "module")
@@ -185,10 +184,13 @@ def changes_since(row: Mapping) -> list[Change]:
             and parsed_time(change.when) > measured and change.can_move(row)]
 
 
-@functools.cache
-def _scope_function(target: str):
+def _imported(target: str):
+    """The attribute a "module:attribute" target names, its module imported."""
     module_name, attribute = target.split(":")
     return getattr(importlib.import_module(module_name), attribute)
+
+
+_scope_function = functools.cache(_imported)  # reports ask it for every row
 
 
 def register_backend(name: str, target: str, suite: str = "kernel") -> None:
