@@ -701,6 +701,36 @@ def test_each_changed_part_moves_only_its_own_backends_rows_aside(tmp_path):
     assert runner.measure_again(state, tmp_path, parts, "c", "10", chosen) == []
 
 
+def test_changed_moves_aside_only_the_rows_that_predate_a_change(tmp_path):
+    """--measure_again=changed (only_predating): in a mapped part only its
+    backends' rows measured before a later change move, so --resume runs
+    just those cases and directions; a part named outright still moves
+    every row."""
+    from tests.test_report_rows import row, write
+
+    before, after = "2026-11-27T10:00:00+00:00", "2099-01-01T00:00:00+00:00"
+    stale = row("jax.pallas_flex", direction="bwd", timestamp=before)
+    fresh = row("jax.pallas_flex", direction="bwd", seqlen=4096, timestamp=after)
+    other = row("jax.xla", direction="bwd", timestamp=before)  # never changed
+    for name in ("mapped", "named"):
+        write(tmp_path / name, [stale, fresh, other])
+    state = runner.State(tmp_path, "blog")
+    assert runner.measure_again(state, tmp_path, [part("mapped"), part("named")], "c", "9",
+                                {"mapped": ["jax.pallas_flex"]}, only_predating=True) == [
+        "mapped", "named"]
+
+    def rows_in(name):
+        lines = (tmp_path / "mapped" / name).read_text().splitlines()
+        return [(r["backend"], r["seqlen"], r["timestamp"]) for r in map(json.loads, lines)]
+
+    assert rows_in("kernel_test.before-9.jsonl") == [("jax.pallas_flex", 8192, before)]
+    assert rows_in("kernel_test.jsonl") == [("jax.pallas_flex", 4096, after),
+                                            ("jax.xla", 8192, before)]
+    assert state.part("mapped")["measured_again_rows"] == "changed"
+    assert not (tmp_path / "named" / "kernel_test.jsonl").exists()  # all moved
+    assert "measured_again_rows" not in state.part("named")
+
+
 def test_a_part_to_measure_again_is_set_aside_only_when_it_starts(tmp_path):
     """A part the budget never reaches keeps its rows and its record as they
     stood (the tables lose nothing, its done stays done), and the call says
@@ -814,6 +844,10 @@ def test_run_md_names_the_backends_each_changed_part_measured_again(tmp_path):
     text = write_run_md(tmp_path, {"sweep": "cp", "calls": [call], "parts": {}}).read_text()
     assert ("measured again from the start: `jax-cp2-8k-full`, `comm`; in `jax-cp2-8k-full` "
             "only `jax.cp_ring`, `jax.cp_usp`") in text
+    call["measured_again_rows"] = "changed"  # --measure_again=changed: only the † rows
+    text = write_run_md(tmp_path, {"sweep": "cp", "calls": [call], "parts": {}}).read_text()
+    assert ("in `jax-cp2-8k-full` only `jax.cp_ring`, `jax.cp_usp` rows measured before a "
+            "later change") in text
 
 
 def test_measure_again_changed_hands_each_part_its_backends_to_the_run(tmp_path, monkeypatch):
@@ -838,3 +872,4 @@ def test_measure_again_changed_hands_each_part_its_backends_to_the_run(tmp_path,
     assert seen["parts"] == ["jax-cp2-8k-full", "jax-cp2-8k-causal"]
     assert seen["again"] == ["jax-cp2-8k-full", "jax-cp2-8k-causal"]
     assert seen["again_backends"] == {"jax-cp2-8k-full": ["jax.cp_ring"]}
+    assert seen["again_only_predating"] is True

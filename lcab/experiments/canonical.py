@@ -80,7 +80,8 @@ MEASURE_AGAIN = flags.DEFINE_list(
     "and its record starts over; a part the budget never reaches is left as it stands. "
     "The same command again resumes them until they are done. "
     "'changed' names every part whose standing rows were measured before a later change "
-    "to their kernel (the tables' †), each with only those rows' backends moved aside.",
+    "to their kernel (the tables' †), each with only those rows moved aside, so only "
+    "their cases run again.",
     flag_values=FLAGS)
 MEASURE_AGAIN_BACKENDS = flags.DEFINE_list(
     "measure_again_backends", [], "With --measure_again: only these backends' rows move "
@@ -346,17 +347,22 @@ def chosen_parts(sweep: str, changed: Sequence[str] = ()) -> list[defined.Part]:
 
 def measure_again(state: State, folder: pathlib.Path, parts: Sequence[defined.Part],
                   commit: str, stamp: str,
-                  backends: Sequence[str] | Mapping[str, Sequence[str]] = ()) -> list[str]:
+                  backends: Sequence[str] | Mapping[str, Sequence[str]] = (),
+                  only_predating: bool = False) -> list[str]:
     """Set each part to be measured from the start at `commit`: its rows
     files moved aside as <name>.before-<stamp>.jsonl and its record reset;
     with `backends` (the same for every part, or a part name -> backends),
     only those backends' rows move (set_aside_rows), so --resume measures
-    only them again. A part already set so at this commit (for the same
-    backends) is left to resume, unless rows it measured since predate a
-    later change to their kernel. The names of the parts set now."""
+    only them again; with `only_predating` too (--measure_again=changed),
+    only the rows of a mapped part's backends that predate a later change
+    to their kernel (the tables' †), so only those cases run again. A part
+    already set so at this commit (for the same backends) is left to
+    resume, unless rows it measured since predate a later change to their
+    kernel. The names of the parts set now."""
     again = []
     for part in parts:
         chosen = set(mark := _backends_of(backends, part.name))
+        stale_only = only_predating and isinstance(backends, Mapping) and part.name in backends
         record = state.part(part.name)
         stale = changed_parts.predating(folder / part.folder)
         if already_set_again(record, commit, mark,
@@ -367,11 +373,15 @@ def measure_again(state: State, folder: pathlib.Path, parts: Sequence[defined.Pa
                 continue
             aside = path.with_name(f"{path.stem}.before-{stamp}.jsonl")
             if chosen:
-                set_aside_rows(path, aside, chosen)
+                set_aside_rows(path, aside, chosen, predating_only=stale_only)
             else:
                 path.rename(aside)
         record.update(status=None, finished_runs=[], measured_again_at=commit,
                       measured_again_backends=mark)
+        if stale_only:
+            record["measured_again_rows"] = changed_parts.CHANGED
+        else:
+            record.pop("measured_again_rows", None)
         again.append(part.name)
     return again
 
@@ -396,17 +406,22 @@ def _backends_of(backends: Sequence[str] | Mapping[str, Sequence[str]], name: st
     return sorted(backends.get(name, ()) if isinstance(backends, Mapping) else backends)
 
 
-def set_aside_rows(path: pathlib.Path, aside: pathlib.Path, backends: set[str]) -> None:
+def set_aside_rows(path: pathlib.Path, aside: pathlib.Path, backends: set[str], *,
+                   predating_only: bool = False) -> None:
     """Move the rows of `backends` from rows file `path` to `aside` (a new
-    file; nothing written where none match), each line as it was; lines
-    that are not a row (a damaged tail) stay."""
+    file; nothing written where none match), each line as it was; with
+    `predating_only`, only those measured before a later change to their
+    kernel (lcab.registry.changes_since). Lines that are not a row (a
+    damaged tail) stay."""
     kept, moved = [], []
     for line in path.read_text().splitlines(keepends=True):
         try:
-            backend = json.loads(line).get("backend")
+            row = json.loads(line)
+            backend = row.get("backend")
         except (ValueError, AttributeError):
-            backend = None
-        (moved if backend in backends else kept).append(line)
+            row, backend = None, None
+        move = backend in backends and (not predating_only or bool(registry.changes_since(row)))
+        (moved if move else kept).append(line)
     if moved:
         aside.write_text("".join(moved))
         _write_whole(path, "".join(kept))  # a stop part way loses no row of either file
@@ -416,10 +431,13 @@ def run_sweep(sweep: str, folder: pathlib.Path, parts: list[defined.Part], commi
               extra: list[str], budget_s: float | None, *, retry: bool = False,
               min_run_s: float = 60, gpus: list[dict[str, str]] | None = None,
               parallel: bool = False, again: Sequence[str] = (),
-              again_backends: Sequence[str] | Mapping[str, Sequence[str]] = ()) -> int:
+              again_backends: Sequence[str] | Mapping[str, Sequence[str]] = (),
+              again_only_predating: bool = False) -> int:
     """Run the parts that are not done, within the budget (with `parallel`,
     one-GPU parts side by side, one per GPU; the parts named in `again`
-    from the start, or only `again_backends` in them, see measure_again);
+    from the start, or only `again_backends` in them, or with
+    `again_only_predating` only their rows that predate a change, see
+    measure_again);
     0 all done, 3 some remain, 1 one failed, 130 stopped by a signal."""
     from lcab.experiments.run_record import write_run_md  # pandas: only when running
 
@@ -440,12 +458,14 @@ def run_sweep(sweep: str, folder: pathlib.Path, parts: list[defined.Part], commi
         """Set `part` to be measured again as it starts, not before: a part
         the budget never reaches keeps its rows and its record as they were."""
         if part.name not in again or not measure_again(state, folder, [part], commit, stamp,
-                                                       again_backends):
+                                                       again_backends, again_only_predating):
             return
         call.setdefault("measured_again", []).append(part.name)
         if own := _backends_of(again_backends, part.name):
             if isinstance(again_backends, Mapping):
                 call.setdefault("measured_again_backends", {})[part.name] = own
+                if again_only_predating:
+                    call["measured_again_rows"] = changed_parts.CHANGED
             else:
                 call["measured_again_backends"] = own
         state.save()
@@ -763,7 +783,8 @@ def main(argv: list[str]) -> int:
     signal.signal(signal.SIGTERM, _interrupt)
     return run_sweep(sweep, folder, parts, commit, extra, BUDGET.value, retry=RETRY.value,
                      min_run_s=MIN_RUN.value, gpus=found, parallel=PARALLEL.value,
-                     again=again, again_backends=again_backends)
+                     again=again, again_backends=again_backends,
+                     again_only_predating=wants_changed)
 
 
 def _interrupt(signum, frame):

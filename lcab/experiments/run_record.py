@@ -148,8 +148,10 @@ def write_run_md(folder: pathlib.Path, state: dict, parts=()) -> pathlib.Path:
                       + ", ".join(f"`{name}`" for name in call["measured_again"]))
             only = call.get("measured_again_backends")
             if isinstance(only, dict):  # --measure_again=changed: each part its own
+                rows = (" rows measured before a later change" if
+                        call.get("measured_again_rows") == "changed" else "")
                 extra += "".join(f"; in `{part}` only " + ", ".join(
-                    f"`{name}`" for name in names) for part, names in only.items())
+                    f"`{name}`" for name in names) + rows for part, names in only.items())
             elif only:
                 extra += " (only " + ", ".join(f"`{name}`" for name in only) + ")"
         lines.append(f"{number}. {call['start']}, commit `{call['commit']}`{budget}{extra}")
