@@ -726,9 +726,7 @@ def test_changed_moves_aside_only_the_rows_that_predate_a_change(tmp_path):
     assert rows_in("kernel_test.before-9.jsonl") == [("jax.pallas_flex", 8192, before)]
     assert rows_in("kernel_test.jsonl") == [("jax.pallas_flex", 4096, after),
                                             ("jax.xla", 8192, before)]
-    assert state.part("mapped")["measured_again_rows"] == "changed"
     assert not (tmp_path / "named" / "kernel_test.jsonl").exists()  # all moved
-    assert "measured_again_rows" not in state.part("named")
 
 
 def test_a_part_to_measure_again_is_set_aside_only_when_it_starts(tmp_path):

@@ -378,10 +378,6 @@ def measure_again(state: State, folder: pathlib.Path, parts: Sequence[defined.Pa
                 path.rename(aside)
         record.update(status=None, finished_runs=[], measured_again_at=commit,
                       measured_again_backends=mark)
-        if stale_only:
-            record["measured_again_rows"] = changed_parts.CHANGED
-        else:
-            record.pop("measured_again_rows", None)
         again.append(part.name)
     return again
 
