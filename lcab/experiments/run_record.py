@@ -11,6 +11,7 @@ import statistics
 
 from lcab import canonical, registry, results
 from lcab.experiments import canonical_parts as defined
+from lcab.experiments import changed_parts
 
 # Within noise: the median of a cluster-style run against the same case's
 # single-process median (repeats of one case on one machine differ by a
@@ -149,7 +150,7 @@ def write_run_md(folder: pathlib.Path, state: dict, parts=()) -> pathlib.Path:
             only = call.get("measured_again_backends")
             if isinstance(only, dict):  # --measure_again=changed: each part its own
                 rows = (" rows measured before a later change" if
-                        call.get("measured_again_rows") == "changed" else "")
+                        call.get("measured_again_rows") == changed_parts.CHANGED else "")
                 extra += "".join(f"; in `{part}` only " + ", ".join(
                     f"`{name}`" for name in names) + rows for part, names in only.items())
             elif only:
