@@ -3,6 +3,9 @@ the Triton kernels to Triton IR, the Mosaic GPU forward and backward to
 Mosaic GPU's MLIR on every family; what each lowering refuses, and the
 backward's blocks following the lowering that runs."""
 
+import functools
+import itertools
+
 import jax
 import jax.numpy as jnp
 import pytest
@@ -16,7 +19,8 @@ from lcab.masks import MASK_NAMES, make_mask, small_mask
 from lcab.workloads import Workload
 
 
-def mosaic_forward_text(name, head_dim=128, dtype=jnp.bfloat16, block_k=128) -> str:
+def mosaic_forward_text(name, head_dim=128, dtype=jnp.bfloat16, block_k=128,
+                        config=None) -> str:
     """The Mosaic forward for family `name` at 300 tokens (padded rows and
     columns) lowered for a GPU on the host: its text."""
     plan = make_plan(small_mask(name, 300), 128, block_k)
@@ -25,7 +29,8 @@ def mosaic_forward_text(name, head_dim=128, dtype=jnp.bfloat16, block_k=128) -> 
     kv = jax.ShapeDtypeStruct((2, plan.padded_k, 2, head_dim), dtype)
 
     def forward(q, k, v, t):
-        return mosaic_fwd_sm90.forward(q, k, v, plan.geometry, t)
+        return mosaic_fwd_sm90.forward(q, k, v, plan.geometry, t,
+                                       config or mosaic_fwd_sm90.Config())
 
     return jax.jit(forward).trace(q, kv, kv, tables).lower(
         lowering_platforms=("cuda",)).as_text()
@@ -81,6 +86,94 @@ def test_the_mosaic_forward_lowers_for_a_gpu_on_every_family(head_dim, dtype, bl
                    for op in ("arrive", "sync") for barrier in (4, 5)), name
 
 
+@pytest.mark.parametrize("head_dim,dtype,block_k", [
+    (128, jnp.bfloat16, 128), (64, jnp.float16, 64), (192, jnp.bfloat16, 64)])
+def test_the_persistent_mosaic_forward_lowers_for_a_gpu_on_every_family(head_dim, dtype,
+                                                                       block_k):
+    """v23's grid of one program per SM (3 here, for 2 x 3 x 4 items): its
+    own kernel, the turns, and Q handed back to the memory warpgroup by a
+    barrier of its own, on every family (numbers: a GPU's to check)."""
+    config = mosaic_fwd_sm90.Config(persistent=True, programs=3)
+    for name in MASK_NAMES:
+        text = mosaic_forward_text(name, head_dim=head_dim, dtype=dtype, block_k=block_k,
+                                   config=config)
+        assert text.count("stablehlo.custom_call @mosaic_gpu") == 1, name
+        assert "lcab_flex_forward_persistent" in text, name
+        assert all(f"bar.{op} {barrier}, 256;" in text
+                   for op in ("arrive", "sync") for barrier in (4, 5)), name
+    default = mosaic_forward_text("causal", head_dim=head_dim, dtype=dtype, block_k=block_k)
+    assert "lcab_flex_forward_mosaic" in default and "persistent" not in default
+
+
+@pytest.mark.parametrize("heads_together", [True, False])
+@pytest.mark.parametrize("programs", [1, 4, 7, 30, 200])
+def test_a_persistent_grid_takes_every_item_once_in_launch_order(heads_together, programs):
+    """Programs take items in rounds, each round's order the last one's
+    reversed (a snake): together every item once, and item i is the
+    (q block, head, batch) that launch_grid starts i-th when each has a
+    program of its own."""
+    q_blocks, heads, batch = 3, 5, 2
+    items = mosaic_fwd_sm90.WorkItems(q_blocks, heads, batch, heads_together, programs)
+    assert items.programs == min(programs, 30)
+    taken = {program: [int(items.item(jnp.int32(program), jnp.int32(n)))
+                       for n in range(int(items.share(jnp.int32(program))))]
+             for program in range(items.programs)}
+    assert sorted(itertools.chain(*taken.values())) == list(range(items.count))
+    if items.programs == 4:  # 30 items: rounds of 4, the eighth holding 2
+        assert taken[0] == [0, 7, 8, 15, 16, 23, 24] and taken[1] == [1, 6, 9, 14, 17, 22, 25]
+        # the eighth round runs backwards: its two items go to the last programs
+        assert taken[2] == [2, 5, 10, 13, 18, 21, 26, 29]
+        assert taken[3] == [3, 4, 11, 12, 19, 20, 27, 28]
+    grid, names = mosaic_fwd_sm90.launch_grid(("q_seq", q_blocks), ("heads", heads), batch,
+                                              heads_together)
+    launched = [dict(zip(names, index)) for index in itertools.product(*map(range, grid))]
+    assert [tuple(int(x) for x in items.where(jnp.int32(i))) for i in range(items.count)] == [
+        (at["q_seq"], at["heads"], at["batch"]) for at in launched]
+
+
+def test_the_persistent_forward_is_an_option_with_its_own_limits(monkeypatch):
+    """forward_grid=persistent reaches the Mosaic forward's config; its Q
+    and output tiles apart do not fit head_dim 256, which it says; its grid
+    is one program per SM (the GPU's count, 132 lowered on a CPU), or one
+    per item where there are fewer."""
+    from jax._src.pallas.mosaic_gpu import lowering as mosaic_lowering
+
+    from jax_backends.pallas_flex import ops
+
+    persistent = mosaic_fwd_sm90.Config(persistent=True)
+    problem = mosaic_fwd_sm90.problem
+    assert problem(128, 128, "bfloat16", 128, persistent) is None
+    assert problem(128, 64, "bfloat16", 192, persistent) is None
+    assert "persistent Mosaic forward needs 262656 bytes" in problem(128, 64, "bfloat16", 256,
+                                                                      persistent)
+    backend = registry.load_backend("jax.pallas_flex", {"forward_grid": "persistent"})
+    assert backend.lowering.mosaic_forward == persistent
+    assert "forward_grid=persistent" in backend.mask_support(cpu_workload()).how
+    assert registry.load_backend("jax.pallas_flex", {}).lowering.mosaic_forward == \
+        mosaic_fwd_sm90.Config()
+    with pytest.raises(registry.Unavailable, match="choose one of per_item, persistent"):
+        registry.load_backend("jax.pallas_flex", {"forward_grid": "sm"})
+
+    launched = []
+    lower = mosaic_lowering.lower_pipelined_jaxpr_to_module
+
+    def spy(*args, **kwargs):
+        result = lower(*args, **kwargs)
+        launched.append(tuple(result.grid))
+        return result
+
+    monkeypatch.setattr(mosaic_lowering, "lower_pipelined_jaxpr_to_module", spy)
+    monkeypatch.setattr(_shared, "gpu_problem", lambda **_: None)  # lower Mosaic on a CPU
+    lowering = Lowering(forward="mosaic", mosaic_forward=persistent)
+    for blocks, heads in ((5, 6), (40, 8)):  # 60 and 640 items
+        plan = make_plan(small_mask("causal", 128 * blocks), 128, 128)
+        q = jax.ShapeDtypeStruct((2, 128 * blocks, heads, 128), jnp.bfloat16)
+        kv = jax.ShapeDtypeStruct((2, 128 * blocks, 2, 128), jnp.bfloat16)
+        forward = functools.partial(ops.flex_attention, forward_plan=plan, lowering=lowering)
+        jax.jit(forward).trace(q, kv, kv).lower(lowering_platforms=("cuda",))
+    assert launched == [(60, 1, 1), (132, 1, 1)]  # padded to CUDA's three axes
+
+
 @pytest.mark.parametrize("head_dim,dtype,heads_together,parts", [
     (128, jnp.bfloat16, False, 1), (64, jnp.float16, True, 1), (128, jnp.bfloat16, True, 2)])
 def test_the_mosaic_backward_lowers_for_a_gpu_on_every_family(head_dim, dtype, heads_together,
@@ -130,8 +223,8 @@ def test_the_mosaic_forward_says_what_it_cannot_take():
         Lowering(interpret=True, forward="mosaic")
     with pytest.raises(ValueError, match="stages=1"):
         mosaic_fwd_sm90.Config(stages=1)
-    with pytest.raises(TypeError, match="persistent"):  # the configs refuse unknown fields
-        mosaic_fwd_sm90.Config(persistent=True)
+    with pytest.raises(TypeError, match="fused"):  # the configs refuse unknown fields
+        mosaic_fwd_sm90.Config(fused=True)
 
 
 def test_the_mosaic_backward_says_what_it_cannot_take():

@@ -16,7 +16,7 @@ import dataclasses
 import functools
 
 from jax_backends import _shared
-from jax_backends.pallas_flex import mosaic_bwd_sm90, ops, plan, ring, schedule
+from jax_backends.pallas_flex import mosaic_bwd_sm90, mosaic_fwd_sm90, ops, plan, ring, schedule
 from lcab.backend import Backend, ProbeNeeds, Support
 from lcab.masks import MASK_NAMES
 from lcab.workloads import Workload
@@ -49,10 +49,12 @@ class PallasFlexBackend(Backend):
     # per direction, the lowering ("auto": Mosaic GPU where it fits).
     # The launch orders (ops.Lowering) are for measuring them: dkv_launch
     # "auto" decides per plan; rows_launch is the Mosaic forward's and dQ's;
-    # dkv_split the dK/dV programs a K/V head's block (head_split).
+    # dkv_split the dK/dV programs a K/V head's block (head_split);
+    # forward_grid "persistent" one Mosaic forward program per SM (v23,
+    # unmeasured: docs/pallas_flex.md; the Triton forward has one grid).
     options = {"block_q": int, "block_k": int, "backward_block_q": int,
                "backward_block_k": int, "forward_lowering": str, "backward_lowering": str,
-               "dkv_launch": str, "rows_launch": str, "dkv_split": str}
+               "dkv_launch": str, "rows_launch": str, "dkv_split": str, "forward_grid": str}
     # dkv_split "auto" was measured on whole single-GPU passes, not on ring
     # steps or CP ranks' sub-masks: inside CP the dK/dV programs stay whole.
     cp_inner_defaults = {"dkv_split": "1"}
@@ -78,6 +80,8 @@ class PallasFlexBackend(Backend):
                                               ("rows_launch", ops.ROWS_LAUNCHES),
                                               ("dkv_split", schedule.DKV_SPLITS))
                          if key in options}
+        if _choice(options, "forward_grid", ops.FORWARD_GRIDS, "per_item") == "persistent":
+            self.launches["mosaic_forward"] = mosaic_fwd_sm90.Config(persistent=True)
 
     @functools.cached_property
     def lowering(self) -> ops.Lowering:

@@ -64,18 +64,35 @@ FORWARD_MASK_TEST = "offset"
 _TURN_BARRIER = 4
 
 
+# What a Hopper SM's shared memory holds for one program (227 KiB).
+SMEM_BYTES = 232448
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Config:
-    """The Mosaic forward's settings."""
+    """The Mosaic forward's settings.
+
+    persistent (v23, an option while unmeasured): one program per SM
+    (`programs`, else the GPU's count), each taking every programs-th
+    (q block, head, batch) in launch order, so the memory warpgroup loads
+    the next item's Q and first K/V tiles while the compute warpgroups
+    finish this one, and the turns run on across items: short rows (at
+    1k-4k a program walks at most 8-32 K/V tiles) pay the ring's fill, the
+    Q load and the epilogue once a program instead of once an item."""
 
     stages: int = 2  # shared-memory slots of the K/V ring
+    persistent: bool = False
+    programs: int | None = None
 
     def __post_init__(self):
         if self.stages < 2:
             raise ValueError(f"stages={self.stages}: the K/V ring needs 2 or more")
+        if self.programs is not None and self.programs < 1:
+            raise ValueError(f"programs={self.programs}: a persistent grid needs 1 or more")
 
 
-def problem(block_q: int, block_k: int, dtype, head_dim: int) -> str | None:
+def problem(block_q: int, block_k: int, dtype, head_dim: int,
+            config: Config = Config()) -> str | None:
     """Why this forward cannot run these inputs; None if it can."""
     if jnp.dtype(dtype) not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
         return f"the Mosaic forward takes bf16 or f16 (wgmma), not {jnp.dtype(dtype).name}"
@@ -86,7 +103,29 @@ def problem(block_q: int, block_k: int, dtype, head_dim: int) -> str | None:
     if block_k not in (64, 128) or (head_dim > 128 and block_k != 64):
         return ("the Mosaic forward needs block_k 64 or 128 (64 above head_dim 128: "
                 "shared memory)")
+    if config.persistent and (needed := shared_memory(block_k, dtype, head_dim, config)) > \
+            SMEM_BYTES:
+        return (f"the persistent Mosaic forward needs {needed} bytes of shared memory at "
+                f"head_dim {head_dim} (its own Q and output tiles), {SMEM_BYTES} fit")
     return None
+
+
+def shared_memory(block_k: int, dtype, head_dim: int, config: Config) -> int:
+    """Bytes of the forward's tiles: Q (staging the output too, unless
+    persistent, which stages it apart so the next Q can load meanwhile),
+    the K/V ring and the lse rows."""
+    itemsize = jnp.dtype(dtype).itemsize
+    rows = ROWS_PER_WARPGROUP * COMPUTE_WARPGROUPS
+    own = rows * head_dim * itemsize * (2 if config.persistent else 1)
+    return own + 2 * config.stages * block_k * head_dim * itemsize + rows * 4
+
+
+def streaming_multiprocessors() -> int:
+    """The GPU's SM count (a persistent grid's programs); a Hopper card's
+    132 where JAX does not say (a CPU lowering for a GPU)."""
+    device = jax.devices()[0]
+    count = getattr(device, "core_count", None) if device.platform == "gpu" else None
+    return int(count or 132)
 
 
 def launch_grid(blocks: tuple[str, int], heads: tuple[str, int], batch: int,
@@ -113,8 +152,8 @@ def forward(q, k, v, geometry: Geometry, tables, config: Config = Config(),
     are padded to the plan's blocks (ops._forward_padded), lse2 is
     (batch, heads, padded_q) float32 in base 2, -inf on rows that see
     nothing (their out is 0). heads_together: the launch order
-    (launch_grid)."""
-    stages = config.stages
+    (launch_grid); config.persistent: one program per SM (Config)."""
+    stages, persistent = config.stages, config.persistent
     batch, seq_q, heads, head_dim = q.shape
     group = heads // k.shape[2]
     block_k = geometry.block_k
@@ -123,20 +162,26 @@ def forward(q, k, v, geometry: Geometry, tables, config: Config = Config(),
     qk_scale = _LOG2E / math.sqrt(head_dim)
     walk = [*tables["by_q"], tables["slice_ids"], tables["slices"]]
     q_blocks = geometry.num_q_blocks
+    items = WorkItems(q_blocks, heads, batch, heads_together,
+                   config.programs or streaming_multiprocessors() if persistent else None)
 
     def kernel(*refs):
         *walk_refs, ids, slices, q_ref, k_ref, v_ref, out_ref, lse_ref, scoped = refs
         lo, hi, order = walk_refs[4], walk_refs[5], walk_refs[7]
-        (qo_smem2, k_smem, v_smem, lse_smem2), loaded, consumed = scoped
+        (q_smem2, k_smem, v_smem, lse_smem2, *staging), loaded, consumed, *q_free = scoped
+        o_smem2 = staging[0] if persistent else q_smem2  # the default stages out over Q
         k_loaded, v_loaded, q_loaded = loaded
         k_consumed, v_consumed = consumed
         wg = lax.axis_index("wg")
 
-        def where():
-            """This program's (q block, head, batch), its q block in the
-            walk's launch order."""
-            return (order[lax.axis_index("q_seq")], lax.axis_index("heads"),
-                    lax.axis_index("batch"))
+        def where(item):
+            """Item `item`'s (q block, head, batch), its q block in the
+            walk's launch order (None: this program's own, one per item)."""
+            if item is None:
+                return (order[lax.axis_index("q_seq")], lax.axis_index("heads"),
+                        lax.axis_index("batch"))
+            position, head, b = items.where(item)
+            return order[position], head, b
 
         def slot_of(step):
             return lax.rem(step, jnp.int32(stages))
@@ -146,15 +191,17 @@ def forward(q, k, v, geometry: Geometry, tables, config: Config = Config(),
         @pl.when(wg < COMPUTE_WARPGROUPS)
         def _compute():
             plgpu.set_max_registers(232, action="increase")
-            qo_smem, lse_smem = qo_smem2.at[wg], lse_smem2.at[wg]
+            q_smem, o_smem, lse_smem = q_smem2.at[wg], o_smem2.at[wg], lse_smem2.at[wg]
 
-            def one_item(step0):
-                qi, head, b = where()
+            def one_item(item, step0):
+                qi, head, b = where(item)
                 row0 = qi * BLOCK_Q + wg * rows
                 visits = visit_count(walk_refs, qi)
-                end = visits  # the step after its last visit
-                plgpu.copy_gmem_to_smem(q_ref.at[b, pl.ds(row0, rows), head], qo_smem,
-                                        q_loaded.at[wg])
+                # the step after its last visit
+                end = step0 + visits if persistent else visits
+                if not persistent:  # a persistent program's memory warpgroup loads Q
+                    plgpu.copy_gmem_to_smem(q_ref.at[b, pl.ds(row0, rows), head], q_smem,
+                                            q_loaded.at[wg])
                 plgpu.barrier_wait(q_loaded.at[wg])
                 acc = plgpu.layout_cast(jnp.zeros((rows, head_dim), jnp.float32),
                                         plgpu.Layout.WGMMA)
@@ -164,9 +211,12 @@ def forward(q, k, v, geometry: Geometry, tables, config: Config = Config(),
 
                 @pl.when(visits > 0)
                 def _():
-                    plgpu.barrier_wait(k_loaded.at[0])
+                    plgpu.barrier_wait(k_loaded.at[slot_of(step0) if persistent else 0])
 
-                turns.start()
+                if persistent:  # an item that sees nothing hands its Q back at once
+                    pl.when(visits == 0)(lambda: plgpu.barrier_arrive(q_free[0].at[wg]))
+                else:  # a persistent program's turns run on across its items
+                    turns.start()
 
                 def visit(step, kb, j, carry):
                     acc, m, l = carry
@@ -176,13 +226,16 @@ def forward(q, k, v, geometry: Geometry, tables, config: Config = Config(),
                     first = None if j is None else slice_bounds(ids, slices, lo[qi, j])
 
                     def scores(acc_ref):
-                        plgpu.wgmma(acc_ref, qo_smem,
+                        plgpu.wgmma(acc_ref, q_smem,
                                     plgpu.transpose_ref(k_smem.at[slot], (1, 0)))
                         turns.scores_issued()
                         return acc_ref[...]
 
                     s = pl.run_scoped(scores, plgpu.ACC((rows, block_k), jnp.float32))
                     plgpu.barrier_arrive(k_consumed.at[slot])
+                    if persistent:  # the item's last scores read Q: the next may load
+                        pl.when(step + 1 == end)(
+                            lambda: plgpu.barrier_arrive(q_free[0].at[wg]))
                     if j is not None:
                         s = masked(s, first, ids, slices, lo[qi, j], hi[qi, j], row0,
                                    kb * block_k, test=FORWARD_MASK_TEST)
@@ -206,48 +259,75 @@ def forward(q, k, v, geometry: Geometry, tables, config: Config = Config(),
                     return acc, m_next, l
 
                 step, (acc, m, l) = fold_visits(walk_refs, qi, visit, (step0, (acc, m, l)))
-                turns.finish()
+                if not persistent:
+                    turns.finish()
                 seen = l > 0
                 l_safe = jnp.where(seen, l, 1.0)
                 acc = acc / lax.broadcast_in_dim(l_safe, acc.shape, [0])
-                qo_smem[...] = acc.astype(dtype)
+                if persistent:  # the last item's out and lse have left the staging tiles
+                    plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+                o_smem[...] = acc.astype(dtype)
                 lse_smem[...] = jnp.where(seen, m + jnp.log2(l_safe), -jnp.inf)
                 plgpu.commit_smem()
-                plgpu.copy_smem_to_gmem(qo_smem, out_ref.at[b, pl.ds(row0, rows), head])
+                plgpu.copy_smem_to_gmem(o_smem, out_ref.at[b, pl.ds(row0, rows), head])
                 plgpu.copy_smem_to_gmem(lse_smem, lse_ref.at[b, head, pl.ds(row0, rows)])
                 return step
 
-            one_item(jnp.int32(0))
+            if persistent:
+                turns.start()
+                items.each(lambda n, item, step: one_item(item, step))
+                turns.finish()
+            else:
+                one_item(None, jnp.int32(0))
             plgpu.wait_smem_to_gmem(0)
 
         @pl.when(wg == COMPUTE_WARPGROUPS)
         def _memory():
             plgpu.set_max_registers(40, action="decrease")
+            kv = ((k_ref, k_smem, k_loaded, k_consumed), (v_ref, v_smem, v_loaded, v_consumed))
 
-            qi, head, b = where()
-            feed_row(walk_refs, qi, (b, lax.div(head, jnp.int32(group))), block_k, stages,
-                     ((k_ref, k_smem, k_loaded, k_consumed), (v_ref, v_smem, v_loaded, v_consumed)),
-                     jnp.int32(0))
+            def feed_item(n, item, step):
+                qi, head, b = where(item)
+                if persistent:  # each compute warpgroup's Q, once its last item let go
+                    for w in range(COMPUTE_WARPGROUPS):
+                        pl.when(n > 0)(functools.partial(plgpu.barrier_wait, q_free[0].at[w]))
+                        plgpu.copy_gmem_to_smem(
+                            q_ref.at[b, pl.ds(qi * BLOCK_Q + w * rows, rows), head],
+                            q_smem2.at[w], q_loaded.at[w])
+                return feed_row(walk_refs, qi, (b, lax.div(head, jnp.int32(group))), block_k,
+                                stages, kv, step)
+
+            if persistent:
+                items.each(feed_item)
+            else:
+                feed_item(None, None, jnp.int32(0))
 
     def entry(*refs):
         transforms = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
+        own = plgpu.SMEM((COMPUTE_WARPGROUPS, rows, head_dim), dtype, transforms=transforms)
         scratch = [
-            plgpu.SMEM((COMPUTE_WARPGROUPS, rows, head_dim), dtype, transforms=transforms),
+            own,
             plgpu.SMEM((stages, block_k, head_dim), dtype, transforms=transforms),
             plgpu.SMEM((stages, block_k, head_dim), dtype, transforms=transforms),
             plgpu.SMEM((COMPUTE_WARPGROUPS, rows), jnp.float32),
+            *([own] if persistent else []),  # the output's staging, apart from Q
         ]
+        q_free = [plgpu.Barrier(num_barriers=COMPUTE_WARPGROUPS)] if persistent else []
         pl.run_scoped(
             lambda *scoped: kernel(*refs, scoped),
             scratch,
             (plgpu.Barrier(num_barriers=stages), plgpu.Barrier(num_barriers=stages),
              plgpu.Barrier(num_barriers=COMPUTE_WARPGROUPS)),
             (plgpu.Barrier(num_arrivals=COMPUTE_WARPGROUPS, num_barriers=stages),) * 2,
+            *q_free,
             collective_axes="wg",
         )
 
-    grid, grid_names = launch_grid(("q_seq", q_blocks), ("heads", heads), batch,
-                                   heads_together)
+    if persistent:
+        grid, grid_names = (items.programs,), ("program",)
+    else:
+        grid, grid_names = launch_grid(("q_seq", q_blocks), ("heads", heads), batch,
+                                       heads_together)
     call = plgpu.kernel(
         entry,
         out_type=[jax.ShapeDtypeStruct(q.shape, dtype),
@@ -257,9 +337,65 @@ def forward(q, k, v, geometry: Geometry, tables, config: Config = Config(),
         num_threads=COMPUTE_WARPGROUPS + 1,
         thread_name="wg",
         compiler_params=plgpu.CompilerParams(approx_math=True),
-        kernel_name="lcab_flex_forward_mosaic",
+        kernel_name="lcab_flex_forward_persistent" if persistent else "lcab_flex_forward_mosaic",
     )
     return call(*walk, q, k, v)
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkItems:
+    """A forward's work items, one per (q block position, head, batch), in
+    the launch order launch_grid gives one program each (the walk's q
+    blocks heaviest first). A persistent grid (`sms` set) deals them out in
+    rounds of `programs`, in a snake: program p takes item p of the first
+    round, the p-th from the end of the second, and so on, so a program
+    that drew a heavy item early draws a light one next. On the seed masks
+    at 1k-4k (64 heads, 132 programs) its longest program is estimated at
+    1.00-1.08x the mean where a plain stride (p, p + programs, ...) gives
+    1.03-1.12x and a greedy dispatch of one program per item 1.01-1.08x
+    (experiments/lab/forward_deal.py)."""
+
+    q_blocks: int
+    heads: int
+    batch: int
+    heads_together: bool
+    sms: int | None
+
+    @property
+    def count(self) -> int:
+        return self.q_blocks * self.heads * self.batch
+
+    @property
+    def programs(self) -> int:
+        return min(self.count, self.sms)
+
+    def where(self, item):
+        """(q block position in the walk's order, head, batch) of `item`."""
+        inner, outer = ((self.heads, self.q_blocks) if self.heads_together
+                        else (self.q_blocks, self.heads))
+        fast, slow = lax.rem(item, inner), lax.rem(lax.div(item, inner), outer)
+        position, head = (slow, fast) if self.heads_together else (fast, slow)
+        return position, head, lax.div(item, inner * outer)
+
+    def item(self, program, n):
+        """Program `program`'s n-th item (round n of the snake)."""
+        reverse = lax.rem(n, 2) == 1
+        return n * self.programs + jnp.where(reverse, self.programs - 1 - program, program)
+
+    def share(self, program):
+        """How many items program `program` takes: every full round, and
+        the last, partial one where its place in it holds an item."""
+        rounds, left = divmod(self.count, self.programs)
+        place = program if rounds % 2 == 0 else self.programs - 1 - program
+        return rounds + (place < left).astype(jnp.int32)
+
+    def each(self, body):
+        """body(n, item, step) -> step over this program's items, its n-th
+        item `item`; step counts K/V tiles and runs on across items (the
+        ring's slots)."""
+        program = lax.axis_index("program")
+        lax.fori_loop(0, self.share(program),
+                      lambda n, step: body(n, self.item(program, n), step), jnp.int32(0))
 
 
 class _Turns:

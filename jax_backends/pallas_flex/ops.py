@@ -36,6 +36,9 @@ _LN2 = math.log(2.0)
 
 LOWERINGS = ("auto", "triton", "mosaic")
 ROWS_LAUNCHES = ("heads_together", "head_major")
+# The Mosaic forward's grid: one program per item (q block, head, batch),
+# or one per SM walking items in turn (mosaic_fwd_sm90.Config.persistent).
+FORWARD_GRIDS = ("per_item", "persistent")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -90,9 +93,12 @@ class Lowering:
         chosen = getattr(self, direction)
         if self.interpret or chosen == "triton":
             return f"{direction}={chosen}, interpret={self.interpret}"
-        kernels = mosaic_fwd_sm90 if direction == "forward" else mosaic_bwd_sm90
-        return (_shared.gpu_problem(capability=mosaic_fwd_sm90.SM90, exact=True)
-                or kernels.problem(block_q, block_k, dtype, head_dim))
+        if direction == "forward":
+            problem = mosaic_fwd_sm90.problem(block_q, block_k, dtype, head_dim,
+                                              self.mosaic_forward)
+        else:
+            problem = mosaic_bwd_sm90.problem(block_q, block_k, dtype, head_dim)
+        return _shared.gpu_problem(capability=mosaic_fwd_sm90.SM90, exact=True) or problem
 
     def is_mosaic(self, direction: str, block_q: int, block_k: int, dtype, head_dim: int) -> bool:
         """Mosaic where asked; with "auto", where it fits. An explicit
