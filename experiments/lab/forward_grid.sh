@@ -5,8 +5,10 @@
 # the next item's Q and K/V loaded while this one finishes) in turn.
 # Short rows are where it should act: at 1k-4k a program walks at most
 # 8-32 K/V tiles and the forward reads 0.75-0.92x FA3 (H200 blog rows).
-# check: all 16 families at 1k persistent, the full-size check on, and
-# ptxas's report; ab: per_item and persistent in turn (one round a call,
+# check: the GPU test of the persistent grid across items that see
+# nothing (tests/test_pallas_flex_kernels.py, one program and several),
+# all 16 families at 1k persistent, the full-size check on, and ptxas's
+# report; ab: per_item and persistent in turn (one round a call,
 # LCAB_LAB_ROUNDS) on four masks, forward only, at LCAB_LAB_SEQLENS
 # (default 1k,2k,4k; 16k,32k is the long-row control). Each run writes
 # OUT/<name>/ and its .log, packed into OUT/rows.tgz after each; the last
@@ -22,6 +24,8 @@ lab_start "$@"
 run() { pallas_flex_run "$@"; }  # name, seconds, then lcab.experiments flags
 case $part in
   check)
+    run_packed "$out" gpu-test timeout -k 10 120 python3 -m pytest -q -p no:cacheprovider \
+      tests/test_pallas_flex_kernels.py -k persistent_mosaic_forward
     all=$(python3 -c "from lcab.masks import MASK_NAMES; print(','.join(MASK_NAMES))")
     MOSAIC_GPU_DUMP_PTXAS=1 run check-persistent 420 --masks="$all" --seqlens=1k \
       --directions=fwd --backend_options=jax.pallas_flex:forward_grid=persistent

@@ -73,12 +73,17 @@ class Config:
     """The Mosaic forward's settings.
 
     persistent (v23, an option while unmeasured): one program per SM
-    (`programs`, else the GPU's count), each taking every programs-th
-    (q block, head, batch) in launch order, so the memory warpgroup loads
-    the next item's Q and first K/V tiles while the compute warpgroups
-    finish this one, and the turns run on across items: short rows (at
-    1k-4k a program walks at most 8-32 K/V tiles) pay the ring's fill, the
-    Q load and the epilogue once a program instead of once an item."""
+    (`programs`, else the GPU's count), each taking items (q block, head,
+    batch) in turn (WorkItems). A compute warpgroup loads its next item's Q
+    as soon as its last scores of this one have read the tile, and the
+    memory warpgroup runs on into the next item's K/V as ring slots free,
+    so short rows (at 1k-4k a program walks at most 8-32 K/V tiles) pay
+    the start, the first loads and the epilogue's wait once a program
+    rather than once an item. The turns run on across a program's items
+    as one chain. Q loads stay with the compute warpgroups: a memory
+    warpgroup loading them in item order would deadlock on an item with
+    no tiles (a CP rank's sub-mask has them), whose Q the warpgroup still
+    waiting its turn for the item before could not release."""
 
     stages: int = 2  # shared-memory slots of the K/V ring
     persistent: bool = False
@@ -112,8 +117,8 @@ def problem(block_q: int, block_k: int, dtype, head_dim: int,
 
 def shared_memory(block_k: int, dtype, head_dim: int, config: Config) -> int:
     """Bytes of the forward's tiles: Q (staging the output too, unless
-    persistent, which stages it apart so the next Q can load meanwhile),
-    the K/V ring and the lse rows."""
+    persistent, which stages it apart: the next Q loads meanwhile), the
+    K/V ring and the lse rows."""
     itemsize = jnp.dtype(dtype).itemsize
     rows = ROWS_PER_WARPGROUP * COMPUTE_WARPGROUPS
     own = rows * head_dim * itemsize * (2 if config.persistent else 1)
@@ -162,13 +167,13 @@ def forward(q, k, v, geometry: Geometry, tables, config: Config = Config(),
     qk_scale = _LOG2E / math.sqrt(head_dim)
     walk = [*tables["by_q"], tables["slice_ids"], tables["slices"]]
     q_blocks = geometry.num_q_blocks
-    items = WorkItems(q_blocks, heads, batch, heads_together,
-                   config.programs or streaming_multiprocessors() if persistent else None)
+    sms = (config.programs or streaming_multiprocessors()) if persistent else None
+    items = WorkItems(q_blocks, heads, batch, heads_together, sms)
 
     def kernel(*refs):
         *walk_refs, ids, slices, q_ref, k_ref, v_ref, out_ref, lse_ref, scoped = refs
         lo, hi, order = walk_refs[4], walk_refs[5], walk_refs[7]
-        (q_smem2, k_smem, v_smem, lse_smem2, *staging), loaded, consumed, *q_free = scoped
+        (q_smem2, k_smem, v_smem, lse_smem2, *staging), loaded, consumed = scoped
         o_smem2 = staging[0] if persistent else q_smem2  # the default stages out over Q
         k_loaded, v_loaded, q_loaded = loaded
         k_consumed, v_consumed = consumed
@@ -193,13 +198,23 @@ def forward(q, k, v, geometry: Geometry, tables, config: Config = Config(),
             plgpu.set_max_registers(232, action="increase")
             q_smem, o_smem, lse_smem = q_smem2.at[wg], o_smem2.at[wg], lse_smem2.at[wg]
 
-            def one_item(item, step0):
+            def load_q(item):  # persistent: this warpgroup's Q of `item`, by TMA
+                qi, head, b = where(item)
+                plgpu.copy_gmem_to_smem(q_ref.at[b, pl.ds(qi * BLOCK_Q + wg * rows, rows), head],
+                                        q_smem, q_loaded.at[wg])
+
+            def load_next_q(n):  # once item n's scores have read its Q
+                program = lax.axis_index("program")
+                pl.when(n + 1 < items.share(program))(
+                    lambda: load_q(items.item(program, n + 1)))
+
+            def one_item(n, item, step0):
                 qi, head, b = where(item)
                 row0 = qi * BLOCK_Q + wg * rows
                 visits = visit_count(walk_refs, qi)
                 # the step after its last visit
                 end = step0 + visits if persistent else visits
-                if not persistent:  # a persistent program's memory warpgroup loads Q
+                if not persistent:  # persistent: loaded once the previous item's scores read Q
                     plgpu.copy_gmem_to_smem(q_ref.at[b, pl.ds(row0, rows), head], q_smem,
                                             q_loaded.at[wg])
                 plgpu.barrier_wait(q_loaded.at[wg])
@@ -213,8 +228,8 @@ def forward(q, k, v, geometry: Geometry, tables, config: Config = Config(),
                 def _():
                     plgpu.barrier_wait(k_loaded.at[slot_of(step0) if persistent else 0])
 
-                if persistent:  # an item that sees nothing hands its Q back at once
-                    pl.when(visits == 0)(lambda: plgpu.barrier_arrive(q_free[0].at[wg]))
+                if persistent:  # an item that sees nothing is done with its Q at once
+                    pl.when(visits == 0)(lambda: load_next_q(n))
                 else:  # a persistent program's turns run on across its items
                     turns.start()
 
@@ -233,9 +248,8 @@ def forward(q, k, v, geometry: Geometry, tables, config: Config = Config(),
 
                     s = pl.run_scoped(scores, plgpu.ACC((rows, block_k), jnp.float32))
                     plgpu.barrier_arrive(k_consumed.at[slot])
-                    if persistent:  # the item's last scores read Q: the next may load
-                        pl.when(step + 1 == end)(
-                            lambda: plgpu.barrier_arrive(q_free[0].at[wg]))
+                    if persistent:  # the item's last scores have read Q: load the next
+                        pl.when(step + 1 == end)(lambda: load_next_q(n))
                     if j is not None:
                         s = masked(s, first, ids, slices, lo[qi, j], hi[qi, j], row0,
                                    kb * block_k, test=FORWARD_MASK_TEST)
@@ -274,11 +288,12 @@ def forward(q, k, v, geometry: Geometry, tables, config: Config = Config(),
                 return step
 
             if persistent:
+                load_q(items.item(lax.axis_index("program"), jnp.int32(0)))
                 turns.start()
-                items.each(lambda n, item, step: one_item(item, step))
+                items.each(one_item)
                 turns.finish()
             else:
-                one_item(None, jnp.int32(0))
+                one_item(None, None, jnp.int32(0))
             plgpu.wait_smem_to_gmem(0)
 
         @pl.when(wg == COMPUTE_WARPGROUPS)
@@ -288,12 +303,6 @@ def forward(q, k, v, geometry: Geometry, tables, config: Config = Config(),
 
             def feed_item(n, item, step):
                 qi, head, b = where(item)
-                if persistent:  # each compute warpgroup's Q, once its last item let go
-                    for w in range(COMPUTE_WARPGROUPS):
-                        pl.when(n > 0)(functools.partial(plgpu.barrier_wait, q_free[0].at[w]))
-                        plgpu.copy_gmem_to_smem(
-                            q_ref.at[b, pl.ds(qi * BLOCK_Q + w * rows, rows), head],
-                            q_smem2.at[w], q_loaded.at[w])
                 return feed_row(walk_refs, qi, (b, lax.div(head, jnp.int32(group))), block_k,
                                 stages, kv, step)
 
@@ -312,14 +321,12 @@ def forward(q, k, v, geometry: Geometry, tables, config: Config = Config(),
             plgpu.SMEM((COMPUTE_WARPGROUPS, rows), jnp.float32),
             *([own] if persistent else []),  # the output's staging, apart from Q
         ]
-        q_free = [plgpu.Barrier(num_barriers=COMPUTE_WARPGROUPS)] if persistent else []
         pl.run_scoped(
             lambda *scoped: kernel(*refs, scoped),
             scratch,
             (plgpu.Barrier(num_barriers=stages), plgpu.Barrier(num_barriers=stages),
              plgpu.Barrier(num_barriers=COMPUTE_WARPGROUPS)),
             (plgpu.Barrier(num_arrivals=COMPUTE_WARPGROUPS, num_barriers=stages),) * 2,
-            *q_free,
             collective_axes="wg",
         )
 
