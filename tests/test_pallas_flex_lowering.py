@@ -136,8 +136,6 @@ def test_the_persistent_forward_is_an_option_with_its_own_limits(monkeypatch):
     and output tiles apart do not fit head_dim 256, which it says; its grid
     is one program per SM (the GPU's count, 132 lowered on a CPU), or one
     per item where there are fewer."""
-    from jax._src.pallas.mosaic_gpu import lowering as mosaic_lowering
-
     from jax_backends.pallas_flex import ops
 
     persistent = mosaic_fwd_sm90.Config(persistent=True)
@@ -154,16 +152,7 @@ def test_the_persistent_forward_is_an_option_with_its_own_limits(monkeypatch):
     with pytest.raises(registry.Unavailable, match="choose one of per_item, persistent"):
         registry.load_backend("jax.pallas_flex", {"forward_grid": "sm"})
 
-    launched = []
-    lower = mosaic_lowering.lower_pipelined_jaxpr_to_module
-
-    def spy(*args, **kwargs):
-        result = lower(*args, **kwargs)
-        launched.append(tuple(result.grid))
-        return result
-
-    monkeypatch.setattr(mosaic_lowering, "lower_pipelined_jaxpr_to_module", spy)
-    monkeypatch.setattr(_shared, "gpu_problem", lambda **_: None)  # lower Mosaic on a CPU
+    launched = mosaic_grids(monkeypatch)
     lowering = Lowering(forward="mosaic", mosaic_forward=persistent)
     for blocks, heads in ((5, 6), (40, 8)):  # 60 and 640 items
         plan = make_plan(small_mask("causal", 128 * blocks), 128, 128)
@@ -197,6 +186,24 @@ def test_the_mosaic_dkv_kernel_lowers_split_over_query_heads():
         shares = f"tensor<2x{padded}x2x2x128xbf16>"
         assert "lcab_flex_dkv_mosaic" in split and shares in split and shares not in whole
         assert f"tensor<2x{padded}x2x2x128xf32>" in split
+
+
+def mosaic_grids(monkeypatch) -> list:
+    """The CUDA grid (x, y, z) of every Mosaic GPU kernel lowered from here
+    on, taken from JAX's own lowering; Mosaic lowers on a CPU meanwhile."""
+    from jax._src.pallas.mosaic_gpu import lowering as mosaic_lowering
+
+    launched = []
+    lower = mosaic_lowering.lower_pipelined_jaxpr_to_module
+
+    def spy(*args, **kwargs):
+        result = lower(*args, **kwargs)
+        launched.append(tuple(result.grid))
+        return result
+
+    monkeypatch.setattr(mosaic_lowering, "lower_pipelined_jaxpr_to_module", spy)
+    monkeypatch.setattr(_shared, "gpu_problem", lambda **_: None)
+    return launched
 
 
 def cpu_workload(head_dim=64):
@@ -274,17 +281,7 @@ def test_the_mosaic_launch_orders_are_the_ones_named(monkeypatch, heads_together
     Mosaic GPU maps a kernel's grid onto x, y, z reversed (Triton maps it
     as given). The CUDA grids are taken from JAX's own lowering here:
     "heads together" must put the heads on x, "head major" the blocks."""
-    from jax._src.pallas.mosaic_gpu import lowering as mosaic_lowering
-
-    launched = []
-    lower = mosaic_lowering.lower_pipelined_jaxpr_to_module
-
-    def spy(*args, **kwargs):
-        result = lower(*args, **kwargs)
-        launched.append(tuple(result.grid))  # (x, y, z)
-        return result
-
-    monkeypatch.setattr(mosaic_lowering, "lower_pipelined_jaxpr_to_module", spy)
+    launched = mosaic_grids(monkeypatch)
     batch, blocks, heads, kv_heads = 2, 5, 6, 3  # all different, so each axis is known
     plan = make_plan(small_mask("causal", 128 * blocks), 128, 128)
     tables = jax.tree.map(jnp.asarray, plan.tables())
@@ -339,20 +336,9 @@ def test_each_pass_takes_its_own_launch_order_through_ops(monkeypatch, dkv_launc
                                                           rows_launch):
     """ops hands dK/dV the dkv_launch and forward and dQ the rows_launch
     (checked where they differ, so a swap of the two would show)."""
-    from jax._src.pallas.mosaic_gpu import lowering as mosaic_lowering
-
     from jax_backends.pallas_flex import ops
 
-    launched = []
-    lower = mosaic_lowering.lower_pipelined_jaxpr_to_module
-
-    def spy(*args, **kwargs):
-        result = lower(*args, **kwargs)
-        launched.append(tuple(result.grid))
-        return result
-
-    monkeypatch.setattr(mosaic_lowering, "lower_pipelined_jaxpr_to_module", spy)
-    monkeypatch.setattr(_shared, "gpu_problem", lambda **_: None)  # lower Mosaic on a CPU
+    launched = mosaic_grids(monkeypatch)
     batch, blocks, heads, kv_heads = 2, 5, 6, 3
     plan = make_plan(small_mask("causal", 128 * blocks), 128, 128)
     lowering = Lowering(forward="mosaic", backward="mosaic", dkv_launch=dkv_launch,
