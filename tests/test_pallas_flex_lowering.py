@@ -91,8 +91,8 @@ def test_the_mosaic_forward_lowers_for_a_gpu_on_every_family(head_dim, dtype, bl
 def test_the_persistent_mosaic_forward_lowers_for_a_gpu_on_every_family(head_dim, dtype,
                                                                        block_k):
     """v23's grid of one program per SM (3 here, for 2 x 3 x 4 items): its
-    own kernel, the turns, and Q handed back to the memory warpgroup by a
-    barrier of its own, on every family (numbers: a GPU's to check)."""
+    own kernel and the turns, on every family (numbers: a GPU's to check,
+    tests/test_pallas_flex_kernels.py)."""
     config = mosaic_fwd_sm90.Config(persistent=True, programs=3)
     for name in MASK_NAMES:
         text = mosaic_forward_text(name, head_dim=head_dim, dtype=dtype, block_k=block_k,
