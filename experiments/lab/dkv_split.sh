@@ -23,10 +23,7 @@ lab_start "$@"
 run() { pallas_flex_run "$@"; }  # name, seconds, then lcab.experiments flags
 case $part in
   check)
-    all=$(python3 -c "from lcab.masks import MASK_NAMES; print(','.join(MASK_NAMES))")
-    MOSAIC_GPU_DUMP_PTXAS=1 run check-auto 420 --masks="$all" --seqlens=1k \
-      --backend_options=jax.pallas_flex:dkv_split=auto
-    ptxas_report "$out" check-auto ;;
+    check_every_family check-auto dkv_split=auto ;;
   ab)
     ab_rounds dkv_split 260 "1 auto" --seqlens="${LCAB_LAB_SEQLENS:-1k,2k,4k}" \
       --masks=full,causal,causal_document,sliding_window_causal ;;

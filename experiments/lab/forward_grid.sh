@@ -26,10 +26,7 @@ case $part in
   check)
     run_packed "$out" gpu-test timeout -k 10 120 python3 -m pytest -q -p no:cacheprovider \
       tests/test_pallas_flex_kernels.py -k persistent_mosaic_forward
-    all=$(python3 -c "from lcab.masks import MASK_NAMES; print(','.join(MASK_NAMES))")
-    MOSAIC_GPU_DUMP_PTXAS=1 run check-persistent 420 --masks="$all" --seqlens=1k \
-      --directions=fwd --backend_options=jax.pallas_flex:forward_grid=persistent
-    ptxas_report "$out" check-persistent ;;
+    check_every_family check-persistent forward_grid=persistent --directions=fwd ;;
   ab)
     ab_rounds forward_grid 270 "per_item persistent" --directions=fwd \
       --seqlens="${LCAB_LAB_SEQLENS:-1k,2k,4k}" \

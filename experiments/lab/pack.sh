@@ -47,7 +47,8 @@ ptxas_report() {
 }
 
 # The one-GPU kernel helpers below (lab_start, pallas_flex_run, ab_rounds,
-# ptxas_report) serve clocks.sh, rows_launch.sh and dkv_split.sh; earlier
+# check_every_family, ptxas_report) serve clocks.sh, rows_launch.sh,
+# dkv_split.sh and forward_grid.sh; earlier
 # scripts that used them left main with their options: forward_release.sh
 # and dq_reduce_probe.sh are at commit a32f37e, one_pass.sh at 520f3a5,
 # dkv_strips.sh at 28b11ca.
@@ -85,4 +86,15 @@ ab_rounds() {
       run "$value-$round" "$seconds" "$@" "--backend_options=jax.pallas_flex:$option=$value"
     done
   done
+}
+
+# check_every_family NAME OPTION FLAGS...: jax.pallas_flex with OPTION
+# (key=value) on every mask family at 1k, the full-size check on, as run
+# NAME (pallas_flex_run, 420 s) under ptxas's report, then the report.
+check_every_family() {
+  local name=$1 option=$2 all; shift 2
+  all=$(python3 -c "from lcab.masks import MASK_NAMES; print(','.join(MASK_NAMES))")
+  MOSAIC_GPU_DUMP_PTXAS=1 pallas_flex_run "$name" 420 --masks="$all" --seqlens=1k \
+    "--backend_options=jax.pallas_flex:$option" "$@"
+  ptxas_report "$out" "$name"
 }
