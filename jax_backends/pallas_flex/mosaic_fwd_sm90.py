@@ -198,15 +198,18 @@ def forward(q, k, v, geometry: Geometry, tables, config: Config = Config(),
             plgpu.set_max_registers(232, action="increase")
             q_smem, o_smem, lse_smem = q_smem2.at[wg], o_smem2.at[wg], lse_smem2.at[wg]
 
-            def load_q(item):  # persistent: this warpgroup's Q of `item`, by TMA
-                qi, head, b = where(item)
-                plgpu.copy_gmem_to_smem(q_ref.at[b, pl.ds(qi * BLOCK_Q + wg * rows, rows), head],
-                                        q_smem, q_loaded.at[wg])
+            def load_q(row0, head, b):  # this warpgroup's Q rows of an item, by TMA
+                plgpu.copy_gmem_to_smem(q_ref.at[b, pl.ds(row0, rows), head], q_smem,
+                                        q_loaded.at[wg])
 
-            def load_next_q(n):  # once item n's scores have read its Q
+            def load_q_of(item):
+                qi, head, b = where(item)
+                load_q(qi * BLOCK_Q + wg * rows, head, b)
+
+            def load_next_q(n):  # persistent: once item n's scores have read its Q
                 program = lax.axis_index("program")
                 pl.when(n + 1 < items.share(program))(
-                    lambda: load_q(items.item(program, n + 1)))
+                    lambda: load_q_of(items.item(program, n + 1)))
 
             def one_item(n, item, step0):
                 qi, head, b = where(item)
@@ -215,8 +218,7 @@ def forward(q, k, v, geometry: Geometry, tables, config: Config = Config(),
                 # the step after its last visit
                 end = step0 + visits if persistent else visits
                 if not persistent:  # persistent: loaded once the previous item's scores read Q
-                    plgpu.copy_gmem_to_smem(q_ref.at[b, pl.ds(row0, rows), head], q_smem,
-                                            q_loaded.at[wg])
+                    load_q(row0, head, b)
                 plgpu.barrier_wait(q_loaded.at[wg])
                 acc = plgpu.layout_cast(jnp.zeros((rows, head_dim), jnp.float32),
                                         plgpu.Layout.WGMMA)
@@ -288,7 +290,7 @@ def forward(q, k, v, geometry: Geometry, tables, config: Config = Config(),
                 return step
 
             if persistent:
-                load_q(items.item(lax.axis_index("program"), jnp.int32(0)))
+                load_q_of(items.item(lax.axis_index("program"), jnp.int32(0)))
                 turns.start()
                 items.each(one_item)
                 turns.finish()
