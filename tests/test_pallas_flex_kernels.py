@@ -279,8 +279,8 @@ def test_the_persistent_mosaic_forward_matches_the_reference_across_empty_items(
                                  AttnSlice(768, 1024, 640, 1024, "causal")])
     q, k, v, _ = inputs(1024, heads=(4, 2), head_dim=128, batch=1)
     plan = make_plan(mask, 128, 128)
-    config = mosaic_fwd_sm90.Config(persistent=True, programs=programs)
-    lowering = Lowering(forward="mosaic", mosaic_forward=config)
+    config = mosaic_fwd_sm90.Config(programs=programs)
+    lowering = Lowering(forward="mosaic", forward_grid="persistent", mosaic_forward=config)
     args = [jnp.asarray(x, jnp.bfloat16) for x in (q, k, v)]
     out, lse = jax.jit(lambda q, k, v: flex_attention(q, k, v, plan, plan, lowering))(*args)
     out, lse = np.asarray(out, np.float64), np.asarray(lse, np.float64)

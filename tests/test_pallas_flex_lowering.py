@@ -5,6 +5,7 @@ backward's blocks following the lowering that runs."""
 
 import functools
 import itertools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -144,16 +145,19 @@ def test_the_persistent_forward_is_an_option_with_its_own_limits(monkeypatch):
     assert problem(128, 64, "bfloat16", 192, persistent) is None
     assert "persistent Mosaic forward needs 262656 bytes" in problem(128, 64, "bfloat16", 256,
                                                                       persistent)
+    long_full = make_plan(small_mask("full", 32768), 128, 128).geometry
     backend = registry.load_backend("jax.pallas_flex", {"forward_grid": "persistent"})
-    assert backend.lowering.mosaic_forward == persistent
+    assert backend.lowering.forward_grid == "persistent"
+    assert backend.lowering.mosaic_forward_for(long_full, "bfloat16", 128) == persistent
     assert "forward_grid=persistent" in backend.mask_support(cpu_workload()).how
-    assert registry.load_backend("jax.pallas_flex", {}).lowering.mosaic_forward == \
-        mosaic_fwd_sm90.Config()
-    with pytest.raises(registry.Unavailable, match="choose one of per_item, persistent"):
+    default = registry.load_backend("jax.pallas_flex", {})
+    assert default.lowering.forward_grid == "auto"
+    assert default.forward_grid(cpu_workload()) is None  # Triton here: one grid
+    with pytest.raises(registry.Unavailable, match="choose one of auto, per_item, persistent"):
         registry.load_backend("jax.pallas_flex", {"forward_grid": "sm"})
 
     launched = mosaic_grids(monkeypatch)
-    lowering = Lowering(forward="mosaic", mosaic_forward=persistent)
+    lowering = Lowering(forward="mosaic", forward_grid="persistent")
     for blocks, heads in ((5, 6), (40, 8)):  # 60 and 640 items
         plan = make_plan(small_mask("causal", 128 * blocks), 128, 128)
         q = jax.ShapeDtypeStruct((2, 128 * blocks, heads, 128), jnp.bfloat16)
@@ -161,6 +165,51 @@ def test_the_persistent_forward_is_an_option_with_its_own_limits(monkeypatch):
         forward = functools.partial(ops.flex_attention, forward_plan=plan, lowering=lowering)
         jax.jit(forward).trace(q, kv, kv).lower(lowering_platforms=("cuda",))
     assert launched == [(60, 1, 1), (132, 1, 1)]  # padded to CUDA's three axes
+
+
+@pytest.mark.parametrize("name,seqlen,head_dim,grid", [
+    ("full", 16384, 128, "persistent"),  # 16k keys a program: at the limit
+    ("full", 32768, 128, "per_item"),
+    ("causal", 32768, 128, "per_item"),  # 16,448 keys on average
+    ("sliding_window_causal", 32768, 128, "persistent"),
+    ("full", 4096, 256, "per_item"),  # the persistent tiles do not fit
+])
+def test_the_default_grid_is_persistent_where_programs_walk_few_keys(monkeypatch, name,
+                                                                     seqlen, head_dim, grid):
+    """forward_grid "auto" (the default) lowers the persistent kernel where
+    a program walks at most 16k keys on average and its tiles fit, the
+    kernel of a program per item elsewhere; the backend's probe is pinned
+    to the same grid and the row's note says so."""
+    from jax_backends.pallas_flex import ops
+
+    block_k = 128 if head_dim <= 128 else 64
+    mask = make_mask(name, seqlen)
+    plan = make_plan(mask, 128, block_k)
+    monkeypatch.setattr(_shared, "gpu_problem", lambda **_: None)
+    config = Lowering(forward="mosaic").mosaic_forward_for(plan.geometry, jnp.bfloat16, head_dim)
+    assert config.persistent == (grid == "persistent")
+    assert Lowering(forward_grid="per_item").mosaic_forward_for(
+        plan.geometry, jnp.bfloat16, head_dim) == mosaic_fwd_sm90.Config()
+
+    backend = registry.load_backend("jax.pallas_flex", {"block_k": str(block_k),
+                                                        "forward_lowering": "mosaic"})
+    workload = Workload(1, seqlen, seqlen, 8, 1, head_dim, "bfloat16", mask)
+    assert backend.forward_grid(workload) == grid
+    pinned, note = backend.pinned_to(workload)
+    assert pinned.lowering.forward_grid == grid
+    assert ("one program per SM" in note) == (grid == "persistent")
+    # Under CP the forward keeps a program per item (unmeasured there).
+    assert type(backend).cp_inner_defaults["forward_grid"] == "per_item"
+
+    launched = mosaic_grids(monkeypatch)
+    q = jax.ShapeDtypeStruct((1, plan.padded_q, 2, head_dim), jnp.bfloat16)
+    kv = jax.ShapeDtypeStruct((1, plan.padded_k, 1, head_dim), jnp.bfloat16)
+    forward = functools.partial(ops.flex_attention, forward_plan=plan,
+                                lowering=Lowering(forward="mosaic"))
+    jax.jit(forward).trace(q, kv, kv).lower(lowering_platforms=("cuda",))
+    items = 2 * plan.num_q_blocks  # heads x q blocks
+    want = (min(items, 132), 1, 1) if grid == "persistent" else None
+    assert launched[0] == want if want else math.prod(launched[0]) == items
 
 
 @pytest.mark.parametrize("head_dim,dtype,heads_together,parts", [
@@ -342,7 +391,8 @@ def test_each_pass_takes_its_own_launch_order_through_ops(monkeypatch, dkv_launc
     batch, blocks, heads, kv_heads = 2, 5, 6, 3
     plan = make_plan(small_mask("causal", 128 * blocks), 128, 128)
     lowering = Lowering(forward="mosaic", backward="mosaic", dkv_launch=dkv_launch,
-                        rows_launch=rows_launch, dkv_split="1")  # the split: its own test
+                        rows_launch=rows_launch, dkv_split="1",  # the split: its own test
+                        forward_grid="per_item")  # the persistent deal: its own test
     q = jax.ShapeDtypeStruct((batch, 128 * blocks, heads, 128), jnp.bfloat16)
     kv = jax.ShapeDtypeStruct((batch, 128 * blocks, kv_heads, 128), jnp.bfloat16)
 

@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 
 from jax_backends.pallas_flex import ops, schedule
-from jax_backends.pallas_flex.plan import make_plan, stack_plans
-from lcab.masks import MASK_NAMES, make_mask, small_mask
+from jax_backends.pallas_flex.plan import Geometry, make_plan, stack_plans
+from lcab.masks import MASK_NAMES, AttnMask, AttnSlice, make_mask, small_mask
 from lcab.masks import slices as slices_lib
 
 
@@ -111,3 +111,32 @@ def test_dkv_launches_heads_together_only_where_a_heavy_program_would_trail():
     assert geometry.dkv_tail == plans[1].geometry.dkv_tail > plans[0].geometry.dkv_tail
     with pytest.raises(ValueError, match="head_major, heads_together"):
         ops.Lowering(dkv_launch="heads")
+
+
+def test_the_forward_grid_follows_the_keys_a_program_walks():
+    """Geometry.row_keys is the mean keys a forward program walks (q blocks
+    that walk nothing left out); "auto" runs the persistent grid up to
+    schedule.PERSISTENT_ROW_KEYS of them where its tiles fit, and a stack
+    of plans keeps the longest walk."""
+    def keys(mask):
+        return make_plan(mask, 128, 128).geometry.row_keys
+
+    assert keys(make_mask("full", 4096)) == 4096
+    assert keys(make_mask("causal", 4096)) == 128 * (1 + 32) / 2  # 1..32 tiles
+    # Rows 0-255 see nothing: the two q blocks that walk count alone.
+    seen_late = AttnMask(512, 512, [AttnSlice(256, 512, 0, 384)])
+    assert keys(seen_late) == 384
+    assert keys(AttnMask(256, 256, [])) == 0
+    plans = [make_plan(make_mask(name, 4096), 128, 128) for name in ("full", "causal")]
+    assert stack_plans(plans)[0].row_keys == 4096
+
+    def grid(row_keys, asked="auto", fits=True):
+        return schedule.forward_grid(Geometry(8192, 8192, 128, 128, row_keys=row_keys),
+                                     asked, fits)
+
+    limit = schedule.PERSISTENT_ROW_KEYS
+    assert grid(limit) == "persistent" and grid(limit + 64) == "per_item"
+    assert grid(1024, fits=False) == "per_item"
+    assert grid(1024, "per_item") == "per_item" and grid(10 * limit, "persistent") == "persistent"
+    with pytest.raises(ValueError, match="auto, per_item, persistent"):
+        ops.Lowering(forward_grid="sm")

@@ -16,7 +16,7 @@ import dataclasses
 import functools
 
 from jax_backends import _shared
-from jax_backends.pallas_flex import mosaic_bwd_sm90, mosaic_fwd_sm90, ops, plan, ring, schedule
+from jax_backends.pallas_flex import mosaic_bwd_sm90, ops, plan, ring, schedule
 from lcab.backend import Backend, ProbeNeeds, Support
 from lcab.masks import MASK_NAMES
 from lcab.workloads import Workload
@@ -50,14 +50,15 @@ class PallasFlexBackend(Backend):
     # The launch orders (ops.Lowering) are for measuring them: dkv_launch
     # "auto" decides per plan; rows_launch is the Mosaic forward's and dQ's;
     # dkv_split the dK/dV programs a K/V head's block (head_split);
-    # forward_grid "persistent" one Mosaic forward program per SM (v23,
-    # unmeasured: docs/pallas_flex.md; the Triton forward has one grid).
+    # forward_grid the Mosaic forward's programs, one per item or one per SM
+    # ("auto" decides per plan; the Triton forward has one grid).
     options = {"block_q": int, "block_k": int, "backward_block_q": int,
                "backward_block_k": int, "forward_lowering": str, "backward_lowering": str,
                "dkv_launch": str, "rows_launch": str, "dkv_split": str, "forward_grid": str}
-    # dkv_split "auto" was measured on whole single-GPU passes, not on ring
-    # steps or CP ranks' sub-masks: inside CP the dK/dV programs stay whole.
-    cp_inner_defaults = {"dkv_split": "1"}
+    # dkv_split and forward_grid "auto" were measured on whole single-GPU
+    # passes, not on ring steps or CP ranks' sub-masks: inside CP the dK/dV
+    # programs stay whole and the forward keeps a program per item.
+    cp_inner_defaults = {"dkv_split": "1", "forward_grid": "per_item"}
 
     def __init__(self, **options):
         unknown = sorted(set(options) - set(self.options))
@@ -78,10 +79,9 @@ class PallasFlexBackend(Backend):
         self.launches = {key: _choice(options, key, choices, None)
                          for key, choices in (("dkv_launch", schedule.DKV_LAUNCHES),
                                               ("rows_launch", ops.ROWS_LAUNCHES),
-                                              ("dkv_split", schedule.DKV_SPLITS))
+                                              ("dkv_split", schedule.DKV_SPLITS),
+                                              ("forward_grid", schedule.FORWARD_GRIDS))
                          if key in options}
-        if _choice(options, "forward_grid", ops.FORWARD_GRIDS, "per_item") == "persistent":
-            self.launches["mosaic_forward"] = mosaic_fwd_sm90.Config(persistent=True)
 
     @functools.cached_property
     def lowering(self) -> ops.Lowering:
@@ -141,16 +141,32 @@ class PallasFlexBackend(Backend):
                                      workload.heads_q // workload.heads_kv,
                                      self.lowering.dkv_launch, self.lowering.dkv_split, mosaic)
 
+    def forward_grid(self, workload: Workload) -> str | None:
+        """The Mosaic forward's grid on `workload` (None: the forward runs
+        Triton, which has one)."""
+        lowering = self.lowering
+        if lowering.mosaic_problem("forward", *self.forward_blocks, workload.dtype,
+                                   workload.head_dim):
+            return None
+        forward = plan.make_plan(workload.mask, *self.forward_blocks).geometry
+        config = lowering.mosaic_forward_for(forward, workload.dtype, workload.head_dim)
+        return "persistent" if config.persistent else "per_item"
+
     def pinned_to(self, workload: Workload):
         # A probe has fewer heads and a shorter mask, from which "auto"
-        # could choose another dK/dV launch order or split: pin the timed ones.
+        # could choose another forward grid, dK/dV launch order or split:
+        # pin the timed ones.
         order, split = self.launch_order(workload)
+        grid = self.forward_grid(workload)
         pinned = type(self)(**self.set_options)
-        pinned.__dict__["lowering"] = dataclasses.replace(self.lowering, dkv_launch=order,
-                                                          dkv_split=str(split))
+        pinned.__dict__["lowering"] = dataclasses.replace(
+            self.lowering, dkv_launch=order, dkv_split=str(split),
+            forward_grid=grid or self.lowering.forward_grid)
+        grid_note = (", the forward one program per SM walking its items"
+                     if grid == "persistent" else "")
         split_note = (f", each K/V head's block in {split} dK/dV programs (K/V repeated "
                       f"{split}x for them)" if split > 1 else "")
-        return pinned, f"probed with the dK/dV launch {order}{split_note}"
+        return pinned, f"probed with the dK/dV launch {order}{split_note}{grid_note}"
 
     def plans(self, workload: Workload) -> tuple[plan.FlexPlan, plan.FlexPlan]:
         return (plan.make_plan(workload.mask, *self.forward_blocks),

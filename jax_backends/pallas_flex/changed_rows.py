@@ -13,8 +13,12 @@ from lcab.results import inner_kernel, json_field
 
 NAME = "jax.pallas_flex"
 # The Mosaic backward's blocks where a row set none (mosaic_bwd_sm90.BLOCK,
-# which imports JAX; a test holds the two equal).
+# which imports JAX; a test holds the two equal), the forward's
+# (backend.FORWARD_BLOCKS) and the largest head_dim whose persistent
+# forward fits in shared memory (mosaic_fwd_sm90.problem; tested too).
 MOSAIC_BACKWARD_BLOCK = 128
+FORWARD_BLOCK = 128
+PERSISTENT_MAX_HEAD_DIM = 192
 
 
 def split_by_default(row: Mapping) -> bool:
@@ -23,31 +27,58 @@ def split_by_default(row: Mapping) -> bool:
     it, whose backward ran the Mosaic kernels with dkv_split unset, on a
     workload schedule.dkv_split splits. CP rows keep whole programs
     (PallasFlexBackend.cp_inner_defaults)."""
-    direct = row.get("backend") == NAME
-    if not (direct or inner_kernel(row) == NAME):
-        return False
-    if row.get("suite") == "cp" or _number(row.get("cp_size"), 1) > 1:
-        return False
-    if "backward Mosaic GPU" not in str(row.get("notes") or ""):
-        return False
-    options = json_field(row.get("options" if direct else "inner_options"))
-    if "dkv_split" in options:
+    options = _one_gpu_mosaic_options(row, "backward", "dkv_split")
+    if options is None:
         return False
     blocks = tuple(int(options.get(key, MOSAIC_BACKWARD_BLOCK))
                    for key in ("backward_block_q", "backward_block_k"))
-    fields = ("mask", "seqlen", "mask_fingerprint", "mask_params", "heads_q", "heads_kv",
-              "batch")
+    geometry = _geometry(row, blocks)
+    heads_q, heads_kv, batch = (int(row.get(field)) for field in ("heads_q", "heads_kv", "batch"))
+    return schedule.dkv_split(geometry, heads_kv * batch, heads_q // heads_kv, "auto",
+                              mosaic=True) > 1
+
+
+def persistent_by_default(row: Mapping) -> bool:
+    """Whether forward_grid's default "auto" runs the row's forward on the
+    persistent grid: a one-GPU row of jax.pallas_flex (or of a module over
+    it) whose forward ran the Mosaic kernel with forward_grid unset, at a
+    head_dim whose persistent tiles fit, on a workload whose programs walk
+    few enough keys (schedule.forward_grid). CP rows keep a program per
+    item (PallasFlexBackend.cp_inner_defaults)."""
+    options = _one_gpu_mosaic_options(row, "forward", "forward_grid")
+    if options is None:
+        return False
+    blocks = tuple(int(options.get(key, FORWARD_BLOCK)) for key in ("block_q", "block_k"))
+    fits = int(row.get("head_dim")) <= PERSISTENT_MAX_HEAD_DIM
+    return schedule.forward_grid(_geometry(row, blocks), "auto", fits) == "persistent"
+
+
+def _one_gpu_mosaic_options(row: Mapping, direction: str, option: str) -> dict | None:
+    """The pallas_flex options of a one-GPU row whose `direction` ran the
+    Mosaic kernels with `option` unset (None: any other row)."""
+    direct = row.get("backend") == NAME
+    if not (direct or inner_kernel(row) == NAME):
+        return None
+    if row.get("suite") == "cp" or _number(row.get("cp_size"), 1) > 1:
+        return None
+    if f"{direction} Mosaic GPU" not in str(row.get("notes") or ""):
+        return None
+    options = json_field(row.get("options" if direct else "inner_options"))
+    return None if option in options else options
+
+
+def _geometry(row: Mapping, blocks: tuple[int, int]) -> plan.Geometry:
+    """The plan geometry of the row's mask at these blocks (reports ask once
+    per shown row; cached)."""
+    fields = ("mask", "seqlen", "mask_fingerprint", "mask_params")
     key = (*(json.dumps(json_field(row.get(field)), sort_keys=True) if field == "mask_params"
              else str(row.get(field)) for field in fields), blocks)
-    if key not in _split_cache:  # reports ask once per shown row
-        geometry = plan.make_plan(mask_of(row), *blocks).geometry
-        heads_q, heads_kv, batch = (int(row.get(field)) for field in fields[4:])
-        _split_cache[key] = schedule.dkv_split(geometry, heads_kv * batch, heads_q // heads_kv,
-                                               "auto", mosaic=True)
-    return _split_cache[key] > 1
+    if key not in _geometry_cache:
+        _geometry_cache[key] = plan.make_plan(mask_of(row), *blocks).geometry
+    return _geometry_cache[key]
 
 
-_split_cache: dict[tuple, int] = {}
+_geometry_cache: dict[tuple, plan.Geometry] = {}
 
 
 def _number(value, default: int) -> int:

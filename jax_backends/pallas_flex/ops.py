@@ -30,15 +30,13 @@ import numpy as np
 from jax_backends import _shared
 from jax_backends.pallas_flex import mosaic_bwd_sm90, mosaic_fwd_sm90, triton
 from jax_backends.pallas_flex.plan import FlexPlan, Geometry
-from jax_backends.pallas_flex.schedule import DKV_LAUNCHES, DKV_SPLITS, dkv_schedule
+from jax_backends.pallas_flex.schedule import (DKV_LAUNCHES, DKV_SPLITS, FORWARD_GRIDS,
+                                               dkv_schedule, forward_grid)
 
 _LN2 = math.log(2.0)
 
 LOWERINGS = ("auto", "triton", "mosaic")
 ROWS_LAUNCHES = ("heads_together", "head_major")
-# The Mosaic forward's grid: one program per item (q block, head, batch),
-# or one per SM walking items in turn (mosaic_fwd_sm90.Config.persistent).
-FORWARD_GRIDS = ("per_item", "persistent")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -62,6 +60,11 @@ class Lowering:
     at batch 1; batch is now the slowest axis) or "head_major". The Triton
     kernels launch rows head after head whatever it says (v4b,
     docs/pallas_flex.md).
+    forward_grid: the Mosaic forward's grid (FORWARD_GRIDS): "per_item"
+    (one program per q block and head, every row before 2026-12-03),
+    "persistent" (one per SM walking items in turn; sets
+    mosaic_forward.persistent) or "auto", the default (persistent where
+    a program's items are short: schedule.forward_grid).
     """
 
     forward: str = "auto"
@@ -70,6 +73,7 @@ class Lowering:
     dkv_launch: str = "auto"
     rows_launch: str = "heads_together"
     dkv_split: str = "auto"
+    forward_grid: str = "auto"
     triton: triton.Config = triton.Config()
     mosaic_forward: mosaic_fwd_sm90.Config = mosaic_fwd_sm90.Config()
     mosaic_backward: mosaic_bwd_sm90.Config = mosaic_bwd_sm90.Config()
@@ -79,7 +83,8 @@ class Lowering:
                                       ("backward", self.backward, LOWERINGS),
                                       ("dkv_launch", self.dkv_launch, DKV_LAUNCHES),
                                       ("rows_launch", self.rows_launch, ROWS_LAUNCHES),
-                                      ("dkv_split", self.dkv_split, DKV_SPLITS)):
+                                      ("dkv_split", self.dkv_split, DKV_SPLITS),
+                                      ("forward_grid", self.forward_grid, FORWARD_GRIDS)):
             if value not in choices:
                 raise ValueError(f"{field}={value!r}: choose one of {', '.join(choices)}")
         for direction in ("forward", "backward"):
@@ -93,12 +98,23 @@ class Lowering:
         chosen = getattr(self, direction)
         if self.interpret or chosen == "triton":
             return f"{direction}={chosen}, interpret={self.interpret}"
-        if direction == "forward":
-            problem = mosaic_fwd_sm90.problem(block_q, block_k, dtype, head_dim,
-                                              self.mosaic_forward)
+        if direction == "forward":  # "auto" falls back to per_item where persistent won't fit
+            config = self._forward_config(self.forward_grid == "persistent")
+            problem = mosaic_fwd_sm90.problem(block_q, block_k, dtype, head_dim, config)
         else:
             problem = mosaic_bwd_sm90.problem(block_q, block_k, dtype, head_dim)
         return _shared.gpu_problem(capability=mosaic_fwd_sm90.SM90, exact=True) or problem
+
+    def mosaic_forward_for(self, plan: Geometry, dtype, head_dim: int) -> mosaic_fwd_sm90.Config:
+        """The Mosaic forward's config for this plan and inputs, its grid
+        as forward_grid chooses."""
+        fits = mosaic_fwd_sm90.problem(plan.block_q, plan.block_k, dtype, head_dim,
+                                       self._forward_config(True)) is None
+        grid = forward_grid(plan, self.forward_grid, fits)
+        return self._forward_config(grid == "persistent")
+
+    def _forward_config(self, persistent: bool) -> mosaic_fwd_sm90.Config:
+        return dataclasses.replace(self.mosaic_forward, persistent=persistent)
 
     def is_mosaic(self, direction: str, block_q: int, block_k: int, dtype, head_dim: int) -> bool:
         """Mosaic where asked; with "auto", where it fits. An explicit
@@ -113,7 +129,8 @@ class Lowering:
 def _forward(q, k, v, plan: Geometry, tables, lowering: Lowering):
     """(out, lse2) of the padded inputs."""
     if lowering.is_mosaic("forward", plan.block_q, plan.block_k, q.dtype, q.shape[3]):
-        return mosaic_fwd_sm90.forward(q, k, v, plan, tables, lowering.mosaic_forward,
+        config = lowering.mosaic_forward_for(plan, q.dtype, q.shape[3])
+        return mosaic_fwd_sm90.forward(q, k, v, plan, tables, config,
                                        lowering.rows_launch == "heads_together")
     return triton.forward(q, k, v, plan, tables, lowering.triton, lowering.interpret)
 

@@ -78,6 +78,10 @@ class Geometry:
     # of one head's dK/dV work: the tail a late start of it would leave
     # (ops chooses the dK/dV launch by it; 0 when all are equal).
     dkv_tail: float = 0.0
+    # The mean keys a forward program walks (its q block's tiles x block_k,
+    # over the q blocks that walk any): the forward's grid is chosen by it
+    # (schedule.forward_grid; 0 for a plan that walks nothing).
+    row_keys: float = 0.0
 
     @property
     def num_q_blocks(self) -> int:
@@ -125,12 +129,14 @@ class FlexPlan:
 def stack_plans(plans) -> tuple[Geometry, dict]:
     """The shared geometry and the tables of several plans of one shape (one
     per CP rank or step), zero-padded to common widths and stacked on a new
-    first axis. The geometry keeps the longest dK/dV tail among them."""
-    shapes = {dataclasses.replace(plan.geometry, dkv_tail=0.0) for plan in plans}
+    first axis. The geometry keeps the longest dK/dV tail and the longest
+    mean forward walk among them."""
+    shapes = {dataclasses.replace(plan.geometry, dkv_tail=0.0, row_keys=0.0) for plan in plans}
     if len(shapes) != 1:
         raise ValueError("plans of different shapes cannot be stacked")
     geometry = dataclasses.replace(shapes.pop(),
-                                   dkv_tail=max(plan.geometry.dkv_tail for plan in plans))
+                                   dkv_tail=max(plan.geometry.dkv_tail for plan in plans),
+                                   row_keys=max(plan.geometry.row_keys for plan in plans))
     trees = [plan.tables() for plan in plans]
 
     def stack(*arrays):
@@ -166,9 +172,12 @@ def make_plan(mask: AttnMask, block_q: int, block_k: int) -> FlexPlan:
     order = np.lexsort((qb, kb))
     by_k = _walk(kb[order], qb[order], partial[order], lo[order], hi[order], nk)
     dkv_work = _work((by_k.run_stop - by_k.run_start).sum(axis=1), by_k.partials)
+    row_tiles = np.bincount(qb, minlength=nq)
+    walking = row_tiles[row_tiles > 0]
     return FlexPlan(
         geometry=Geometry(mask.seqlen_q, mask.seqlen_k, block_q, block_k,
-                          dkv_tail=float((dkv_work.max() - dkv_work.mean()) / dkv_work.sum())),
+                          dkv_tail=float((dkv_work.max() - dkv_work.mean()) / dkv_work.sum()),
+                          row_keys=float(walking.mean() * block_k) if len(walking) else 0.0),
         by_q=by_q, by_k=by_k,
         slice_ids=_padded(slice_ids.astype(np.int32)),
         slices=_padded(table.astype(np.int32).reshape(-1)),

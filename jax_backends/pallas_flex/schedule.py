@@ -1,7 +1,8 @@
-"""How jax.pallas_flex's dK/dV programs are launched: the split of each K/V
-head's block over its query heads (head_split) and the launch order. Host
-arithmetic on a plan's Geometry, without JAX, so that the registry's
-record of which rows a change moves (changed_rows.py) can ask it too.
+"""How jax.pallas_flex's programs are launched: the Mosaic forward's grid,
+the split of each K/V head's dK/dV block over its query heads (head_split)
+and the dK/dV launch order. Host arithmetic on a plan's Geometry, without
+JAX, so that the registry's record of which rows a change moves
+(changed_rows.py) can ask it too.
 """
 
 from __future__ import annotations
@@ -10,6 +11,16 @@ import math
 
 from jax_backends.pallas_flex.plan import Geometry
 
+# The Mosaic forward's grid: one program per item (q block, head, batch),
+# one per SM walking items in turn (mosaic_fwd_sm90.Config.persistent), or
+# "auto".
+FORWARD_GRIDS = ("auto", "per_item", "persistent")
+# "auto" runs the persistent grid where a forward program would walk at most
+# this many keys on average: measured (64:8, d=128, one H200, v23 in
+# docs/pallas_flex.md) +2 to +28 % forward on every mask up to 16k keys a
+# program and on windows and documents at 32k; -1.1 to -1.2 % on full (32k
+# keys a program) and causal (16,448 on average) at 32k.
+PERSISTENT_ROW_KEYS = 16384
 DKV_LAUNCHES = ("auto", "head_major", "heads_together")
 # dK/dV programs a K/V head's block (head_split): one, a number of them
 # (at most the group; else its largest divisor in common), or "auto".
@@ -27,6 +38,19 @@ _CONCURRENT_PROGRAMS = 264
 # started last, would outrun the others by more than this share of the pass
 # (the measurements behind it: docs/pallas_flex.md, "dK/dV launch order").
 _TAIL_LIMIT = 0.15
+
+
+def forward_grid(plan: Geometry, asked: str, persistent_fits: bool) -> str:
+    """The Mosaic forward's grid: as asked, or with "auto" "persistent"
+    where it fits (shared memory: mosaic_fwd_sm90.problem) and the plan's
+    programs walk at most PERSISTENT_ROW_KEYS keys on average. A persistent
+    program pays its start, first loads and epilogue's wait once for all
+    its items, which counts where items are short; on long items it has
+    measured about 1 % slower (unexplained: the deal of items is even)."""
+    if asked != "auto":
+        return asked
+    short = plan.row_keys <= PERSISTENT_ROW_KEYS
+    return "persistent" if persistent_fits and short else "per_item"
 
 
 def dkv_schedule(plan: Geometry, programs_per_block: int, group: int, launch: str,
