@@ -13,8 +13,8 @@ from lcab.flops import TIMED_DIRECTIONS
 from lcab.report import changes, export, headline, legend, tables
 from lcab.report import sources as loading
 
-(PALLAS_FLEX_V9, PALLAS_FLEX_V13, PALLAS_FLEX_V15,
- PALLAS_FLEX_V22) = registry.all_backends()["jax.pallas_flex"].changes
+(PALLAS_FLEX_V9, PALLAS_FLEX_V13, PALLAS_FLEX_V15, PALLAS_FLEX_V22,
+ PALLAS_FLEX_V23) = registry.all_backends()["jax.pallas_flex"].changes
 RING_FLEX_FIX = registry.all_backends()["torch.cp_ring_flex"].changes[-1]
 GROUPCAST_PADDING = registry.all_backends()["jax.cp_groupcast"].changes[-1]
 BEFORE = "2026-11-28T11:27:32+00:00"  # a second before that commit
@@ -86,17 +86,50 @@ def test_a_scoped_change_marks_only_the_rows_it_can_move():
     assert registry.changes_since(short()) == [PALLAS_FLEX_V22]
     assert registry.changes_since(short(mask="full")) == [PALLAS_FLEX_V22]
     assert registry.changes_since(short(seqlen=32768)) == []
-    assert registry.changes_since(short(direction="fwd")) == []
+    assert registry.changes_since(short(direction="fwd")) == [PALLAS_FLEX_V23]
     assert registry.changes_since(short(notes=MOSAIC_NOTES.replace("backward Mosaic",
                                                                    "backward Triton"))) == []
     assert registry.changes_since(short(options='{"dkv_split": "1"}')) == []
     assert registry.changes_since(short(heads_q=8, heads_kv=8)) == []  # no query heads to split
     ring = short(backend="jax.cp_ring", inner="jax.pallas_flex", cp_size=2, suite="cp")
     assert registry.changes_since(ring) == []
+    assert registry.changes_since({**ring, "direction": "fwd"}) == []
     # A workload it cannot rebuild is marked: unsure says it may have moved.
     assert registry.changes_since(short(mask="no_such_mask")) == [PALLAS_FLEX_V22]
     unsure = registry.Change(LATEST, "abc1234", ("bwd",), "x", scope="no.such.module:f")
     assert unsure.can_move(short())
+
+
+def test_the_persistent_grid_marks_forward_rows_whose_programs_walk_few_keys():
+    """The persistent forward reaches the Mosaic forward of a one-GPU
+    workload whose programs walk at most 16k keys on average at a head_dim
+    its tiles fit: not full or causal at 32k, not a row that set its grid,
+    the Triton forward, head_dim 256, a CP row or any backward."""
+    from jax_backends.pallas_flex import backend, changed_rows, mosaic_fwd_sm90
+
+    assert changed_rows.FORWARD_BLOCK == backend.FORWARD_BLOCKS[1]
+    fits = mosaic_fwd_sm90.Config(persistent=True)
+    largest = changed_rows.PERSISTENT_MAX_HEAD_DIM
+    assert mosaic_fwd_sm90.problem(128, 64, "bfloat16", largest, fits) is None
+    assert mosaic_fwd_sm90.problem(128, 64, "bfloat16", largest + 64, fits)
+
+    def forward(**fields):
+        return short(**{"direction": "fwd", "head_dim": 128, **fields})
+
+    for mask, seqlen in (("causal", 1024), ("full", 16384), ("causal", 16384),
+                         ("sliding_window_causal", 32768)):
+        assert registry.changes_since(forward(mask=mask, seqlen=seqlen)) == [PALLAS_FLEX_V23]
+    for mask, seqlen in (("full", 32768), ("causal", 32768), ("full", 65536)):
+        assert registry.changes_since(forward(mask=mask, seqlen=seqlen)) == []
+    assert registry.changes_since(forward(options='{"forward_grid": "per_item"}')) == []
+    assert registry.changes_since(forward(head_dim=256)) == []
+    assert registry.changes_since(forward(notes=MOSAIC_NOTES.replace("forward Mosaic",
+                                                                     "forward Triton"))) == []
+    module = forward(backend="jax.module", inner="jax.pallas_flex", suite="module",
+                     inner_options="{}")
+    assert registry.changes_since(module) == [PALLAS_FLEX_V23]
+    assert registry.changes_since(forward(timestamp=datetime.datetime.now(
+        datetime.UTC).isoformat())) == []
 
 
 def test_the_split_marks_the_committed_short_rows_and_no_long_ones():
@@ -165,13 +198,22 @@ def test_the_committed_h200_cp_run_is_marked_where_it_predates_the_change():
     own = marks.apply(lambda commits: GROUPCAST_PADDING.commit in commits)
     assert set(backward.loc[own, "backend"]) == {"jax.cp_groupcast"}
     assert all(PALLAS_FLEX_V9.commit in commits for commits in marks[own])
-    # Every pallas_flex forward there predates the later, forward-only change.
+    # Every CP forward there predates the later, forward-only change.
     forward = jax_marked[jax_marked["direction"] == "fwd"]
-    assert set(forward["changed_since"]) == {PALLAS_FLEX_V13.commit}
+    cp = forward["suite"] == "cp"
+    assert set(forward.loc[cp, "changed_since"]) == {PALLAS_FLEX_V13.commit}
     assert set(jax_marked["direction"]) == {"bwd", "fwd"}
-    # The one-GPU parts were measured again after every change (2026-11-29).
-    assert not (jax_marked["backend"] == "jax.pallas_flex").any()
-    assert (jax_marked["suite"] == "cp").all()
+    # The one-GPU parts were measured again after every change to 2026-11-29;
+    # the persistent forward grid (2026-12-03) marks their forwards whose
+    # programs walk few keys: the documents at every length, full and
+    # causal at 16k, never at 32k and longer.
+    one_gpu = jax_marked[jax_marked["suite"] != "cp"]
+    assert set(one_gpu["backend"]) == {"jax.pallas_flex"} and set(one_gpu["direction"]) == {
+        "fwd"}
+    assert set(one_gpu["changed_since"]) == {PALLAS_FLEX_V23.commit}
+    assert set(one_gpu.loc[one_gpu["mask"].isin(["full", "causal"]), "seqlen"]) == {16384}
+    assert set(one_gpu.loc[one_gpu["mask"] == "causal_document", "seqlen"]) == {
+        16384, 32768, 65536, 131072}
     assert (marked["framework"] == "jax").all()
     text = headline.markdown({"cp": folder})
     assert legend.FLAG_CHANGED in text and f"changed at {PALLAS_FLEX_V9.commit}" in text
@@ -179,7 +221,8 @@ def test_the_committed_h200_cp_run_is_marked_where_it_predates_the_change():
     assert lines
     for line in lines:
         jax_single, jax_cp2 = line.split("|")[3:5]
-        assert re.search(r"\d+ / \d+ pallas_flex", jax_single) and "†" not in jax_single, line
+        # the one-GPU forward predates the persistent grid, its backward nothing
+        assert re.search(r"\d+† / \d+ pallas_flex", jax_single), line
         assert re.search(r"\d+† \w+ / \d+† \w+", jax_cp2), line
 
 
@@ -194,8 +237,8 @@ def test_a_ratio_to_one_gpu_marks_the_figure_that_predates_the_change(tmp_path):
     folder = canonical.ROOT / "results" / "2026-11-27-h200x4-cp"
     _, frame = loading.load_sweeps({"cp": folder})["cp"]
     table = tables.cp_vs_single_table(frame)
-    forward = table.loc[("causal", 16384, "fwd", 2)]
-    assert re.fullmatch(r"\d+† / \d+ = \d\.\d\d", forward["ring/jax.cp_ring"])
+    forward = table.loc[("causal", 16384, "fwd", 2)]  # both: a forward change each
+    assert re.fullmatch(r"\d+† / \d+† = \d\.\d\d", forward["ring/jax.cp_ring"])
     forward = table.loc[("full", 65536, "fwd", 2)]
     assert re.fullmatch(r"\d+ / \d+ = \d\.\d\d", forward["ring/jax.cp_ring"])
     backward = table.loc[("causal", 16384, "bwd", 2)]
@@ -225,9 +268,9 @@ def test_advice_says_which_rows_it_read_predate_a_change():
     said = evidence.load("H100").describe().splitlines()
     predating = [line for line in said if "predate a later change" in line]
     # One line per change, each naming its commit and its direction.
-    assert len(predating) == 5
+    assert len(predating) == 6
     assert [change.commit in line for change, line in zip(
-        (PALLAS_FLEX_V9, GROUPCAST_PADDING, PALLAS_FLEX_V13, PALLAS_FLEX_V15, PALLAS_FLEX_V22),
-        predating)] == [True] * 5
-    for line, direction in zip(predating, ("bwd", "bwd", "fwd", "bwd", "bwd")):
+        (PALLAS_FLEX_V9, GROUPCAST_PADDING, PALLAS_FLEX_V13, PALLAS_FLEX_V15, PALLAS_FLEX_V22,
+         PALLAS_FLEX_V23), predating)] == [True] * 6
+    for line, direction in zip(predating, ("bwd", "bwd", "fwd", "bwd", "bwd", "fwd")):
         assert re.match(rf"\d+ {direction} rows read here", line), line

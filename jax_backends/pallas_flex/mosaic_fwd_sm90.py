@@ -72,7 +72,7 @@ SMEM_BYTES = 232448
 class Config:
     """The Mosaic forward's settings.
 
-    persistent (v23, an option while unmeasured): one program per SM
+    persistent (v23; ops.Lowering.forward_grid sets it): one program per SM
     (`programs`, else the GPU's count), each taking items (q block, head,
     batch) in turn (WorkItems). A compute warpgroup loads its next item's Q
     as soon as its last scores of this one have read the tile, and the
