@@ -124,6 +124,24 @@ def test_tokamax_heuristic_variants_skip_autotuning_and_say_so():
     assert backend_class("jax.tokamax_mosaic_heuristic")().in_default_sweep
 
 
+def test_a_sweep_without_tokamax_records_only_the_variants_it_would_run(monkeypatch):
+    """Where tokamax cannot load, --record_unavailable writes UNAVAILABLE
+    rows for the variants a sweep runs when it can (heuristic configs,
+    cuDNN), not for the autotuning ones it leaves out there: the classes
+    say which, without tokamax."""
+    from lcab.experiments import launch
+
+    def unavailable(name, options=None):
+        raise registry.Unavailable(f"{name}: cannot import tokamax")
+
+    monkeypatch.setattr(registry, "load_backend", unavailable)
+    assert backend_class("jax.tokamax_triton").in_default_sweep is False
+    for name, runs in (("jax.tokamax_mosaic", False), ("jax.tokamax_triton", False),
+                       ("jax.tokamax_mosaic_heuristic", True), ("jax.tokamax_cudnn", True)):
+        reason = launch.left_out(name, record_unavailable=True)
+        assert (reason is None) == runs, name
+
+
 def test_tokamax_windows_only_where_they_stay_linear():
     mosaic = tokamax.TokamaxMosaicBackend()
     assert mosaic.supports(workload("sliding_window")).how == "local_window_size=(w, w)"
