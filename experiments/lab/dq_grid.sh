@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Should the Mosaic dQ kernel run one program per SM? On one GPU,
+# pallas_flex's backward with dq_grid=per_item (the default: one dQ program
+# per q block and head) and persistent (v24: one per SM walking items in
+# turn, the next item's Q, dO, lse and delta and first K/V tiles loaded
+# while this one finishes, as v23's forward) in turn. Where it should act:
+# rows of few tiles (1k-4k; windows and documents at any length), where the
+# forward's persistent grid gained 3-28 %.
+# check: the GPU test of the persistent dQ across items that see nothing
+# (tests/test_pallas_flex_kernels.py), all 16 families at 1k persistent,
+# the full-size check on, and ptxas's report; ab: per_item and persistent
+# in turn (one round a call, LCAB_LAB_ROUNDS) on four masks, fwd and bwd,
+# at LCAB_LAB_SEQLENS (default 1k,2k,4k; 16k,32k is the long-row control).
+# Each run writes OUT/<name>/ and its .log, packed into OUT/rows.tgz after
+# each; the last lines are one short table per run.
+#
+#   experiments/lab/dq_grid.sh OUT COMMIT check|ab
+#
+# COMMIT: the full hash, written out (experiments/README.md says why).
+set -uo pipefail
+usage="usage: $0 OUT COMMIT check|ab"
+source "$(dirname "$0")/pack.sh"
+lab_start "$@"
+run() { pallas_flex_run "$@"; }  # name, seconds, then lcab.experiments flags
+case $part in
+  check)
+    run_packed "$out" gpu-test timeout -k 10 120 python3 -m pytest -q -p no:cacheprovider \
+      tests/test_pallas_flex_kernels.py -k persistent_mosaic_dq
+    check_every_family check-persistent dq_grid=persistent ;;
+  ab)
+    ab_rounds dq_grid 270 "per_item persistent" \
+      --seqlens="${LCAB_LAB_SEQLENS:-1k,2k,4k}" \
+      --masks=full,causal,causal_document,sliding_window_causal ;;
+  *) echo "$usage" >&2; exit 2 ;;
+esac
+summaries "$out"
