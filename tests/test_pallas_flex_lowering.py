@@ -143,7 +143,7 @@ def test_the_persistent_forward_is_an_option_with_its_own_limits(monkeypatch):
     problem = mosaic_fwd_sm90.problem
     assert problem(128, 128, "bfloat16", 128, persistent) is None
     assert problem(128, 64, "bfloat16", 192, persistent) is None
-    assert "persistent Mosaic forward needs 262656 bytes" in problem(128, 64, "bfloat16", 256,
+    assert "persistent Mosaic forward needs 265296 bytes" in problem(128, 64, "bfloat16", 256,
                                                                       persistent)
     long_full = make_plan(small_mask("full", 32768), 128, 128).geometry
     backend = registry.load_backend("jax.pallas_flex", {"forward_grid": "persistent"})
@@ -224,7 +224,7 @@ def test_the_persistent_dq_lowers_for_a_gpu_on_every_family(monkeypatch, head_di
         text = mosaic_backward_text(name, config, head_dim, dtype, heads_together=False)
         assert "lcab_flex_dq_persistent" in text and "lcab_flex_dkv_mosaic" in text, name
         assert text.count("stablehlo.custom_call @mosaic_gpu") == 2, name
-    assert mosaic_bwd_sm90.dq_shared_memory(jnp.bfloat16, 128, config) == 230400
+    assert mosaic_bwd_sm90.dq_shared_memory(jnp.bfloat16, 128, config) == 231552
     assert mosaic_bwd_sm90.problem(128, 128, jnp.bfloat16, 128, config) is None
 
     from jax_backends.pallas_flex import ops
@@ -249,6 +249,34 @@ def test_the_persistent_dq_lowers_for_a_gpu_on_every_family(monkeypatch, head_di
     jax.jit(jax.grad(loss, argnums=(0, 1, 2))).trace(q, kv, kv).lower(
         lowering_platforms=("cuda",))
     assert (132, 1, 1) in launched  # 640 dQ items on 132 programs
+
+
+def test_the_shared_memory_counts_are_mosaics_own(monkeypatch):
+    """mosaic_fwd_sm90.shared_memory and mosaic_bwd_sm90.dq_shared_memory,
+    which decide what `problem` refuses, count what Mosaic GPU asks the
+    GPU for (its launch's count, read as it lowers on a CPU): the buffers
+    on 1 KiB boundaries, the mbarriers, the forward's reduction scratch."""
+    from jax.experimental.mosaic.gpu import core as mosaic_core
+
+    asked = []
+    launch = mosaic_core._launch
+
+    def spy(token, grid, cluster, block, smem_buffers, *args, **kwargs):
+        asked.append(mosaic_core._smem_tree_size(smem_buffers))
+        return launch(token, grid, cluster, block, smem_buffers, *args, **kwargs)
+
+    monkeypatch.setattr(mosaic_core, "_launch", spy)
+    for head_dim, block_k, persistent in ((128, 128, True), (128, 128, False), (192, 64, True)):
+        config = mosaic_fwd_sm90.Config(persistent=persistent, programs=3 if persistent else None)
+        mosaic_forward_text("causal", head_dim=head_dim, block_k=block_k, config=config)
+        assert asked.pop() == mosaic_fwd_sm90.shared_memory(block_k, jnp.bfloat16, head_dim,
+                                                            config)
+    for head_dim, persistent in ((128, True), (128, False), (64, True)):
+        config = mosaic_bwd_sm90.Config(dq_persistent=persistent, programs=3)
+        mosaic_backward_text("causal", config, head_dim, jnp.bfloat16, heads_together=False)
+        dq, _ = asked[-2:]  # dQ's kernel, then dK/dV's
+        asked.clear()
+        assert dq == mosaic_bwd_sm90.dq_shared_memory(jnp.bfloat16, head_dim, config)
 
 
 @pytest.mark.parametrize("head_dim,dtype,heads_together,parts", [

@@ -39,6 +39,7 @@ from jax_backends.pallas_flex.mosaic_fwd_sm90 import (
     ROWS_PER_WARPGROUP,
     SMEM_BYTES,
     WorkItems,
+    scratch_bytes,
     accumulate,
     feed_kv,
     feed_row,
@@ -90,12 +91,16 @@ def problem(block_q: int, block_k: int, dtype, head_dim: int,
 
 
 def dq_shared_memory(dtype, head_dim: int, config: Config) -> int:
-    """Bytes of the dQ kernel's tiles: Q and dO (staging dQ too, unless
-    persistent, which stages it apart: the next Q loads meanwhile), lse and
-    delta, and the K and V rings."""
+    """Bytes of the dQ kernel's scratch (scratch_bytes): Q and dO (staging
+    dQ too, unless persistent, which stages it apart: the next Q loads
+    meanwhile), lse and delta, the K and V rings and the barriers (four
+    own loads a compute warpgroup; K and V loaded and consumed a slot)."""
     itemsize = jnp.dtype(dtype).itemsize
-    own = BLOCK * head_dim * itemsize * (3 if config.dq_persistent else 2)
-    return own + 2 * BLOCK * 4 + 2 * config.stages * BLOCK * head_dim * itemsize
+    tile = BLOCK * head_dim * itemsize
+    ring = config.stages * BLOCK * head_dim * itemsize
+    buffers = (tile, tile, BLOCK * 4, BLOCK * 4, ring, ring,
+               *((tile,) if config.dq_persistent else ()))
+    return scratch_bytes(buffers, 4 * COMPUTE_WARPGROUPS + 4 * config.stages)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

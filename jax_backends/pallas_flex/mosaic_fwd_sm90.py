@@ -66,6 +66,21 @@ _TURN_BARRIER = 4
 
 # What a Hopper SM's shared memory holds for one program (227 KiB).
 SMEM_BYTES = 232448
+# Pallas lays each scratch buffer out on this boundary (Mosaic GPU's
+# SMEM_ALIGNMENT) and adds 8 bytes an mbarrier.
+SMEM_ALIGNMENT = 1024
+_MBARRIER_BYTES = 8
+# What Mosaic GPU adds to the forward's own buffers (the softmax's row
+# reductions across threads, by its lowering's count on a CPU; the dQ
+# kernel, which reduces nothing, has none).
+_REDUCTION_SCRATCH = 2048
+
+
+def scratch_bytes(buffers, barriers: int) -> int:
+    """Shared memory a kernel asks for: its buffers' bytes, each rounded up
+    to SMEM_ALIGNMENT, and its mbarriers."""
+    return (sum(-(-size // SMEM_ALIGNMENT) * SMEM_ALIGNMENT for size in buffers)
+            + _MBARRIER_BYTES * barriers)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -116,13 +131,17 @@ def problem(block_q: int, block_k: int, dtype, head_dim: int,
 
 
 def shared_memory(block_k: int, dtype, head_dim: int, config: Config) -> int:
-    """Bytes of the forward's tiles: Q (staging the output too, unless
-    persistent, which stages it apart: the next Q loads meanwhile), the
-    K/V ring and the lse rows."""
+    """Bytes of the forward's scratch (scratch_bytes): Q (staging the output
+    too, unless persistent, which stages it apart: the next Q loads
+    meanwhile), the K and V rings, the lse rows and the barriers (K, V and
+    Q loads; K and V slots consumed)."""
     itemsize = jnp.dtype(dtype).itemsize
     rows = ROWS_PER_WARPGROUP * COMPUTE_WARPGROUPS
-    own = rows * head_dim * itemsize * (2 if config.persistent else 1)
-    return own + 2 * config.stages * block_k * head_dim * itemsize + rows * 4
+    tile = rows * head_dim * itemsize
+    ring = config.stages * block_k * head_dim * itemsize
+    buffers = (tile, ring, ring, rows * 4, *((tile,) if config.persistent else ()),
+               _REDUCTION_SCRATCH)
+    return scratch_bytes(buffers, 4 * config.stages + COMPUTE_WARPGROUPS)
 
 
 def streaming_multiprocessors() -> int:

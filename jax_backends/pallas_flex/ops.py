@@ -67,7 +67,8 @@ class Lowering:
     a program's items are short: schedule.forward_grid).
     dq_grid: the Mosaic dQ kernel's grid (DQ_GRIDS): "per_item", the
     default, or "persistent" (sets mosaic_backward.dq_persistent; v24,
-    unmeasured).
+    unmeasured). The two grids decide their configs' `persistent` and
+    `dq_persistent`, whatever the configs given here say.
     """
 
     forward: str = "auto"
