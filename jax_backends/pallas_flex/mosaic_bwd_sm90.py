@@ -7,7 +7,9 @@ Two kernels over one FlexPlan of 128 x 128 tiles, as the Triton backward
   64 query rows each hold Q, dO, lse and delta; the memory warpgroup
   feeds K/V tiles along the plan's q-block row into a ring of `stages`
   slots. Per tile: S = Q K^T, P = exp2(S - lse), dP = dO V^T,
-  dS = P (dP - delta), dQ += dS K.
+  dS = P (dP - delta), dQ += dS K. With Config.dq_persistent, one program
+  per SM walks such items in turn instead (the persistent forward's grid,
+  mosaic_fwd_sm90.WorkItems).
 - dK/dV, one program per (kv block, kv head, batch): two compute
   warpgroups of 64 key rows each hold K and V; the memory warpgroup feeds
   Q, dO, lse and delta tiles along the plan's kv-block column, for every
