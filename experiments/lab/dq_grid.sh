@@ -10,7 +10,8 @@
 # (tests/test_pallas_flex_kernels.py), all 16 families at 1k persistent,
 # the full-size check on, and ptxas's report; ab: per_item and persistent
 # in turn (one round a call, LCAB_LAB_ROUNDS) on four masks, fwd and bwd,
-# at LCAB_LAB_SEQLENS (default 1k,2k,4k; 16k,32k is the long-row control).
+# at LCAB_LAB_SEQLENS (default 1k,2k,4k; 16k,32k is the long-row control);
+# LCAB_LAB_OPTION (KEY=VALUE) sets one more pallas_flex option for both.
 # Each run writes OUT/<name>/ and its .log, packed into OUT/rows.tgz after
 # each; the last lines are one short table per run.
 #
@@ -30,7 +31,8 @@ case $part in
   ab)
     ab_rounds dq_grid 270 "per_item persistent" \
       --seqlens="${LCAB_LAB_SEQLENS:-1k,2k,4k}" \
-      --masks=full,causal,causal_document,sliding_window_causal ;;
+      --masks=full,causal,causal_document,sliding_window_causal \
+      ${LCAB_LAB_OPTION:+"--backend_options=jax.pallas_flex:$LCAB_LAB_OPTION"} ;;
   *) echo "$usage" >&2; exit 2 ;;
 esac
 summaries "$out"
