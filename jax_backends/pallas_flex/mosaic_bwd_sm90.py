@@ -182,10 +182,7 @@ def _dq(q, k, v, dout, lse, delta, geometry: Geometry, tables, scale, stages, pa
 
         def where(item):
             """Item `item`'s (q block, head, batch); None: the program's own."""
-            if item is None:
-                return qi, head, b
-            position, item_head, item_batch = items.where(item)
-            return order[position], item_head, item_batch
+            return (qi, head, b) if item is None else items.locate(order, item)
 
         @pl.when(wg < COMPUTE_WARPGROUPS)
         def _compute():
@@ -206,9 +203,7 @@ def _dq(q, k, v, dout, lse, delta, geometry: Geometry, tables, scale, stages, pa
                     plgpu.copy_gmem_to_smem(source, target, barrier.at[wg])
 
             def load_next(n):  # persistent: once item n's last tile has read Q and dO
-                program = lax.axis_index("program")
-                pl.when(n + 1 < items.share(program))(
-                    lambda: load_own(*rows_of(items.item(program, n + 1))[2:]))
+                items.after(n, lambda item: load_own(*rows_of(item)[2:]))
 
             def one_item(n, item, step0):
                 item_qi, row0, span, vector = rows_of(item)

@@ -198,14 +198,7 @@ def forward(q, k, v, geometry: Geometry, tables, config: Config = Config(),
         k_consumed, v_consumed = consumed
         wg = lax.axis_index("wg")
 
-        def where(item):
-            """Item `item`'s (q block, head, batch), its q block in the
-            walk's launch order (None: this program's own, one per item)."""
-            if item is None:
-                return (order[lax.axis_index("q_seq")], lax.axis_index("heads"),
-                        lax.axis_index("batch"))
-            position, head, b = items.where(item)
-            return order[position], head, b
+        where = functools.partial(items.locate, order)
 
         def slot_of(step):
             return lax.rem(step, jnp.int32(stages))
@@ -226,9 +219,7 @@ def forward(q, k, v, geometry: Geometry, tables, config: Config = Config(),
                 load_q(qi * BLOCK_Q + wg * rows, head, b)
 
             def load_next_q(n):  # persistent: once item n's scores have read its Q
-                program = lax.axis_index("program")
-                pl.when(n + 1 < items.share(program))(
-                    lambda: load_q_of(items.item(program, n + 1)))
+                items.after(n, load_q_of)
 
             def one_item(n, item, step0):
                 qi, head, b = where(item)
@@ -404,6 +395,21 @@ class WorkItems:
         fast, slow = lax.rem(item, inner), lax.rem(lax.div(item, inner), outer)
         position, head = (slow, fast) if self.heads_together else (fast, slow)
         return position, head, lax.div(item, inner * outer)
+
+    def locate(self, order, item):
+        """Item `item`'s (q block, head, batch), its q block by the walk's
+        launch `order` (None: the program's own, one program per item)."""
+        if item is None:
+            return (order[lax.axis_index("q_seq")], lax.axis_index("heads"),
+                    lax.axis_index("batch"))
+        position, head, b = self.where(item)
+        return order[position], head, b
+
+    def after(self, n, body):
+        """body(item) of this program's item after its n-th, if it has one
+        (a persistent kernel's early loads for it)."""
+        program = lax.axis_index("program")
+        pl.when(n + 1 < self.share(program))(lambda: body(self.item(program, n + 1)))
 
     def item(self, program, n):
         """Program `program`'s n-th item (round n of the snake)."""
