@@ -249,7 +249,7 @@ def test_options_choose_blocks_and_lowering_and_rows_say_so(tmp_path):
     # their configs' constants.
     assert sorted(type(backend).options) == [
         "backward_block_k", "backward_block_q", "backward_lowering", "block_k", "block_q",
-        "dkv_launch", "dkv_split", "dq_grid", "forward_grid", "forward_lowering", "rows_launch"]
+        "dkv_launch", "dkv_split", "forward_grid", "forward_lowering", "rows_launch"]
     with pytest.raises(ValueError, match="its options: backward_block_k, backward_block_q"):
         type(backend).parse_options({"num_stages": "3"})
     with pytest.raises(ValueError, match="block_k='big' is not a int"):
@@ -292,24 +292,3 @@ def test_the_persistent_mosaic_forward_matches_the_reference_across_empty_items(
                                rtol=0)
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("programs", [1, 3, None])
-def test_the_persistent_mosaic_dq_matches_the_reference_across_empty_items(programs):
-    """v24's dQ grid on a Hopper GPU, as the forward's above: q blocks that
-    see nothing between and after ones that do, one program walking every
-    item or a few dealing them out; the gradients against the float64
-    reference, bf16 tolerance."""
-    from jax_backends import _shared
-    from jax_backends.pallas_flex import mosaic_bwd_sm90, mosaic_fwd_sm90
-
-    if problem := _shared.gpu_problem(capability=mosaic_fwd_sm90.SM90, exact=True):
-        pytest.skip(problem)
-    mask = AttnMask(1024, 1024, [AttnSlice(256, 512, 0, 512),
-                                 AttnSlice(768, 1024, 640, 1024, "causal")])
-    q, k, v, dout = inputs(1024, heads=(4, 2), head_dim=128, batch=1)
-    lowering = Lowering(forward="mosaic", backward="mosaic", dq_grid="persistent",
-                        mosaic_backward=mosaic_bwd_sm90.Config(programs=programs))
-    got = run_flex(mask, q, k, v, dout, blocks=(128, 128), backward_blocks=(128, 128),
-                   dtype=jnp.bfloat16, lowering=lowering)
-    rounded = [np.asarray(jnp.asarray(x, jnp.bfloat16), np.float64) for x in (q, k, v, dout)]
-    assert_matches(mask, got, *rounded, tol=0.04)

@@ -212,50 +212,11 @@ def test_the_default_grid_is_persistent_where_programs_walk_few_keys(monkeypatch
     assert launched[0] == want if want else math.prod(launched[0]) == items
 
 
-@pytest.mark.parametrize("head_dim,dtype", [(128, jnp.bfloat16), (64, jnp.float16)])
-def test_the_persistent_dq_lowers_for_a_gpu_on_every_family(monkeypatch, head_dim, dtype):
-    """v24's dQ grid of one program per SM (3 here, for 2 x 4 x 3 items):
-    its own kernel beside the unchanged dK/dV on every family, the grid
-    of min(items, SMs) programs, and its shared memory (dQ staged apart
-    from the next item's Q) inside an SM's at head_dim 128 (numbers: a
-    GPU's to check, tests/test_pallas_flex_kernels.py)."""
-    config = mosaic_bwd_sm90.Config(dq_persistent=True, programs=3)
-    for name in MASK_NAMES:
-        text = mosaic_backward_text(name, config, head_dim, dtype, heads_together=False)
-        assert "lcab_flex_dq_persistent" in text and "lcab_flex_dkv_mosaic" in text, name
-        assert text.count("stablehlo.custom_call @mosaic_gpu") == 2, name
-    assert mosaic_bwd_sm90.dq_shared_memory(jnp.bfloat16, 128, config) == 231552
-    assert mosaic_bwd_sm90.problem(128, 128, jnp.bfloat16, 128, config) is None
-
-    from jax_backends.pallas_flex import ops
-
-    backend = registry.load_backend("jax.pallas_flex", {"dq_grid": "persistent"})
-    assert backend.lowering.backward_config().dq_persistent
-    assert not registry.load_backend("jax.pallas_flex", {}).lowering.backward_config(
-        ).dq_persistent
-    with pytest.raises(registry.Unavailable, match="choose one of per_item, persistent"):
-        registry.load_backend("jax.pallas_flex", {"dq_grid": "auto"})
-    launched = mosaic_grids(monkeypatch)
-    lowering = Lowering(forward="mosaic", backward="mosaic", dq_grid="persistent",
-                        forward_grid="per_item", dkv_split="1")
-    plan = make_plan(small_mask("causal", 128 * 40), 128, 128)
-    q = jax.ShapeDtypeStruct((2, 128 * 40, 8, head_dim), dtype)
-    kv = jax.ShapeDtypeStruct((2, 128 * 40, 2, head_dim), dtype)
-
-    def loss(q, k, v):
-        out, _ = ops.flex_attention(q, k, v, plan, plan, lowering)
-        return out.astype(jnp.float32).sum()
-
-    jax.jit(jax.grad(loss, argnums=(0, 1, 2))).trace(q, kv, kv).lower(
-        lowering_platforms=("cuda",))
-    assert (132, 1, 1) in launched  # 640 dQ items on 132 programs
-
-
 def test_the_shared_memory_counts_are_mosaics_own(monkeypatch):
-    """mosaic_fwd_sm90.shared_memory and mosaic_bwd_sm90.dq_shared_memory,
-    which decide what `problem` refuses, count what Mosaic GPU asks the
-    GPU for (its launch's count, read as it lowers on a CPU): the buffers
-    on 1 KiB boundaries, the mbarriers, the forward's reduction scratch."""
+    """mosaic_fwd_sm90.shared_memory, which decides what `problem`
+    refuses, counts what Mosaic GPU asks the GPU for (its launch's count,
+    read as it lowers on a CPU): the buffers on 1 KiB boundaries, the
+    mbarriers, the softmax's reduction scratch."""
     from jax.experimental.mosaic.gpu import core as mosaic_core
 
     asked = []
@@ -271,12 +232,6 @@ def test_the_shared_memory_counts_are_mosaics_own(monkeypatch):
         mosaic_forward_text("causal", head_dim=head_dim, block_k=block_k, config=config)
         assert asked.pop() == mosaic_fwd_sm90.shared_memory(block_k, jnp.bfloat16, head_dim,
                                                             config)
-    for head_dim, persistent in ((128, True), (128, False), (64, True)):
-        config = mosaic_bwd_sm90.Config(dq_persistent=persistent, programs=3)
-        mosaic_backward_text("causal", config, head_dim, jnp.bfloat16, heads_together=False)
-        dq, _ = asked[-2:]  # dQ's kernel, then dK/dV's
-        asked.clear()
-        assert dq == mosaic_bwd_sm90.dq_shared_memory(jnp.bfloat16, head_dim, config)
 
 
 @pytest.mark.parametrize("head_dim,dtype,heads_together,parts", [

@@ -51,13 +51,10 @@ class PallasFlexBackend(Backend):
     # "auto" decides per plan; rows_launch is the Mosaic forward's and dQ's;
     # dkv_split the dK/dV programs a K/V head's block (head_split);
     # forward_grid the Mosaic forward's programs, one per item or one per SM
-    # ("auto" decides per plan; the Triton forward has one grid); dq_grid
-    # the Mosaic dQ kernel's, one per item (the default) or one per SM (v24,
-    # unmeasured: docs/pallas_flex.md).
+    # ("auto" decides per plan; the Triton forward has one grid).
     options = {"block_q": int, "block_k": int, "backward_block_q": int,
                "backward_block_k": int, "forward_lowering": str, "backward_lowering": str,
-               "dkv_launch": str, "rows_launch": str, "dkv_split": str, "forward_grid": str,
-               "dq_grid": str}
+               "dkv_launch": str, "rows_launch": str, "dkv_split": str, "forward_grid": str}
     # dkv_split and forward_grid "auto" were measured on whole single-GPU
     # passes, not on ring steps or CP ranks' sub-masks: inside CP the dK/dV
     # programs stay whole and the forward keeps a program per item.
@@ -83,8 +80,7 @@ class PallasFlexBackend(Backend):
                          for key, choices in (("dkv_launch", schedule.DKV_LAUNCHES),
                                               ("rows_launch", ops.ROWS_LAUNCHES),
                                               ("dkv_split", schedule.DKV_SPLITS),
-                                              ("forward_grid", schedule.FORWARD_GRIDS),
-                                              ("dq_grid", schedule.DQ_GRIDS))
+                                              ("forward_grid", schedule.FORWARD_GRIDS))
                          if key in options}
 
     @functools.cached_property

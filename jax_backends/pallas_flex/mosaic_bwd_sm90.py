@@ -7,9 +7,7 @@ Two kernels over one FlexPlan of 128 x 128 tiles, as the Triton backward
   64 query rows each hold Q, dO, lse and delta; the memory warpgroup
   feeds K/V tiles along the plan's q-block row into a ring of `stages`
   slots. Per tile: S = Q K^T, P = exp2(S - lse), dP = dO V^T,
-  dS = P (dP - delta), dQ += dS K. With Config.dq_persistent, one program
-  per SM walks such items in turn instead (the persistent forward's grid,
-  mosaic_fwd_sm90.WorkItems).
+  dS = P (dP - delta), dQ += dS K.
 - dK/dV, one program per (kv block, kv head, batch): two compute
   warpgroups of 64 key rows each hold K and V; the memory warpgroup feeds
   Q, dO, lse and delta tiles along the plan's kv-block column, for every
@@ -39,18 +37,12 @@ from jax_backends.pallas_flex import head_split
 from jax_backends.pallas_flex.mosaic_fwd_sm90 import (
     COMPUTE_WARPGROUPS,
     ROWS_PER_WARPGROUP,
-    SMEM_BYTES,
-    WorkItems,
-    scratch_bytes,
     accumulate,
     feed_kv,
-    feed_row,
     fold_visits,
     launch_grid,
     masked,
     slice_bounds,
-    streaming_multiprocessors,
-    visit_count,
     wait_free,
 )
 from jax_backends.pallas_flex.plan import Geometry
@@ -75,8 +67,7 @@ DQ_MASK_TEST = "bounds"
 DKV_MASK_TEST = "folded"
 
 
-def problem(block_q: int, block_k: int, dtype, head_dim: int,
-            config: Config | None = None) -> str | None:
+def problem(block_q: int, block_k: int, dtype, head_dim: int) -> str | None:
     """Why this backward cannot run these inputs; None if it can."""
     if jnp.dtype(dtype) not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
         return f"the Mosaic backward takes bf16 or f16 (wgmma), not {jnp.dtype(dtype).name}"
@@ -85,24 +76,7 @@ def problem(block_q: int, block_k: int, dtype, head_dim: int,
     if (block_q, block_k) != (BLOCK, BLOCK):
         return (f"the Mosaic backward needs backward blocks {BLOCK} x {BLOCK}, "
                 f"not {block_q} x {block_k}")
-    if config is not None and config.dq_persistent and \
-            (needed := dq_shared_memory(dtype, head_dim, config)) > SMEM_BYTES:
-        return (f"the persistent dQ kernel needs {needed} bytes of shared memory at "
-                f"head_dim {head_dim} (its own dQ staging tiles), {SMEM_BYTES} fit")
     return None
-
-
-def dq_shared_memory(dtype, head_dim: int, config: Config) -> int:
-    """Bytes of the dQ kernel's scratch (scratch_bytes): Q and dO (staging
-    dQ too, unless persistent, which stages it apart: the next Q loads
-    meanwhile), lse and delta, the K and V rings and the barriers (four
-    own loads a compute warpgroup; K and V loaded and consumed a slot)."""
-    itemsize = jnp.dtype(dtype).itemsize
-    tile = BLOCK * head_dim * itemsize
-    ring = config.stages * BLOCK * head_dim * itemsize
-    buffers = (tile, tile, BLOCK * 4, BLOCK * 4, ring, ring,
-               *((tile,) if config.dq_persistent else ()))
-    return scratch_bytes(buffers, 4 * COMPUTE_WARPGROUPS + 4 * config.stages)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -114,23 +88,12 @@ class Config:
     # strips, so a warpgroup's scores take 1/parts of the registers (2 was
     # the faster measured: docs/pallas_flex.md, "Constants").
     parts: int = 2
-    # dQ on a persistent grid (v24, unmeasured): one program per SM
-    # (`programs`, else the GPU's count) walking items (q block, head,
-    # batch) dealt as the persistent forward's (WorkItems); a compute
-    # warpgroup loads its next item's Q, dO, lse and delta once its last
-    # tile has read them, and the memory warpgroup runs on into the next
-    # item's K/V, so an item's start, first loads and epilogue overlap the
-    # one before (ops.Lowering.dq_grid sets it).
-    dq_persistent: bool = False
-    programs: int | None = None
 
     def __post_init__(self):
         if self.parts not in PARTS:
             raise ValueError(f"parts={self.parts}: choose one of {', '.join(map(str, PARTS))}")
         if self.stages < 2:
             raise ValueError(f"stages={self.stages}: the ring needs 2 or more")
-        if self.programs is not None and self.programs < 1:
-            raise ValueError(f"programs={self.programs}: a persistent grid needs 1 or more")
 
 
 def backward(q, k, v, dout, lse2, delta, geometry: Geometry, tables,
@@ -144,157 +107,95 @@ def backward(q, k, v, dout, lse2, delta, geometry: Geometry, tables,
     stages, parts = config.stages, config.parts
     scale = 1.0 / math.sqrt(q.shape[3])
     lse_safe = jnp.where(lse2 == -jnp.inf, 0.0, lse2)  # rows that see nothing meet only masks
-    programs = ((config.programs or streaming_multiprocessors()) if config.dq_persistent
-                else None)
     dq = _dq(q, k, v, dout, lse_safe, delta, geometry, tables, scale, stages, parts,
-             dq_heads_together, programs)
+             dq_heads_together)
     dk, dv = _dkv(q, head_split.spread(k, dkv_split), head_split.spread(v, dkv_split), dout,
                   lse_safe, delta, geometry, tables, scale, stages, heads_together, parts)
     return dq, head_split.fold(dk, dkv_split), head_split.fold(dv, dkv_split)
 
 
 def _dq(q, k, v, dout, lse, delta, geometry: Geometry, tables, scale, stages, parts,
-        heads_together, programs: int | None = None):
-    """dQ; programs: a persistent grid of that many programs, each walking
-    items (q block, head, batch) in turn (Config.dq_persistent), None for
-    one program per item."""
+        heads_together):
     batch, _, heads, head_dim = q.shape
     group = heads // k.shape[2]
     rows, dtype = ROWS_PER_WARPGROUP, q.dtype
     cols = geometry.block_k // parts
     qk_scale = scale * _LOG2E
-    persistent = programs is not None
-    items = WorkItems(geometry.num_q_blocks, heads, batch, heads_together, programs)
 
     def kernel(*refs):
         *walk, ids, slices, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dq_ref, scoped = refs
-        (q_smem2, do_smem2, lse_smem2, delta_smem2, k_smem, v_smem, *staging), own, loaded, \
-            consumed = scoped
-        dq_smem2 = staging[0] if persistent else q_smem2  # one item a program: dQ over Q
+        (q_smem2, do_smem2, lse_smem2, delta_smem2, k_smem, v_smem), own, loaded, consumed = scoped
         k_loaded, v_loaded = loaded
         k_consumed, v_consumed = consumed
-        lo, hi, order = walk[4], walk[5], walk[7]
-        if not persistent:  # the program's one item
-            b, head = lax.axis_index("batch"), lax.axis_index("heads")
-            qi = order[lax.axis_index("q_seq")]
+        lo, hi = walk[4], walk[5]
+        b, head = lax.axis_index("batch"), lax.axis_index("heads")
+        qi = walk[7][lax.axis_index("q_seq")]
         wg = lax.axis_index("wg")
         slot_of = lambda step: lax.rem(step, jnp.int32(stages))
-
-        def where(item):
-            """Item `item`'s (q block, head, batch); None: the program's own."""
-            return (qi, head, b) if item is None else items.locate(order, item)
 
         @pl.when(wg < COMPUTE_WARPGROUPS)
         def _compute():
             plgpu.set_max_registers(232, action="increase")
-            q_smem, do_smem, dq_smem = q_smem2.at[wg], do_smem2.at[wg], dq_smem2.at[wg]
+            q_smem, do_smem = q_smem2.at[wg], do_smem2.at[wg]
+            row0 = qi * BLOCK + wg * rows
+            span = (b, pl.ds(row0, rows), head)
+            vector = (b, head, pl.ds(row0, rows))
+            copy_and_wait(((q_ref.at[span], q_smem), (do_ref.at[span], do_smem),
+                            (lse_ref.at[vector], lse_smem2.at[wg]),
+                            (delta_ref.at[vector], delta_smem2.at[wg])), own, wg)
+            lse = plgpu.load(lse_smem2.at[wg], (), layout=ROW)
+            delta = plgpu.load(delta_smem2.at[wg], (), layout=ROW)
 
-            def rows_of(item):  # q block, first row, and this warpgroup's rows of Q and lse
-                item_qi, item_head, item_b = where(item)
-                row0 = item_qi * BLOCK + wg * rows
-                return (item_qi, row0, (item_b, pl.ds(row0, rows), item_head),
-                        (item_b, item_head, pl.ds(row0, rows)))
+            def visit(step, kb, j, dq):
+                slot = slot_of(step)
+                first = None if j is None else slice_bounds(ids, slices, lo[qi, j])
+                plgpu.barrier_wait(k_loaded.at[slot])
+                for part in range(parts):  # the tile's keys in `parts` column strips
+                    k_part = k_smem.at[slot, pl.ds(part * cols, cols)]
+                    v_part = v_smem.at[slot, pl.ds(part * cols, cols)]
+                    s = product(q_smem, plgpu.transpose_ref(k_part, (1, 0)))
+                    if j is not None:
+                        s = masked(s, first, ids, slices, lo[qi, j], hi[qi, j], row0,
+                                   kb * geometry.block_k + part * cols, test=DQ_MASK_TEST)
+                    p = jnp.exp2(s * qk_scale - lax.broadcast_in_dim(lse, s.shape, [0]))
+                    if part == 0:
+                        plgpu.barrier_wait(v_loaded.at[slot])
+                    dp = product(do_smem, plgpu.transpose_ref(v_part, (1, 0)))
+                    ds = p * (dp - lax.broadcast_in_dim(delta, dp.shape, [0]))
+                    dq = accumulate(dq, ds.astype(dtype), k_part)
+                plgpu.barrier_arrive(v_consumed.at[slot])
+                plgpu.barrier_arrive(k_consumed.at[slot])
+                return dq
 
-            def load_own(span, vector):  # Q, dO, lse and delta rows of an item, by TMA
-                copies = ((q_ref.at[span], q_smem), (do_ref.at[span], do_smem),
-                          (lse_ref.at[vector], lse_smem2.at[wg]),
-                          (delta_ref.at[vector], delta_smem2.at[wg]))
-                for (source, target), barrier in zip(copies, own):
-                    plgpu.copy_gmem_to_smem(source, target, barrier.at[wg])
-
-            def load_next(n):  # persistent: once item n's last tile has read Q and dO
-                items.after(n, lambda item: load_own(*rows_of(item)[2:]))
-
-            def one_item(n, item, step0):
-                item_qi, row0, span, vector = rows_of(item)
-                if not persistent:  # persistent: loaded while the item before finished
-                    load_own(span, vector)
-                for barrier in own:
-                    plgpu.barrier_wait(barrier.at[wg])
-                lse = plgpu.load(lse_smem2.at[wg], (), layout=ROW)
-                delta = plgpu.load(delta_smem2.at[wg], (), layout=ROW)
-                if persistent:  # an item that sees nothing is done with its rows at once
-                    end = step0 + visit_count(walk, item_qi)  # the step after its last tile
-                    pl.when(end == step0)(lambda: load_next(n))
-
-                def visit(step, kb, j, dq):
-                    slot = slot_of(step)
-                    first = None if j is None else slice_bounds(ids, slices, lo[item_qi, j])
-                    plgpu.barrier_wait(k_loaded.at[slot])
-                    for part in range(parts):  # the tile's keys in `parts` column strips
-                        k_part = k_smem.at[slot, pl.ds(part * cols, cols)]
-                        v_part = v_smem.at[slot, pl.ds(part * cols, cols)]
-                        s = product(q_smem, plgpu.transpose_ref(k_part, (1, 0)))
-                        if j is not None:
-                            s = masked(s, first, ids, slices, lo[item_qi, j], hi[item_qi, j],
-                                       row0, kb * geometry.block_k + part * cols,
-                                       test=DQ_MASK_TEST)
-                        p = jnp.exp2(s * qk_scale - lax.broadcast_in_dim(lse, s.shape, [0]))
-                        if part == 0:
-                            plgpu.barrier_wait(v_loaded.at[slot])
-                        dp = product(do_smem, plgpu.transpose_ref(v_part, (1, 0)))
-                        if persistent and part == parts - 1:  # the item's last read of its rows
-                            pl.when(step + 1 == end)(lambda: load_next(n))
-                        ds = p * (dp - lax.broadcast_in_dim(delta, dp.shape, [0]))
-                        dq = accumulate(dq, ds.astype(dtype), k_part)
-                    plgpu.barrier_arrive(v_consumed.at[slot])
-                    plgpu.barrier_arrive(k_consumed.at[slot])
-                    return dq
-
-                dq = plgpu.layout_cast(jnp.zeros((rows, head_dim), jnp.float32),
-                                       plgpu.Layout.WGMMA)
-                step, dq = fold_visits(walk, item_qi, visit, (step0, dq))
-                if persistent:  # the item before's dQ has left the staging tile
-                    plgpu.wait_smem_to_gmem(0, wait_read_only=True)
-                dq_smem[...] = (dq * scale).astype(dtype)
-                plgpu.commit_smem()
-                plgpu.copy_smem_to_gmem(dq_smem, dq_ref.at[span])
-                return step
-
-            if persistent:
-                load_own(*rows_of(items.item(lax.axis_index("program"), jnp.int32(0)))[2:])
-                items.each(one_item)
-            else:
-                one_item(None, None, jnp.int32(0))
+            dq = plgpu.layout_cast(jnp.zeros((rows, head_dim), jnp.float32), plgpu.Layout.WGMMA)
+            _, dq = fold_visits(walk, qi, visit, (jnp.int32(0), dq))
+            q_smem[...] = (dq * scale).astype(dtype)
+            plgpu.commit_smem()
+            plgpu.copy_smem_to_gmem(q_smem, dq_ref.at[span])
             plgpu.wait_smem_to_gmem(0)
 
         @pl.when(wg == COMPUTE_WARPGROUPS)
         def _memory():
-            kv = ((k_ref, k_smem, k_loaded, k_consumed), (v_ref, v_smem, v_loaded, v_consumed))
-            if not persistent:
-                feed_kv(walk, qi, (b, lax.div(head, jnp.int32(group))), geometry.block_k,
-                        stages, kv)
-                return
-            plgpu.set_max_registers(40, action="decrease")
-
-            def feed_item(n, item, step):  # the ring's steps run on across items
-                item_qi, item_head, item_b = where(item)
-                return feed_row(walk, item_qi, (item_b, lax.div(item_head, jnp.int32(group))),
-                                geometry.block_k, stages, kv, step)
-
-            items.each(feed_item)
+            feed_kv(walk, qi, (b, lax.div(head, jnp.int32(group))), geometry.block_k, stages,
+                    ((k_ref, k_smem, k_loaded, k_consumed), (v_ref, v_smem, v_loaded, v_consumed)))
 
     def entry(*refs):
-        rows_tile = tiles(COMPUTE_WARPGROUPS, rows, head_dim, dtype)
         pl.run_scoped(
             lambda *scoped: kernel(*refs, scoped),
-            [rows_tile, rows_tile,
+            [tiles(COMPUTE_WARPGROUPS, rows, head_dim, dtype),
+             tiles(COMPUTE_WARPGROUPS, rows, head_dim, dtype),
              plgpu.SMEM((COMPUTE_WARPGROUPS, rows), jnp.float32),
              plgpu.SMEM((COMPUTE_WARPGROUPS, rows), jnp.float32),
              tiles(stages, geometry.block_k, head_dim, dtype),
-             tiles(stages, geometry.block_k, head_dim, dtype),
-             *([rows_tile] if persistent else [])],  # dQ's staging, apart from the next Q
+             tiles(stages, geometry.block_k, head_dim, dtype)],
             (plgpu.Barrier(num_barriers=COMPUTE_WARPGROUPS),) * 4,
             (plgpu.Barrier(num_barriers=stages),) * 2,
             (plgpu.Barrier(num_arrivals=COMPUTE_WARPGROUPS, num_barriers=stages),) * 2,
             collective_axes="wg",
         )
 
-    if persistent:
-        grid, grid_names = (items.programs,), ("program",)
-    else:
-        grid, grid_names = launch_grid(("q_seq", geometry.num_q_blocks), ("heads", heads),
-                                       batch, heads_together)
+    grid, grid_names = launch_grid(("q_seq", geometry.num_q_blocks), ("heads", heads), batch,
+                                   heads_together)
     call = plgpu.kernel(
         entry,
         out_type=jax.ShapeDtypeStruct(q.shape, dtype),
@@ -303,7 +204,7 @@ def _dq(q, k, v, dout, lse, delta, geometry: Geometry, tables, scale, stages, pa
         num_threads=COMPUTE_WARPGROUPS + 1,
         thread_name="wg",
         compiler_params=plgpu.CompilerParams(approx_math=True),
-        kernel_name="lcab_flex_dq_persistent" if persistent else "lcab_flex_dq_mosaic",
+        kernel_name="lcab_flex_dq_mosaic",
     )
     return call(*walk_inputs(tables, "by_q"), q, k, v, dout, lse, delta)
 

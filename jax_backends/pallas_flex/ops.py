@@ -30,8 +30,8 @@ import numpy as np
 from jax_backends import _shared
 from jax_backends.pallas_flex import mosaic_bwd_sm90, mosaic_fwd_sm90, triton
 from jax_backends.pallas_flex.plan import FlexPlan, Geometry
-from jax_backends.pallas_flex.schedule import (DKV_LAUNCHES, DKV_SPLITS, DQ_GRIDS,
-                                               FORWARD_GRIDS, dkv_schedule, forward_grid)
+from jax_backends.pallas_flex.schedule import (DKV_LAUNCHES, DKV_SPLITS, FORWARD_GRIDS,
+                                               dkv_schedule, forward_grid)
 
 _LN2 = math.log(2.0)
 
@@ -65,10 +65,6 @@ class Lowering:
     "persistent" (one per SM walking items in turn; sets
     mosaic_forward.persistent) or "auto", the default (persistent where
     a program's items are short: schedule.forward_grid).
-    dq_grid: the Mosaic dQ kernel's grid (DQ_GRIDS): "per_item", the
-    default, or "persistent" (sets mosaic_backward.dq_persistent; v24,
-    unmeasured). The two grids decide their configs' `persistent` and
-    `dq_persistent`, whatever the configs given here say.
     """
 
     forward: str = "auto"
@@ -78,7 +74,6 @@ class Lowering:
     rows_launch: str = "heads_together"
     dkv_split: str = "auto"
     forward_grid: str = "auto"
-    dq_grid: str = "per_item"
     triton: triton.Config = triton.Config()
     mosaic_forward: mosaic_fwd_sm90.Config = mosaic_fwd_sm90.Config()
     mosaic_backward: mosaic_bwd_sm90.Config = mosaic_bwd_sm90.Config()
@@ -89,8 +84,7 @@ class Lowering:
                                       ("dkv_launch", self.dkv_launch, DKV_LAUNCHES),
                                       ("rows_launch", self.rows_launch, ROWS_LAUNCHES),
                                       ("dkv_split", self.dkv_split, DKV_SPLITS),
-                                      ("forward_grid", self.forward_grid, FORWARD_GRIDS),
-                                      ("dq_grid", self.dq_grid, DQ_GRIDS)):
+                                      ("forward_grid", self.forward_grid, FORWARD_GRIDS)):
             if value not in choices:
                 raise ValueError(f"{field}={value!r}: choose one of {', '.join(choices)}")
         for direction in ("forward", "backward"):
@@ -108,8 +102,7 @@ class Lowering:
             config = self._forward_config(self.forward_grid == "persistent")
             problem = mosaic_fwd_sm90.problem(block_q, block_k, dtype, head_dim, config)
         else:
-            problem = mosaic_bwd_sm90.problem(block_q, block_k, dtype, head_dim,
-                                              self.backward_config())
+            problem = mosaic_bwd_sm90.problem(block_q, block_k, dtype, head_dim)
         return _shared.gpu_problem(capability=mosaic_fwd_sm90.SM90, exact=True) or problem
 
     def mosaic_forward_for(self, plan: Geometry, dtype, head_dim: int) -> mosaic_fwd_sm90.Config:
@@ -119,11 +112,6 @@ class Lowering:
                                        self._forward_config(True)) is None
         grid = forward_grid(plan, self.forward_grid, fits)
         return self._forward_config(grid == "persistent")
-
-    def backward_config(self) -> mosaic_bwd_sm90.Config:
-        """The Mosaic backward's config, its dQ grid as dq_grid says."""
-        return dataclasses.replace(self.mosaic_backward,
-                                   dq_persistent=self.dq_grid == "persistent")
 
     def _forward_config(self, persistent: bool) -> mosaic_fwd_sm90.Config:
         return dataclasses.replace(self.mosaic_forward, persistent=persistent)
@@ -155,7 +143,7 @@ def _backward(q, k, v, delta, lse2, dout, plan: Geometry, tables, lowering: Lowe
     together = order == "heads_together"
     if mosaic:
         return mosaic_bwd_sm90.backward(q, k, v, dout, lse2, delta, plan, tables,
-                                        together, lowering.backward_config(),
+                                        together, lowering.mosaic_backward,
                                         lowering.rows_launch == "heads_together", split)
     return triton.backward(q, k, v, delta, lse2, dout, plan, tables, lowering.triton,
                            lowering.interpret, together, split)

@@ -21,9 +21,6 @@ FORWARD_GRIDS = ("auto", "per_item", "persistent")
 # program and on windows and documents at 32k; -1.1 to -1.2 % on full (32k
 # keys a program) and causal (16,448 on average) at 32k.
 PERSISTENT_ROW_KEYS = 16384
-# The Mosaic dQ kernel's grid: one program per item, or one per SM walking
-# items in turn (mosaic_bwd_sm90.Config.dq_persistent; v24, unmeasured).
-DQ_GRIDS = ("per_item", "persistent")
 DKV_LAUNCHES = ("auto", "head_major", "heads_together")
 # dK/dV programs a K/V head's block (head_split): one, a number of them
 # (at most the group; else its largest divisor in common), or "auto".
