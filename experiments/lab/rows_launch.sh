@@ -4,12 +4,13 @@
 # turn, twice (A/B/A/B), on the seed blog's six masks at 16k, 32k and 64k,
 # forward only, full-size check on. Under forward_grid=auto the order is
 # the per-item grid's launch order where rows are long (full and causal
-# from 32k) and the persistent grid's deal of items elsewhere (v23). v9's A/B (results/gpu/
-# 2026-11-28-h200-rows-launch/) had head after head +2-3 % on full and
-# causal at 32k and left the document masks and other lengths unsettled
-# (docs/pallas_flex.md, "Launch orders"): this decides a default, or a rule
-# by plan. Each run writes OUT/<order>-<round>/ and its .log, packed into
-# OUT/rows.tgz after each; the last lines are one short table per run.
+# from 32k) and the persistent grid's deal of items elsewhere (v23).
+# v9's A/B (results/gpu/2026-11-28-h200-rows-launch/) had head after head
+# +2-3 % on full and causal at 32k and left the document masks and other
+# lengths unsettled (docs/pallas_flex.md, "Launch orders"): this decides a
+# default, or a rule by plan. Each run writes OUT/<order>-<round>/ and its
+# .log, packed into OUT/rows.tgz after each; the last lines are one short
+# table per run.
 #
 #   experiments/lab/rows_launch.sh OUT COMMIT
 #
