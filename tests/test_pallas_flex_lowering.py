@@ -198,8 +198,16 @@ def test_the_default_grid_is_persistent_where_programs_walk_few_keys(monkeypatch
     pinned, note = backend.pinned_to(workload)
     assert pinned.lowering.forward_grid == grid
     assert ("one program per SM" in note) == (grid == "persistent")
-    # Under CP the forward keeps a program per item (unmeasured there).
+    # Rows head after head where a program walks 16k keys or more, pinned too.
+    head_major = plan.geometry.row_keys >= 16384
+    assert backend.forward_launch(workload)[1] == (
+        "head_major" if head_major else "heads_together")
+    assert pinned.lowering.rows_launch == ("head_major" if head_major else "auto")
+    assert ("rows head after head" in note) == head_major
+    # Under CP the forward keeps a program per item, heads together
+    # (unmeasured there).
     assert type(backend).cp_inner_defaults["forward_grid"] == "per_item"
+    assert type(backend).cp_inner_defaults["rows_launch"] == "heads_together"
 
     launched = mosaic_grids(monkeypatch)
     q = jax.ShapeDtypeStruct((1, plan.padded_q, 2, head_dim), jnp.bfloat16)
@@ -384,9 +392,9 @@ def test_the_launch_orders_are_options_that_reach_the_lowering():
     assert "dkv_launch=heads_together; rows_launch=head_major" in backend.mask_support(
         cpu_workload()).how
     default = registry.load_backend("jax.pallas_flex", {})
-    assert (default.lowering.dkv_launch, default.lowering.rows_launch) == (
-        "auto", "heads_together")  # rows: what every Mosaic row so far ran
-    with pytest.raises(registry.Unavailable, match="choose one of heads_together, head_major"):
+    assert (default.lowering.dkv_launch, default.lowering.rows_launch) == ("auto", "auto")
+    with pytest.raises(registry.Unavailable,
+                       match="choose one of auto, heads_together, head_major"):
         registry.load_backend("jax.pallas_flex", {"rows_launch": "sideways"})
 
 

@@ -140,3 +140,21 @@ def test_the_forward_grid_follows_the_keys_a_program_walks():
     assert grid(1024, "per_item") == "per_item" and grid(10 * limit, "persistent") == "persistent"
     with pytest.raises(ValueError, match="auto, per_item, persistent"):
         ops.Lowering(forward_grid="sm")
+
+
+def test_rows_launch_auto_starts_long_rows_head_after_head():
+    """rows_launch "auto" (the default) starts the Mosaic forward's rows
+    head after head where a program walks 16k keys or more on average (the
+    L2 gain measured on full and causal), every head of a q block together
+    elsewhere; a forced order stays as asked."""
+    def rows(mask, asked="auto"):
+        return schedule.rows_launch(make_plan(mask, 128, 128).geometry, asked)
+
+    assert rows(make_mask("full", 16384)) == "head_major"  # 16,384 keys a program
+    assert rows(make_mask("causal", 16384)) == "heads_together"  # 8,256 on average
+    assert rows(make_mask("causal", 32768)) == "head_major"  # 16,448
+    assert rows(make_mask("sliding_window_causal", 32768)) == "heads_together"
+    assert rows(make_mask("full", 4096), "head_major") == "head_major"
+    assert rows(make_mask("full", 32768), "heads_together") == "heads_together"
+    with pytest.raises(ValueError, match="auto, heads_together, head_major"):
+        ops.Lowering(rows_launch="sideways")

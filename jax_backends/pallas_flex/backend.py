@@ -48,17 +48,20 @@ class PallasFlexBackend(Backend):
     # What a user may choose: tile sizes (None: the lowering's own) and,
     # per direction, the lowering ("auto": Mosaic GPU where it fits).
     # The launch orders (ops.Lowering) are for measuring them: dkv_launch
-    # "auto" decides per plan; rows_launch is the Mosaic forward's and dQ's;
+    # "auto" decides per plan; rows_launch is the Mosaic forward's and dQ's
+    # ("auto": the forward's by plan, dQ's heads together);
     # dkv_split the dK/dV programs a K/V head's block (head_split);
     # forward_grid the Mosaic forward's programs, one per item or one per SM
     # ("auto" decides per plan; the Triton forward has one grid).
     options = {"block_q": int, "block_k": int, "backward_block_q": int,
                "backward_block_k": int, "forward_lowering": str, "backward_lowering": str,
                "dkv_launch": str, "rows_launch": str, "dkv_split": str, "forward_grid": str}
-    # dkv_split and forward_grid "auto" were measured on whole single-GPU
-    # passes, not on ring steps or CP ranks' sub-masks: inside CP the dK/dV
-    # programs stay whole and the forward keeps a program per item.
-    cp_inner_defaults = {"dkv_split": "1", "forward_grid": "per_item"}
+    # dkv_split, forward_grid and rows_launch "auto" were measured on whole
+    # single-GPU passes, not on ring steps or CP ranks' sub-masks: inside CP
+    # the dK/dV programs stay whole and the forward keeps a program per item,
+    # every head of a q block together.
+    cp_inner_defaults = {"dkv_split": "1", "forward_grid": "per_item",
+                         "rows_launch": "heads_together"}
 
     def __init__(self, **options):
         unknown = sorted(set(options) - set(self.options))
@@ -78,7 +81,7 @@ class PallasFlexBackend(Backend):
                                for key in ("forward_lowering", "backward_lowering"))
         self.launches = {key: _choice(options, key, choices, None)
                          for key, choices in (("dkv_launch", schedule.DKV_LAUNCHES),
-                                              ("rows_launch", ops.ROWS_LAUNCHES),
+                                              ("rows_launch", schedule.ROWS_LAUNCHES),
                                               ("dkv_split", schedule.DKV_SPLITS),
                                               ("forward_grid", schedule.FORWARD_GRIDS))
                          if key in options}
@@ -141,32 +144,40 @@ class PallasFlexBackend(Backend):
                                      workload.heads_q // workload.heads_kv,
                                      self.lowering.dkv_launch, self.lowering.dkv_split, mosaic)
 
-    def forward_grid(self, workload: Workload) -> str | None:
-        """The Mosaic forward's grid on `workload` (None: the forward runs
-        Triton, which has one)."""
+    def forward_launch(self, workload: Workload) -> tuple[str | None, str]:
+        """The Mosaic forward's grid and rows order on `workload` (None and
+        the asked order: the forward runs Triton, which has one grid and
+        launches rows head after head)."""
         lowering = self.lowering
         if lowering.mosaic_problem("forward", *self.forward_blocks, workload.dtype,
                                    workload.head_dim):
-            return None
+            return None, lowering.rows_launch
         forward = plan.make_plan(workload.mask, *self.forward_blocks).geometry
         config = lowering.mosaic_forward_for(forward, workload.dtype, workload.head_dim)
-        return "persistent" if config.persistent else "per_item"
+        return ("persistent" if config.persistent else "per_item",
+                schedule.rows_launch(forward, lowering.rows_launch))
+
+    def forward_grid(self, workload: Workload) -> str | None:
+        """The Mosaic forward's grid on `workload` (None: Triton's one)."""
+        return self.forward_launch(workload)[0]
 
     def pinned_to(self, workload: Workload):
         # A probe has fewer heads and a shorter mask, from which "auto"
-        # could choose another forward grid, dK/dV launch order or split:
-        # pin the timed ones.
+        # could choose another forward grid, rows order, dK/dV launch order
+        # or split: pin the timed ones (dQ's rows stay heads together).
         order, split = self.launch_order(workload)
-        grid = self.forward_grid(workload)
+        grid, rows = self.forward_launch(workload)
         pinned = type(self)(**self.set_options)
         pinned.__dict__["lowering"] = dataclasses.replace(
             self.lowering, dkv_launch=order, dkv_split=str(split),
-            forward_grid=grid or self.lowering.forward_grid)
+            forward_grid=grid or self.lowering.forward_grid,
+            rows_launch=rows if grid and rows == "head_major" else self.lowering.rows_launch)
         grid_note = (", the forward one program per SM walking its items"
                      if grid == "persistent" else "")
+        rows_note = ", the forward's rows head after head" if grid and rows == "head_major" else ""
         split_note = (f", each K/V head's block in {split} dK/dV programs (K/V repeated "
                       f"{split}x for them)" if split > 1 else "")
-        return pinned, f"probed with the dK/dV launch {order}{split_note}{grid_note}"
+        return pinned, f"probed with the dK/dV launch {order}{split_note}{grid_note}{rows_note}"
 
     def plans(self, workload: Workload) -> tuple[plan.FlexPlan, plan.FlexPlan]:
         return (plan.make_plan(workload.mask, *self.forward_blocks),

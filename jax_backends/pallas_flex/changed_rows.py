@@ -53,6 +53,19 @@ def persistent_by_default(row: Mapping) -> bool:
     return schedule.forward_grid(_geometry(row, blocks), "auto", fits) == "persistent"
 
 
+def head_major_by_default(row: Mapping) -> bool:
+    """Whether rows_launch's default "auto" starts the row's forward rows
+    head after head: a one-GPU row of jax.pallas_flex (or of a module over
+    it) whose forward ran the Mosaic kernel with rows_launch unset, on a
+    workload whose programs walk many keys (schedule.rows_launch). CP rows
+    keep every head of a q block together (cp_inner_defaults)."""
+    options = _one_gpu_mosaic_options(row, "forward", "rows_launch")
+    if options is None:
+        return False
+    blocks = tuple(int(options.get(key, FORWARD_BLOCK)) for key in ("block_q", "block_k"))
+    return schedule.rows_launch(_geometry(row, blocks), "auto") == "head_major"
+
+
 def _one_gpu_mosaic_options(row: Mapping, direction: str, option: str) -> dict | None:
     """The pallas_flex options of a one-GPU row whose `direction` ran the
     Mosaic kernels with `option` unset (None: any other row)."""

@@ -31,12 +31,12 @@ from jax_backends import _shared
 from jax_backends.pallas_flex import mosaic_bwd_sm90, mosaic_fwd_sm90, triton
 from jax_backends.pallas_flex.plan import FlexPlan, Geometry
 from jax_backends.pallas_flex.schedule import (DKV_LAUNCHES, DKV_SPLITS, FORWARD_GRIDS,
-                                               dkv_schedule, forward_grid)
+                                               ROWS_LAUNCHES, dkv_schedule, forward_grid,
+                                               rows_launch)
 
 _LN2 = math.log(2.0)
 
 LOWERINGS = ("auto", "triton", "mosaic")
-ROWS_LAUNCHES = ("heads_together", "head_major")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -56,10 +56,11 @@ class Lowering:
     Mosaic backward: schedule.dkv_split says how).
     rows_launch: the order the Mosaic forward's and dQ's programs (one per
     q block and head) start in, "heads_together" (every head of a q block
-    together, blocks heaviest first: what every Mosaic row so far ran, all
-    at batch 1; batch is now the slowest axis) or "head_major". The Triton
-    kernels launch rows head after head whatever it says (v4b,
-    docs/pallas_flex.md).
+    together, blocks heaviest first; batch the slowest axis), "head_major"
+    or "auto", the default: the forward as schedule.rows_launch chooses
+    (head after head where rows are long), dQ heads together (every
+    backward row so far; dQ's order is unmeasured). The Triton kernels
+    launch rows head after head whatever it says (v4b, docs/pallas_flex.md).
     forward_grid: the Mosaic forward's grid (FORWARD_GRIDS): "per_item"
     (one program per q block and head, every row before 2026-12-03),
     "persistent" (one per SM walking items in turn; sets
@@ -71,7 +72,7 @@ class Lowering:
     backward: str = "auto"
     interpret: bool = False
     dkv_launch: str = "auto"
-    rows_launch: str = "heads_together"
+    rows_launch: str = "auto"
     dkv_split: str = "auto"
     forward_grid: str = "auto"
     triton: triton.Config = triton.Config()
@@ -130,8 +131,8 @@ def _forward(q, k, v, plan: Geometry, tables, lowering: Lowering):
     """(out, lse2) of the padded inputs."""
     if lowering.is_mosaic("forward", plan.block_q, plan.block_k, q.dtype, q.shape[3]):
         config = lowering.mosaic_forward_for(plan, q.dtype, q.shape[3])
-        return mosaic_fwd_sm90.forward(q, k, v, plan, tables, config,
-                                       lowering.rows_launch == "heads_together")
+        together = rows_launch(plan, lowering.rows_launch) == "heads_together"
+        return mosaic_fwd_sm90.forward(q, k, v, plan, tables, config, together)
     return triton.forward(q, k, v, plan, tables, lowering.triton, lowering.interpret)
 
 
@@ -144,7 +145,7 @@ def _backward(q, k, v, delta, lse2, dout, plan: Geometry, tables, lowering: Lowe
     if mosaic:
         return mosaic_bwd_sm90.backward(q, k, v, dout, lse2, delta, plan, tables,
                                         together, lowering.mosaic_backward,
-                                        lowering.rows_launch == "heads_together", split)
+                                        lowering.rows_launch != "head_major", split)
     return triton.backward(q, k, v, delta, lse2, dout, plan, tables, lowering.triton,
                            lowering.interpret, together, split)
 

@@ -1,5 +1,5 @@
-"""How jax.pallas_flex's programs are launched: the Mosaic forward's grid,
-the split of each K/V head's dK/dV block over its query heads (head_split)
+"""How jax.pallas_flex's programs are launched: the Mosaic forward's grid
+and the order of its rows, the split of each K/V head's dK/dV block over its query heads (head_split)
 and the dK/dV launch order. Host arithmetic on a plan's Geometry, without
 JAX, so that the registry's record of which rows a change moves
 (changed_rows.py) can ask it too.
@@ -21,6 +21,17 @@ FORWARD_GRIDS = ("auto", "per_item", "persistent")
 # program and on windows and documents at 32k; -1.1 to -1.2 % on full (32k
 # keys a program) and causal (16,448 on average) at 32k.
 PERSISTENT_ROW_KEYS = 16384
+# The order the Mosaic forward's rows (q block, head) start in, or "auto".
+ROWS_LAUNCHES = ("auto", "heads_together", "head_major")
+# "auto" starts them head after head where a program walks at least this
+# many keys on average: the running programs then share one or two K/V heads
+# in L2 where every head's K/V would not fit (a head is 8 MiB at 16k, 64:8,
+# d=128, bf16). Measured (one H200, 2026-12-04, two rounds, v25 in
+# docs/pallas_flex.md): +1.7 to +4.8 % forward on full at 16k-64k and +0.7
+# to +1.9 % on causal at 32k-64k; -0.3 to -5.2 % on the shorter rows of
+# causal at 16k, windows and documents, where heads together keeps the
+# heaviest rows first.
+HEAD_MAJOR_ROW_KEYS = 16384
 DKV_LAUNCHES = ("auto", "head_major", "heads_together")
 # dK/dV programs a K/V head's block (head_split): one, a number of them
 # (at most the group; else its largest divisor in common), or "auto".
@@ -51,6 +62,15 @@ def forward_grid(plan: Geometry, asked: str, persistent_fits: bool) -> str:
         return asked
     short = plan.row_keys <= PERSISTENT_ROW_KEYS
     return "persistent" if persistent_fits and short else "per_item"
+
+
+def rows_launch(plan: Geometry, asked: str) -> str:
+    """The Mosaic forward's rows order: as asked, or with "auto" head after
+    head where the plan's programs walk at least HEAD_MAJOR_ROW_KEYS keys
+    on average, every head of a q block together elsewhere."""
+    if asked != "auto":
+        return asked
+    return "head_major" if plan.row_keys >= HEAD_MAJOR_ROW_KEYS else "heads_together"
 
 
 def dkv_schedule(plan: Geometry, programs_per_block: int, group: int, launch: str,
