@@ -14,12 +14,13 @@ from lcab.report import changes, export, headline, legend, tables
 from lcab.report import sources as loading
 
 (PALLAS_FLEX_V9, PALLAS_FLEX_V13, PALLAS_FLEX_V15, PALLAS_FLEX_V22,
- PALLAS_FLEX_V23) = registry.all_backends()["jax.pallas_flex"].changes
+ PALLAS_FLEX_V23, PALLAS_FLEX_V25) = registry.all_backends()["jax.pallas_flex"].changes
 RING_FLEX_FIX = registry.all_backends()["torch.cp_ring_flex"].changes[-1]
 GROUPCAST_PADDING = registry.all_backends()["jax.cp_groupcast"].changes[-1]
 BEFORE = "2026-11-28T11:27:32+00:00"  # a second before that commit
 AFTER = "2026-11-28T11:27:34+00:00"
 LATEST = "2026-11-29T14:30:00+00:00"  # after every change declared
+LATER_THAN_V23 = "2026-12-03T18:16:30+00:00"
 
 
 def row(**fields):
@@ -116,11 +117,13 @@ def test_the_persistent_grid_marks_forward_rows_whose_programs_walk_few_keys():
     def forward(**fields):
         return short(**{"direction": "fwd", "head_dim": 128, **fields})
 
-    for mask, seqlen in (("causal", 1024), ("full", 16384), ("causal", 16384),
-                         ("sliding_window_causal", 32768)):
+    for mask, seqlen in (("causal", 1024), ("causal", 16384), ("sliding_window_causal", 32768)):
         assert registry.changes_since(forward(mask=mask, seqlen=seqlen)) == [PALLAS_FLEX_V23]
+    # Full at 16k: the persistent grid and its rows head after head.
+    assert registry.changes_since(forward(mask="full", seqlen=16384)) == [PALLAS_FLEX_V23,
+                                                                          PALLAS_FLEX_V25]
     for mask, seqlen in (("full", 32768), ("causal", 32768), ("full", 65536)):
-        assert registry.changes_since(forward(mask=mask, seqlen=seqlen)) == []
+        assert registry.changes_since(forward(mask=mask, seqlen=seqlen)) == [PALLAS_FLEX_V25]
     assert registry.changes_since(forward(options='{"forward_grid": "per_item"}')) == []
     assert registry.changes_since(forward(head_dim=256)) == []
     assert registry.changes_since(forward(notes=MOSAIC_NOTES.replace("forward Mosaic",
@@ -130,6 +133,34 @@ def test_the_persistent_grid_marks_forward_rows_whose_programs_walk_few_keys():
     assert registry.changes_since(module) == [PALLAS_FLEX_V23]
     assert registry.changes_since(forward(timestamp=datetime.datetime.now(
         datetime.UTC).isoformat())) == []
+
+
+def test_rows_head_after_head_mark_forward_rows_whose_programs_walk_many_keys():
+    """The default rows order moves the Mosaic forward of a one-GPU
+    workload whose programs walk 16k keys or more: full from 16k, causal
+    from 32k; not the windows, not a row that set its order, not a CP row
+    or any backward. Of the committed H200 blog rows, it marks exactly
+    full at 16k-64k and causal at 32k-64k."""
+    def forward(**fields):
+        return short(**{"direction": "fwd", "head_dim": 128, "timestamp": LATER_THAN_V23,
+                        **fields})
+
+    for mask, seqlen in (("full", 16384), ("causal", 32768), ("full", 65536)):
+        assert registry.changes_since(forward(mask=mask, seqlen=seqlen)) == [PALLAS_FLEX_V25]
+    for mask, seqlen in (("causal", 16384), ("sliding_window_causal", 65536)):
+        assert registry.changes_since(forward(mask=mask, seqlen=seqlen)) == []
+    assert registry.changes_since(forward(mask="full", seqlen=32768,
+                                          options='{"rows_launch": "heads_together"}')) == []
+    assert registry.changes_since(forward(mask="full", seqlen=32768, cp_size=2)) == []
+    assert registry.changes_since(forward(mask="full", seqlen=32768, direction="bwd")) == []
+
+    rows = loading.load([canonical.ROOT / "results" / "2026-11-27-h200-blog"])
+    rows = rows[(rows["backend"] == "jax.pallas_flex") & (rows["direction"] == "fwd")
+                & (rows["status"] == "OK")]
+    marked = rows[[PALLAS_FLEX_V25.can_move(r) for _, r in rows.iterrows()]]
+    assert set(zip(marked["mask"], marked["seqlen"])) == {
+        ("full", 16384), ("full", 24576), ("full", 32768), ("full", 65536),
+        ("causal", 32768), ("causal", 65536)}
 
 
 def test_the_split_marks_the_committed_short_rows_and_no_long_ones():
@@ -206,14 +237,21 @@ def test_the_committed_h200_cp_run_is_marked_where_it_predates_the_change():
     # The one-GPU parts were measured again after every change to 2026-11-29;
     # the persistent forward grid (2026-12-03) marks their forwards whose
     # programs walk few keys: the documents at every length, full and
-    # causal at 16k, never at 32k and longer.
+    # causal at 16k, never at 32k and longer; the rows head after head
+    # (2026-12-04) those that walk many: full from 16k, causal from 32k.
     one_gpu = jax_marked[jax_marked["suite"] != "cp"]
     assert set(one_gpu["backend"]) == {"jax.pallas_flex"} and set(one_gpu["direction"]) == {
         "fwd"}
-    assert set(one_gpu["changed_since"]) == {PALLAS_FLEX_V23.commit}
-    assert set(one_gpu.loc[one_gpu["mask"].isin(["full", "causal"]), "seqlen"]) == {16384}
-    assert set(one_gpu.loc[one_gpu["mask"] == "causal_document", "seqlen"]) == {
+    v23, v25 = PALLAS_FLEX_V23.commit, PALLAS_FLEX_V25.commit
+    assert set(one_gpu["changed_since"]) == {v23, v25, f"{v23} {v25}"}
+    grid = one_gpu[one_gpu["changed_since"].str.contains(v23)]
+    assert set(grid.loc[grid["mask"].isin(["full", "causal"]), "seqlen"]) == {16384}
+    assert set(grid.loc[grid["mask"] == "causal_document", "seqlen"]) == {
         16384, 32768, 65536, 131072}
+    rows = one_gpu[one_gpu["changed_since"].str.contains(v25)]
+    assert set(rows["mask"]) == {"full", "causal"}
+    assert min(rows.loc[rows["mask"] == "full", "seqlen"]) == 16384
+    assert min(rows.loc[rows["mask"] == "causal", "seqlen"]) == 32768
     assert (marked["framework"] == "jax").all()
     text = headline.markdown({"cp": folder})
     assert legend.FLAG_CHANGED in text and f"changed at {PALLAS_FLEX_V9.commit}" in text
@@ -239,8 +277,8 @@ def test_a_ratio_to_one_gpu_marks_the_figure_that_predates_the_change(tmp_path):
     table = tables.cp_vs_single_table(frame)
     forward = table.loc[("causal", 16384, "fwd", 2)]  # both: a forward change each
     assert re.fullmatch(r"\d+† / \d+† = \d\.\d\d", forward["ring/jax.cp_ring"])
-    forward = table.loc[("full", 65536, "fwd", 2)]
-    assert re.fullmatch(r"\d+ / \d+ = \d\.\d\d", forward["ring/jax.cp_ring"])
+    forward = table.loc[("full", 65536, "fwd", 2)]  # the one-GPU forward: its rows order
+    assert re.fullmatch(r"\d+ / \d+† = \d\.\d\d", forward["ring/jax.cp_ring"])
     backward = table.loc[("causal", 16384, "bwd", 2)]
     assert re.fullmatch(r"\d+† / \d+ = \d\.\d\d", backward["ring/jax.cp_ring"])
     before, after = "2026-11-27T10:00:00+00:00", "2099-01-01T00:00:00+00:00"
@@ -268,9 +306,9 @@ def test_advice_says_which_rows_it_read_predate_a_change():
     said = evidence.load("H100").describe().splitlines()
     predating = [line for line in said if "predate a later change" in line]
     # One line per change, each naming its commit and its direction.
-    assert len(predating) == 6
+    assert len(predating) == 7
     assert [change.commit in line for change, line in zip(
         (PALLAS_FLEX_V9, GROUPCAST_PADDING, PALLAS_FLEX_V13, PALLAS_FLEX_V15, PALLAS_FLEX_V22,
-         PALLAS_FLEX_V23), predating)] == [True] * 6
-    for line, direction in zip(predating, ("bwd", "bwd", "fwd", "bwd", "bwd", "fwd")):
+         PALLAS_FLEX_V23, PALLAS_FLEX_V25), predating)] == [True] * 7
+    for line, direction in zip(predating, ("bwd", "bwd", "fwd", "bwd", "bwd", "fwd", "fwd")):
         assert re.match(rf"\d+ {direction} rows read here", line), line
