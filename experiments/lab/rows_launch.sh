@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Should the Mosaic forward run its rows head after head? On one GPU, the
-# forward with rows_launch=heads_together (the default) and head_major in
+# forward with rows_launch=heads_together and head_major in
 # turn, twice (A/B/A/B), on the seed blog's six masks at 16k, 32k and 64k,
 # forward only, full-size check on. Under forward_grid=auto the order is
 # the per-item grid's launch order where rows are long (full and causal
@@ -8,7 +8,9 @@
 # v9's A/B (results/gpu/2026-11-28-h200-rows-launch/) had head after head
 # +2-3 % on full and causal at 32k and left the document masks and other
 # lengths unsettled (docs/pallas_flex.md, "Launch orders"): this decides a
-# default, or a rule by plan. Each run writes OUT/<order>-<round>/ and its
+# default, or a rule by plan (run 2026-12-04 on an H200, v25: the rule
+# rows_launch=auto by the keys a program walks, results/gpu/
+# 2026-12-04-h200-rows-launch/). Each run writes OUT/<order>-<round>/ and its
 # .log, packed into OUT/rows.tgz after each; the last lines are one short
 # table per run.
 #
