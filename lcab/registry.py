@@ -101,7 +101,7 @@ _BUILTIN_BACKENDS = {
                scope="jax_backends.pallas_flex.changed_rows:persistent_by_default"),
         Change("2026-12-04T14:24:58+00:00", "57e7fad", ("fwd",),
                "its Mosaic (Hopper) forward starts its rows head after head where a program "
-               "walks 16k keys or more (+0.7 to +4.8 % forward on full at 16k-64k and causal "
+               "walks 16k keys or more (+0.6 to +4.8 % forward on full at 16k-64k and causal "
                "at 32k-64k on one H200), so those one-GPU forward figures may move; shorter "
                "rows, CP and the backward are unchanged (docs/pallas_flex.md)",
                scope="jax_backends.pallas_flex.changed_rows:head_major_by_default"),)),

@@ -164,7 +164,8 @@ class PallasFlexBackend(Backend):
     def pinned_to(self, workload: Workload):
         # A probe has fewer heads and a shorter mask, from which "auto"
         # could choose another forward grid, rows order, dK/dV launch order
-        # or split: pin the timed ones (dQ's rows stay heads together).
+        # or split: pin the timed ones (a probe pinned to rows head after
+        # head runs its dQ so too: an order, not arithmetic).
         order, split = self.launch_order(workload)
         grid, rows = self.forward_launch(workload)
         pinned = type(self)(**self.set_options)

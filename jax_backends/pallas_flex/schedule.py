@@ -1,6 +1,6 @@
 """How jax.pallas_flex's programs are launched: the Mosaic forward's grid
-and the order of its rows, the split of each K/V head's dK/dV block over its query heads (head_split)
-and the dK/dV launch order. Host arithmetic on a plan's Geometry, without
+and the order of its rows, the split of each K/V head's dK/dV block over
+its query heads (head_split) and the dK/dV launch order. Host arithmetic on a plan's Geometry, without
 JAX, so that the registry's record of which rows a change moves
 (changed_rows.py) can ask it too.
 """
@@ -27,10 +27,10 @@ ROWS_LAUNCHES = ("auto", "heads_together", "head_major")
 # many keys on average: the running programs then share one or two K/V heads
 # in L2 where every head's K/V would not fit (a head is 8 MiB at 16k, 64:8,
 # d=128, bf16). Measured (one H200, 2026-12-04, two rounds, v25 in
-# docs/pallas_flex.md): +1.7 to +4.8 % forward on full at 16k-64k and +0.7
-# to +1.9 % on causal at 32k-64k; -0.3 to -5.2 % on the shorter rows of
-# causal at 16k, windows and documents, where heads together keeps the
-# heaviest rows first.
+# docs/pallas_flex.md): +1.7 to +4.8 % forward on full at 16k-64k and +0.6
+# to +1.8 % on causal at 32k-64k; -0.1 to -5.3 % on the shorter rows of
+# causal at 16k, windows and documents (one cell +0.5 % in one round),
+# where heads together keeps the heaviest rows first.
 HEAD_MAJOR_ROW_KEYS = 16384
 DKV_LAUNCHES = ("auto", "head_major", "heads_together")
 # dK/dV programs a K/V head's block (head_split): one, a number of them
