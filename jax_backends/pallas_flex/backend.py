@@ -168,14 +168,15 @@ class PallasFlexBackend(Backend):
         # head runs its dQ so too: an order, not arithmetic).
         order, split = self.launch_order(workload)
         grid, rows = self.forward_launch(workload)
+        head_major = grid is not None and rows == "head_major"
         pinned = type(self)(**self.set_options)
         pinned.__dict__["lowering"] = dataclasses.replace(
             self.lowering, dkv_launch=order, dkv_split=str(split),
             forward_grid=grid or self.lowering.forward_grid,
-            rows_launch=rows if grid and rows == "head_major" else self.lowering.rows_launch)
+            rows_launch="head_major" if head_major else self.lowering.rows_launch)
         grid_note = (", the forward one program per SM walking its items"
                      if grid == "persistent" else "")
-        rows_note = ", the forward's rows head after head" if grid and rows == "head_major" else ""
+        rows_note = ", the forward's rows head after head" if head_major else ""
         split_note = (f", each K/V head's block in {split} dK/dV programs (K/V repeated "
                       f"{split}x for them)" if split > 1 else "")
         return pinned, f"probed with the dK/dV launch {order}{split_note}{grid_note}{rows_note}"

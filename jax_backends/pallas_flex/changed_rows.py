@@ -48,9 +48,8 @@ def persistent_by_default(row: Mapping) -> bool:
     options = _one_gpu_mosaic_options(row, "forward", "forward_grid")
     if options is None:
         return False
-    blocks = tuple(int(options.get(key, FORWARD_BLOCK)) for key in ("block_q", "block_k"))
     fits = int(row.get("head_dim")) <= PERSISTENT_MAX_HEAD_DIM
-    return schedule.forward_grid(_geometry(row, blocks), "auto", fits) == "persistent"
+    return schedule.forward_grid(_forward_geometry(row, options), "auto", fits) == "persistent"
 
 
 def head_major_by_default(row: Mapping) -> bool:
@@ -62,8 +61,7 @@ def head_major_by_default(row: Mapping) -> bool:
     options = _one_gpu_mosaic_options(row, "forward", "rows_launch")
     if options is None:
         return False
-    blocks = tuple(int(options.get(key, FORWARD_BLOCK)) for key in ("block_q", "block_k"))
-    return schedule.rows_launch(_geometry(row, blocks), "auto") == "head_major"
+    return schedule.rows_launch(_forward_geometry(row, options), "auto") == "head_major"
 
 
 def _one_gpu_mosaic_options(row: Mapping, direction: str, option: str) -> dict | None:
@@ -78,6 +76,12 @@ def _one_gpu_mosaic_options(row: Mapping, direction: str, option: str) -> dict |
         return None
     options = json_field(row.get("options" if direct else "inner_options"))
     return None if option in options else options
+
+
+def _forward_geometry(row: Mapping, options: Mapping) -> plan.Geometry:
+    """The plan geometry of the row's forward, at the blocks it set."""
+    blocks = tuple(int(options.get(key, FORWARD_BLOCK)) for key in ("block_q", "block_k"))
+    return _geometry(row, blocks)
 
 
 def _geometry(row: Mapping, blocks: tuple[int, int]) -> plan.Geometry:

@@ -1,8 +1,8 @@
 """How jax.pallas_flex's programs are launched: the Mosaic forward's grid
 and the order of its rows, the split of each K/V head's dK/dV block over
-its query heads (head_split) and the dK/dV launch order. Host arithmetic on a plan's Geometry, without
-JAX, so that the registry's record of which rows a change moves
-(changed_rows.py) can ask it too.
+its query heads (head_split) and the dK/dV launch order. Host arithmetic
+on a plan's Geometry, without JAX, so that the registry's record of which
+rows a change moves (changed_rows.py) can ask it too.
 """
 
 from __future__ import annotations
