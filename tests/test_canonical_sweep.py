@@ -788,6 +788,26 @@ class _NeedsAbsentPackage:
     requires = ("lcab_no_such_package",)
 
 
+def test_a_stopped_part_measured_again_for_one_backend_needs_every_package(tmp_path, capsys):
+    """A part not done resumes every backend's missing cases, not only
+    those measured again: without a package another backend needs, it
+    waits rather than writing UNAVAILABLE rows where UNSUPPORTED or a
+    figure belongs; a done part measured again for jax.xla does not."""
+    kernels = dataclasses.replace(part("k", "--backends=numpy.reference", "--seqlens=64"),
+                                  gpu_needs=("lcab_no_such_package",))
+    h200 = {"name": "NVIDIA H200"}
+    for status, code in (("stopped", 3), ("done", 0)):
+        folder = tmp_path / status
+        folder.mkdir()
+        (folder / runner.STATE_NAME).write_text(json.dumps(
+            {"sweep": "blog", "calls": [], "parts": {"k": {"status": status, "runs": []}}}))
+        assert runner.run_sweep("blog", folder, [kernels], "c", [], None, gpus=[h200],
+                                again=["k"], again_backends={"k": ["jax.xla"]},
+                                again_only_predating=True) == code, status
+        said = capsys.readouterr().out
+        assert ("k: needs lcab_no_such_package" in said) == (status == "stopped"), said
+
+
 def test_measuring_some_backends_again_needs_only_their_packages(monkeypatch):
     """A part measured again for some backends, its other rows standing,
     needs only the GPU-only packages those backends require (what the

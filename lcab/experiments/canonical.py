@@ -479,6 +479,9 @@ def run_sweep(sweep: str, folder: pathlib.Path, parts: list[defined.Part], commi
         record = state.data["parts"].get(part.name, {})
         same = record.get("extra", []) == extra
         only = _backends_of(again_backends, part.name) if part.name in again else []
+        # A part not done resumes every backend's missing cases, not only
+        # those measured again: it needs every package.
+        needs_of = only if record.get("status") == DONE else []
         # A part to be measured again (set aside as it starts) runs, done or not.
         kept = part.name not in again or already_set_again(record, commit, only)
         if kept and same and record.get("status") == FAILED and not retry:
@@ -495,7 +498,7 @@ def run_sweep(sweep: str, folder: pathlib.Path, parts: list[defined.Part], commi
                   "when they ran; it runs again (--resume retries those rows)", flush=True)
             record.update(status=None, finished_runs=[])
             state.save()
-        elif missing := missing_packages(part, bool(found), only):
+        elif missing := missing_packages(part, bool(found), needs_of):
             # Run without them, its rows would say UNAVAILABLE: measurements
             # lost to how the machine was set up, not to the backends.
             print(f"== {part.name}: needs {', '.join(missing)}, which cannot be imported "
