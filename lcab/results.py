@@ -41,6 +41,11 @@ nothing malformed reaches a table. Files are read as bytes, line by line:
   beside the results (results/ holds conformance.jsonl and kernels.jsonl
   files): passed over without a warning.
 
+Files are `*.jsonl`, or `*.jsonl.gz` (gzip): a settled folder that no run
+appends to any more (the studies of results/gpu/) is kept compressed so
+that the repository, which travels whole to the GPU machine, stays small;
+writers always write plain JSONL.
+
 Every row committed under results/ reads without a warning. Rows written
 before a column existed stay readable: a row without `options` takes them
 from its flags (_options_from_flags), a mask under an earlier name is read
@@ -58,6 +63,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import gzip
 import json
 import math
 import pathlib
@@ -337,12 +343,27 @@ def _finite(value):
     return value
 
 
+# Row files: plain, or gzip-compressed where a settled folder is kept small.
+ROW_FILE_SUFFIXES = (".jsonl", ".jsonl.gz")
+
+
+def is_row_file(path: pathlib.Path) -> bool:
+    """Whether `path` names a file of rows (by its name, as a folder's search
+    finds them): *.jsonl or *.jsonl.gz."""
+    return path.name.endswith(ROW_FILE_SUFFIXES)
+
+
+def row_files_under(folder: pathlib.Path) -> list[pathlib.Path]:
+    """The row files in `folder` and below, sorted by path; a directory that
+    happens to end in .jsonl is no file to read."""
+    return sorted(p for p in folder.rglob("*.jsonl*") if is_row_file(p) and p.is_file())
+
+
 def _files(paths: Iterable[str | pathlib.Path]) -> list[pathlib.Path]:
     found = []
     for path in map(pathlib.Path, paths):
         if path.is_dir():
-            # A directory that happens to end in .jsonl is no file to read.
-            found += sorted(p for p in path.rglob("*.jsonl") if p.is_file())
+            found += row_files_under(path)
         elif path.exists():
             found.append(path)
         else:
@@ -576,7 +597,9 @@ def _another_tools_log(lines: list[tuple[int, object, str | None]]) -> bool:
 def _rows_of_file(path: pathlib.Path) -> list[dict]:
     try:
         data = path.read_bytes()
-    except OSError as exc:
+        if path.name.endswith(".gz"):
+            data = gzip.decompress(data)
+    except (OSError, EOFError) as exc:  # gzip's errors: BadGzipFile (an OSError), EOFError
         warnings.warn(f"{path}: skipping the file: cannot read it ({exc})", SkippedRow)
         return []
     lines = list(_parsed_lines(data))
@@ -593,7 +616,8 @@ def _rows_of_file(path: pathlib.Path) -> list[dict]:
 
 
 def read_rows(paths: Iterable[str | pathlib.Path]) -> list[dict]:
-    """Every row in the files (directories are searched for *.jsonl).
+    """Every row in the files (directories are searched for *.jsonl and
+    *.jsonl.gz).
 
     A line that is not a row by the module docstring's rules ("Reading": a
     torn or corrupt line, text that is not UTF-8, JSON that is not an

@@ -258,6 +258,16 @@ def test_the_committed_rows_read_without_a_warning():
     assert len(rows) > 4000
 
 
+def test_settled_studies_keep_their_rows_compressed():
+    """results/gpu/ holds lab studies no run appends to: their row files
+    are *.jsonl.gz (the repository travels whole to the GPU machine); only
+    other tools' logs (no result rows) stay plain there."""
+    plain = [path for path in (ROOT / "results" / "gpu").rglob("*.jsonl")
+             if _read_with_warnings(results.read_rows, [path])[0]]
+    assert plain == [], "gzip -9n these"
+    assert results.row_files_under(ROOT / "results" / "gpu")
+
+
 def test_another_tools_log_beside_the_results_is_passed_over_quietly(tmp_path):
     # results/ holds the conformance gate's conformance.jsonl: no result rows.
     (tmp_path / "conformance.jsonl").write_text(
@@ -274,6 +284,32 @@ def test_a_file_of_damage_alone_is_warned_about_line_by_line(tmp_path):
     rows, messages = _read_with_warnings(results.read_rows, [path])
     assert rows == []
     assert [m.split(": skipping")[0] for m in messages] == [f"{path}:{n}" for n in (1, 2, 3)]
+
+
+def test_a_compressed_rows_file_reads_as_its_plain_self(tmp_path):
+    """A settled folder is kept as *.jsonl.gz: a folder's search finds it,
+    its rows (damaged lines too) read as the plain file's; a file that is
+    not gzip, or cut short, is one warning and no rows."""
+    import gzip
+
+    plain = _write_damaged(tmp_path / "plain", b"{torn")
+    packed = tmp_path / "packed" / "rows.jsonl.gz"
+    packed.parent.mkdir()
+    packed.write_bytes(gzip.compress(plain.read_bytes()))
+    (tmp_path / "packed" / "notes.gz").write_bytes(gzip.compress(b"not rows"))  # not searched
+    want, told = _read_with_warnings(results.read_rows, [plain])
+    got, said = _read_with_warnings(results.read_rows, [tmp_path / "packed"])
+    assert got == want and len(got) == 4
+    assert [m.split(":", 1)[1] for m in said] == [m.split(":", 1)[1] for m in told]
+    assert results.row_files_under(tmp_path) == [packed, plain]
+    for name, data in (("bad.jsonl.gz", b"{}\n"), ("cut.jsonl.gz", gzip.compress(b"{}")[:-9])):
+        rows, messages = _read_with_warnings(results.read_rows, [_bytes(tmp_path, name, data)])
+        assert rows == [] and len(messages) == 1 and "cannot read it" in messages[0], messages
+
+
+def _bytes(folder: pathlib.Path, name: str, data: bytes) -> pathlib.Path:
+    (path := folder / name).write_bytes(data)
+    return path
 
 
 # ---------------------------------------------------------------- done_keys(run_id=)

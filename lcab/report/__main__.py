@@ -12,7 +12,8 @@ canonical sweep (the newest on each card, lcab.canonical.current; one page
 each), the headline the most complete of them, unless --results names
 folders (one page, or one headline sweep, per folder).
 
---results takes result JSONL files or directories (searched for *.jsonl);
+--results takes result JSONL files or directories (searched for *.jsonl and
+*.jsonl.gz);
 repeat the flag or separate paths with commas (a value that names an
 existing path is taken whole, commas and all). Reruns and merged files are
 reduced to the newest row of each measurement; a damaged line is skipped

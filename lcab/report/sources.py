@@ -100,8 +100,8 @@ def result_files(paths: Iterable[str | pathlib.Path]) -> list[pathlib.Path]:
     found = []
     for path in map(pathlib.Path, paths):
         if path.is_dir():
-            found += sorted(p for p in path.rglob("*.jsonl")
-                            if p.is_file() and not canonical.is_rerun(p, path))
+            found += [p for p in results.row_files_under(path)
+                      if not canonical.is_rerun(p, path)]
         elif path.exists():
             found.append(path)
         else:
