@@ -845,6 +845,15 @@ def test_changed_parts_are_listed_from_a_run_with_their_rows_counted(tmp_path):
     assert "  rows measured before a later change: jax.cp_ring 1\n" in shown.stdout
     every = listed(f"--out={tmp_path}")
     assert every.stdout.count("rows measured before a later change") == 1
+    # --parts chooses the parts; 'changed' then picks among them, adding none.
+    write(tmp_path / "jax-cp2-8k-causal", [row("jax.cp_ring", inner="jax.pallas_flex",
+                                               direction="bwd", suite="cp", cp_size=2,
+                                               mask="causal",
+                                               timestamp="2026-11-27T10:00:00+00:00")])
+    among = listed(f"--out={tmp_path}", "--parts=jax-cp2-8k-causal,jax-cp2-8k-full_document",
+                   "--measure_again=changed")
+    assert re.findall(r"^(\S+)  \(", among.stdout, re.MULTILINE) == [
+        "jax-cp2-8k-causal", "jax-cp2-8k-full_document"], among.stdout + among.stderr
     nowhere = listed("--parts=changed")
     assert nowhere.returncode != 0 and "give --out" in nowhere.stderr
     both = listed(f"--out={tmp_path}", "--measure_again=changed",

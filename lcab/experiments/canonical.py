@@ -81,7 +81,7 @@ MEASURE_AGAIN = flags.DEFINE_list(
     "The same command again resumes them until they are done. "
     "'changed' names every part whose standing rows were measured before a later change "
     "to their kernel (the tables' †), each with only those rows moved aside, so only "
-    "their cases run again.",
+    "their cases run again; with --parts naming parts, only those of them.",
     flag_values=FLAGS)
 MEASURE_AGAIN_BACKENDS = flags.DEFINE_list(
     "measure_again_backends", [], "With --measure_again: only these backends' rows move "
@@ -332,9 +332,21 @@ def named_parts(values: Sequence[str], changed: Sequence[str]) -> list[str]:
             for name in (changed if value == changed_parts.CHANGED else [value])]
 
 
+def changed_among(folder: pathlib.Path, sweep: str) -> dict[str, list[str]]:
+    """What 'changed' stands for (changed_parts.changed: part -> the backends
+    whose standing rows predate a later change); where --parts names parts
+    rather than 'changed', only those of them: --parts chooses the parts,
+    --measure_again=changed what to do in them."""
+    changed = changed_parts.changed(folder, defined.parts(sweep), State(folder, sweep).data)
+    if PARTS.value and changed_parts.CHANGED not in PARTS.value:
+        changed = {name: backends for name, backends in changed.items()
+                   if name in PARTS.value}
+    return changed
+
+
 def chosen_parts(sweep: str, changed: Sequence[str] = ()) -> list[defined.Part]:
     """--parts in their order, then the --measure_again parts not among them;
-    'changed' in either stands for the parts `changed` names."""
+    'changed' in either stands for the parts `changed` names (changed_among)."""
     every = {part.name: part for part in defined.parts(sweep)}
     names = named_parts(PARTS.value, changed) if PARTS.value else list(every)
     names += [name for name in named_parts(MEASURE_AGAIN.value, changed) if name not in names]
@@ -749,8 +761,7 @@ def main(argv: list[str]) -> int:
         if wants_changed and not OUT.value:
             raise app.UsageError("'changed' reads a run's rows: give --out (the run's folder)")
         folder = pathlib.Path(OUT.value) if OUT.value else pathlib.Path("OUT")
-        changed = (changed_parts.changed(folder, defined.parts(sweep), State(folder, sweep).data)
-                   if wants_changed else {})
+        changed = changed_among(folder, sweep) if wants_changed else {}
         for part in chosen_parts(sweep, list(changed)):
             print(f"{part.name}  ({part.gpus} GPU{'s' if part.gpus > 1 else ''}): {part.what}")
             if OUT.value and (said := changed_parts.describe(folder / part.folder)):
@@ -770,7 +781,7 @@ def main(argv: list[str]) -> int:
     again_backends: Sequence[str] | Mapping[str, Sequence[str]] = MEASURE_AGAIN_BACKENDS.value
     changed: dict[str, list[str]] = {}
     if wants_changed:
-        changed = changed_parts.changed(folder, defined.parts(sweep), State(folder, sweep).data)
+        changed = changed_among(folder, sweep)
         print(f"== changed: {', '.join(changed) or 'no part'} (rows measured before a later "
               "change to their kernel)", flush=True)
         # A part also named outright moves every backend's rows, as named parts do.
