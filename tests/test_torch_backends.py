@@ -73,6 +73,30 @@ def test_flex_on_cpu_is_forward_only_and_says_so(tmp_path):
         "(it raises on a CPU)"))
 
 
+def test_flex_on_cpu_runs_uncompiled_without_torchs_warning_to_compile(monkeypatch):
+    """Uncompiled is chosen on a CPU: the default CPU sweep does not open
+    with torch's advice to compile (its rows' notes say how they ran);
+    flex_attention called directly still warns (the control)."""
+    import warnings
+
+    import torch.nn.attention.flex_attention as torch_flex
+
+    from torch_backends.kernels import flex
+
+    q = torch.randn(1, 2, 128, 16)
+
+    def warned(attention) -> list[str]:
+        monkeypatch.setattr(torch_flex, "_WARNINGS_SHOWN", set())  # torch warns once a process
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            out = attention(q, q, q)
+        assert out.shape == q.shape
+        return [str(w.message) for w in caught if "torch.compile" in str(w.message)]
+
+    assert warned(torch_flex.flex_attention)  # the control: torch does warn
+    assert warned(flex.eager_flex_attention) == []
+
+
 @pytest.mark.parametrize("backend", ["torch.sdpa_math", "torch.flex"])
 def test_low_precision_and_batches(tmp_path, backend):
     masks = ["causal_document", "var_block_sparse", "longformer_window"]

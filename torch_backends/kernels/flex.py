@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import warnings
 
 import numpy as np
 import torch
@@ -259,6 +260,20 @@ def compiled_flex_attention():
     return torch.compile(flex_attention, dynamic=False)
 
 
+# torch's own warning on an uncompiled call: on a CPU uncompiled is chosen
+# (compiling there is slow and its rows' notes say how they ran).
+_UNCOMPILED_WARNING = "flex_attention called without torch.compile"
+
+
+def eager_flex_attention(*args, **kwargs):
+    """flex_attention uncompiled, as a CPU runs it, without the warning that
+    asks to compile it (shown once per process, the default CPU sweep's
+    first lines otherwise)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=_UNCOMPILED_WARNING, category=UserWarning)
+        return flex_attention(*args, **kwargs)
+
+
 class FlexBackend(Backend):
     name = "torch.flex"
     framework = "torch"
@@ -309,7 +324,7 @@ class FlexBackend(Backend):
 
     def build(self, workload: Workload):
         block_mask = build_block_mask(workload.mask, _device(self.on_gpu))
-        attention = compiled_flex_attention() if self.on_gpu else flex_attention
+        attention = compiled_flex_attention() if self.on_gpu else eager_flex_attention
         enable_gqa = workload.heads_q != workload.heads_kv
 
         def attend(q, k, v):
@@ -339,7 +354,7 @@ class FlexRingKernel:
     def attention(self):
         # Compiled on first use, once for every step of a build (compiling
         # resets Dynamo), never when a ring only asks what it supports.
-        return compiled_flex_attention() if self.on_gpu else flex_attention
+        return compiled_flex_attention() if self.on_gpu else eager_flex_attention
 
     def refusal(self, mask: AttnMask) -> str | None:
         return None
