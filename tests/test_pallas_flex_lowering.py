@@ -152,7 +152,7 @@ def test_the_persistent_forward_is_an_option_with_its_own_limits(monkeypatch):
     assert "forward_grid=persistent" in backend.mask_support(cpu_workload()).how
     default = registry.load_backend("jax.pallas_flex", {})
     assert default.lowering.forward_grid == "auto"
-    assert default.forward_grid(cpu_workload()) is None  # Triton here: one grid
+    assert default.forward_launch(cpu_workload())[0] is None  # Triton here: one grid
     with pytest.raises(registry.Unavailable, match="choose one of auto, per_item, persistent"):
         registry.load_backend("jax.pallas_flex", {"forward_grid": "sm"})
 
@@ -194,7 +194,7 @@ def test_the_default_grid_is_persistent_where_programs_walk_few_keys(monkeypatch
     backend = registry.load_backend("jax.pallas_flex", {"block_k": str(block_k),
                                                         "forward_lowering": "mosaic"})
     workload = Workload(1, seqlen, seqlen, 8, 1, head_dim, "bfloat16", mask)
-    assert backend.forward_grid(workload) == grid
+    assert backend.forward_launch(workload)[0] == grid
     pinned, note = backend.pinned_to(workload)
     assert pinned.lowering.forward_grid == grid
     assert ("one program per SM" in note) == (grid == "persistent")

@@ -157,10 +157,6 @@ class PallasFlexBackend(Backend):
         return ("persistent" if config.persistent else "per_item",
                 schedule.rows_launch(forward, lowering.rows_launch))
 
-    def forward_grid(self, workload: Workload) -> str | None:
-        """The Mosaic forward's grid on `workload` (None: Triton's one)."""
-        return self.forward_launch(workload)[0]
-
     def pinned_to(self, workload: Workload):
         # A probe has fewer heads and a shorter mask, from which "auto"
         # could choose another forward grid, rows order, dK/dV launch order
