@@ -347,16 +347,11 @@ def _finite(value):
 ROW_FILE_SUFFIXES = (".jsonl", ".jsonl.gz")
 
 
-def is_row_file(path: pathlib.Path) -> bool:
-    """Whether `path` names a file of rows (by its name, as a folder's search
-    finds them): *.jsonl or *.jsonl.gz."""
-    return path.name.endswith(ROW_FILE_SUFFIXES)
-
-
 def row_files_under(folder: pathlib.Path) -> list[pathlib.Path]:
-    """The row files in `folder` and below, sorted by path; a directory that
-    happens to end in .jsonl is no file to read."""
-    return sorted(p for p in folder.rglob("*.jsonl*") if is_row_file(p) and p.is_file())
+    """The row files (*.jsonl, *.jsonl.gz) in `folder` and below, sorted by
+    path; a directory that happens to end in .jsonl is no file to read."""
+    return sorted(p for p in folder.rglob("*.jsonl*")
+                  if p.name.endswith(ROW_FILE_SUFFIXES) and p.is_file())
 
 
 def _files(paths: Iterable[str | pathlib.Path]) -> list[pathlib.Path]:
