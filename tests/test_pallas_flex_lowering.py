@@ -72,7 +72,8 @@ def test_the_kernels_lower_to_triton_for_a_gpu():
 
 
 @pytest.mark.parametrize("head_dim,dtype,block_k", [
-    (128, jnp.bfloat16, 128), (64, jnp.float16, 64), (256, jnp.bfloat16, 64)])
+    (128, jnp.bfloat16, 128), (64, jnp.float16, 64), (256, jnp.bfloat16, 64),
+    (128, jnp.bfloat16, 192)])
 def test_the_mosaic_forward_lowers_for_a_gpu_on_every_family(head_dim, dtype, block_k):
     """Mosaic GPU's interpret mode cannot run this kernel (mosaic_fwd_sm90
     says why), so on a CPU it is lowered to Mosaic GPU's MLIR instead: that
@@ -235,7 +236,8 @@ def test_the_shared_memory_counts_are_mosaics_own(monkeypatch):
         return launch(token, grid, cluster, block, smem_buffers, *args, **kwargs)
 
     monkeypatch.setattr(mosaic_core, "_launch", spy)
-    for head_dim, block_k, persistent in ((128, 128, True), (128, 128, False), (192, 64, True)):
+    for head_dim, block_k, persistent in ((128, 128, True), (128, 128, False), (192, 64, True),
+                                          (128, 192, False)):
         config = mosaic_fwd_sm90.Config(persistent=persistent, programs=3 if persistent else None)
         mosaic_forward_text("causal", head_dim=head_dim, block_k=block_k, config=config)
         assert asked.pop() == mosaic_fwd_sm90.shared_memory(block_k, jnp.bfloat16, head_dim,
@@ -296,6 +298,16 @@ def test_the_mosaic_forward_says_what_it_cannot_take():
     assert "head_dim 64, 128, 192 or 256" in problem(128, 128, "bfloat16", 32)
     assert "block_q=128" in problem(64, 128, "bfloat16", 128)
     assert "64 above head_dim 128" in problem(128, 128, "bfloat16", 256)
+    # 192-key steps (v26): one program per item, at head_dim 128 and below;
+    # the persistent grid's output tile would not fit beside their ring.
+    assert problem(128, 192, "bfloat16", 128) is None
+    assert "64, 128 or 192" in problem(128, 96, "bfloat16", 128)
+    assert "64 above head_dim 128" in problem(128, 192, "bfloat16", 192)
+    persistent = mosaic_fwd_sm90.Config(persistent=True)
+    assert "persistent Mosaic forward needs 263248 bytes" in problem(
+        128, 192, "bfloat16", 128, persistent)
+    wide = make_plan(make_mask("causal_document", 4096), 128, 192).geometry
+    assert not Lowering().mosaic_forward_for(wide, jnp.bfloat16, 128).persistent
     # On a CPU "auto" takes the Triton forward; "mosaic" is refused with its reason.
     auto = registry.load_backend("jax.pallas_flex", {})
     assert auto.lowering.forward == "auto"
@@ -303,6 +315,12 @@ def test_the_mosaic_forward_says_what_it_cannot_take():
     mosaic = registry.load_backend("jax.pallas_flex", {"forward_lowering": "mosaic"})
     support = mosaic.mask_support(cpu_workload())
     assert not support.ok and "forward_lowering=mosaic: needs a CUDA GPU" in support.reason
+    # Triton's tiles are powers of two: 192 keys are the Mosaic forward's alone.
+    wide = registry.load_backend("jax.pallas_flex", {"block_k": 192}).mask_support(
+        cpu_workload())
+    assert not wide.ok and "block_k=192 takes the Mosaic forward" in wide.reason
+    with pytest.raises(registry.Unavailable, match="or block_k=192"):
+        registry.load_backend("jax.pallas_flex", {"block_k": 96})
     with pytest.raises(ValueError, match="choose one of auto, triton, mosaic"):
         Lowering(forward="wgmma")
     with pytest.raises(ValueError, match="no interpret mode"):

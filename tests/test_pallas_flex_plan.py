@@ -62,6 +62,18 @@ def test_the_plan_visits_exactly_the_mask(name, blocks):
     assert by_q == by_k
 
 
+@pytest.mark.parametrize("name", MASK_NAMES)
+def test_the_wide_forward_key_block_visits_exactly_the_mask(name):
+    """The Mosaic forward's 192-key block (v26), which divides neither the
+    length nor the families' own sizes: the plan still covers the mask
+    exactly, tiles past the end partial."""
+    mask = small_mask(name, 1000)
+    plan = make_plan(mask, 128, 192)
+    assert (plan.padded_k, plan.num_k_blocks) == (1152, 6)
+    assert np.array_equal(plan_to_dense(plan), mask.to_dense())
+    assert plan.tiles() == len(mask.block_schedule(128, 192).state)
+
+
 def test_full_tiles_come_as_runs():
     plan = make_plan(make_mask("causal", 4096), 128, 64)
     assert plan.by_q.runs.tolist() == [0] + [1] * 31  # blocks 0..2i-1 in one run

@@ -16,7 +16,7 @@ import dataclasses
 import functools
 
 from jax_backends import _shared
-from jax_backends.pallas_flex import mosaic_bwd_sm90, ops, plan, ring, schedule
+from jax_backends.pallas_flex import mosaic_bwd_sm90, mosaic_fwd_sm90, ops, plan, ring, schedule
 from lcab.backend import Backend, ProbeNeeds, Support
 from lcab.masks import MASK_NAMES
 from lcab.workloads import Workload
@@ -73,10 +73,13 @@ class PallasFlexBackend(Backend):
                                options.get("block_k", FORWARD_BLOCKS[1]))
         self.chosen_backward_blocks = (options.get("backward_block_q"),
                                        options.get("backward_block_k"))
+        wide = mosaic_fwd_sm90.WIDE_BLOCK_K
         for key, size in zip(("block_q", "block_k", "backward_block_q", "backward_block_k"),
                              (*self.forward_blocks, *self.chosen_backward_blocks)):
-            if size is not None and (size < 16 or size & (size - 1)):
-                raise ValueError(f"{key}={size}: blocks are powers of two from 16 (Triton tiles)")
+            if (size is not None and (size < 16 or size & (size - 1))
+                    and (key, size) != ("block_k", wide)):
+                raise ValueError(f"{key}={size}: blocks are powers of two from 16 (Triton "
+                                 f"tiles), or block_k={wide} (the Mosaic forward's alone)")
         self.lowerings = tuple(_choice(options, key, ops.LOWERINGS, "auto")
                                for key in ("forward_lowering", "backward_lowering"))
         self.launches = {key: _choice(options, key, choices, None)
@@ -120,6 +123,9 @@ class PallasFlexBackend(Backend):
                                               workload.head_dim)
             if getattr(lowering, direction) == "mosaic" and problem:
                 return Support.no(f"{direction}_lowering=mosaic: {problem}")
+            if problem and direction == "forward" and blocks[1] == mosaic_fwd_sm90.WIDE_BLOCK_K:
+                return Support.no(f"block_k={blocks[1]} takes the Mosaic forward (Triton "
+                                  f"tiles are powers of two), which cannot run here: {problem}")
             chosen[direction] = "Triton" if problem else "Mosaic GPU"
         mode = "interpret mode" if lowering.interpret else "compiled"
         mode += f"; forward {chosen['forward']}, backward {chosen['backward']}"

@@ -74,6 +74,24 @@ _MBARRIER_BYTES = 8
 # reductions across threads, by its lowering's count on a CPU; the dQ
 # kernel, which reduces nothing, has none).
 _REDUCTION_SCRATCH = 2048
+# The widest key block the Mosaic forward takes (v26, option block_k): a
+# step of 192 keys spreads each step's fixed work (row max and sum, the
+# output's rescale, the warpgroups' turn) over 1.5x the keys. Its K and V
+# ring (2 x 2 x 48 KiB) and Q leave no room for the persistent grid's own
+# output tile, so it runs one program per item, at head_dim 128 and below.
+# (FA3 steps 176 keys on masks that are neither causal nor local; wgmma
+# under the 128-byte swizzle takes K in groups of 64, so 176 cannot be.)
+WIDE_BLOCK_K = 192
+
+
+def _reduction_scratch(block_k: int) -> int:
+    """Mosaic GPU reserves shared memory for reductions across warps in any
+    kernel that reduces; the softmax's row max and sum reduce within a warp
+    (a WGMMA row lives in one warp's four threads), so the reserve is never
+    read. A 192-key ring needs those 2 KiB (its buffers and mbarriers take
+    230,480 of 232,448 bytes), so it asks for none; the 128-key default
+    keeps Mosaic's reserve (its IR unchanged)."""
+    return 0 if block_k == WIDE_BLOCK_K else _REDUCTION_SCRATCH
 
 
 def scratch_bytes(buffers, barriers: int) -> int:
@@ -120,9 +138,9 @@ def problem(block_q: int, block_k: int, dtype, head_dim: int,
         return f"the Mosaic forward takes head_dim 64, 128, 192 or 256, not {head_dim}"
     if block_q != BLOCK_Q:
         return f"the Mosaic forward needs block_q={BLOCK_Q} (two warpgroups of 64 rows)"
-    if block_k not in (64, 128) or (head_dim > 128 and block_k != 64):
-        return ("the Mosaic forward needs block_k 64 or 128 (64 above head_dim 128: "
-                "shared memory)")
+    if block_k not in (64, 128, WIDE_BLOCK_K) or (head_dim > 128 and block_k != 64):
+        return (f"the Mosaic forward needs block_k 64, 128 or {WIDE_BLOCK_K} (64 above "
+                "head_dim 128: shared memory)")
     if config.persistent and (needed := shared_memory(block_k, dtype, head_dim, config)) > \
             SMEM_BYTES:
         return (f"the persistent Mosaic forward needs {needed} bytes of shared memory at "
@@ -140,7 +158,7 @@ def shared_memory(block_k: int, dtype, head_dim: int, config: Config) -> int:
     tile = rows * head_dim * itemsize
     ring = config.stages * block_k * head_dim * itemsize
     buffers = (tile, ring, ring, rows * 4, *((tile,) if config.persistent else ()),
-               _REDUCTION_SCRATCH)
+               _reduction_scratch(block_k))
     return scratch_bytes(buffers, 4 * config.stages + COMPUTE_WARPGROUPS)
 
 
@@ -355,7 +373,8 @@ def forward(q, k, v, geometry: Geometry, tables, config: Config = Config(),
         grid_names=grid_names,
         num_threads=COMPUTE_WARPGROUPS + 1,
         thread_name="wg",
-        compiler_params=plgpu.CompilerParams(approx_math=True),
+        compiler_params=plgpu.CompilerParams(approx_math=True,
+                                             reduction_scratch_bytes=_reduction_scratch(block_k)),
         kernel_name="lcab_flex_forward_persistent" if persistent else "lcab_flex_forward_mosaic",
     )
     return call(*walk, q, k, v)

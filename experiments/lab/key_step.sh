@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Does the Mosaic forward gain from 192-key steps? On one GPU, pallas_flex's
+# forward with block_k=128 (the default) and 192 (v26) in turn. FA3 steps
+# 176 keys where the mask is neither causal nor local and leads pallas_flex
+# there (full 0.94-0.97x on H200 rows) but not on causal, where both step
+# 128 (docs/pallas_flex.md, "The forward's key step"). 192 runs one program
+# per item (its ring leaves no room for the persistent grid's output tile),
+# so where the default is persistent (programs that walk under 16k keys:
+# causal at 24k, the documents, the window) the arms differ in grid too.
+# check: the GPU test of the 192-key forward at a length no block divides
+# (tests/test_pallas_flex_kernels.py), every family at 1k with block_k=192,
+# the full-size check on, and ptxas's report (spills decide it: the scores
+# take 96 registers a thread where 128 keys take 64); ab: both in turn (one
+# round a call, LCAB_LAB_ROUNDS), forward only, at LCAB_LAB_SEQLENS
+# (default 24k,32k,64k: 24k and 48k are multiples of 192, 32k and 64k pad
+# one partial block) on LCAB_LAB_MASKS (default full, causal, full_document,
+# sliding_window_causal). Each run writes OUT/<name>/ and its .log, packed
+# into OUT/rows.tgz after each; the last lines are one short table per run.
+#
+#   experiments/lab/key_step.sh OUT COMMIT check|ab
+#
+# COMMIT: the full hash, written out (experiments/README.md says why).
+#
+# Written before any run (v26 in docs/pallas_flex.md): correct on every
+# family; ptxas spills at most a few bytes a thread (tens would make it a
+# loss, as spills did to v12's and v17's backward); forward full +3 to +6 %
+# at 24k-64k; causal +1 to +4 % at 32k-64k (its diagonal's cut tiles grow
+# 1.5x, under 1 % of its area there) and 0 to +3 % at 24k (where the
+# default arm is persistent); full_document -6 to +1 % and
+# sliding_window_causal -15 to -5 % (the persistent grid lost, 1.5x wider
+# cut tiles). A rule, not a default everywhere: 192 where the forward runs
+# one program per item anyway (schedule.forward_grid: 16k keys a program
+# or more), if full and causal gain there beyond the two rounds' spread in
+# both rounds and nothing the rule would cover loses.
+set -uo pipefail
+usage="usage: $0 OUT COMMIT check|ab"
+source "$(dirname "$0")/pack.sh"
+lab_start "$@"
+run() { pallas_flex_run "$@"; }  # name, seconds, then lcab.experiments flags
+case $part in
+  check)
+    run_packed "$out" gpu-test timeout -k 10 180 python3 -m pytest -q -p no:cacheprovider \
+      tests/test_pallas_flex_kernels.py -k wide_key_block
+    check_every_family check-wide block_k=192 --directions=fwd ;;
+  ab)
+    ab_rounds block_k "${LCAB_LAB_SECONDS:-270}" "128 192" --directions=fwd \
+      --seqlens="${LCAB_LAB_SEQLENS:-24k,32k,64k}" \
+      --masks="${LCAB_LAB_MASKS:-full,causal,full_document,sliding_window_causal}" ;;
+  *) echo "$usage" >&2; exit 2 ;;
+esac
+summaries "$out"
