@@ -26,12 +26,14 @@
 # loss, as spills did to v12's and v17's backward); forward full +3 to +6 %
 # at 24k-64k; causal +1 to +4 % at 32k-64k (its diagonal's cut tiles grow
 # 1.5x, under 1 % of its area there) and 0 to +3 % at 24k (where the
-# default arm is persistent); full_document -6 to +1 % and
-# sliding_window_causal -15 to -5 % (the persistent grid lost, 1.5x wider
-# cut tiles). A rule, not a default everywhere: 192 where the forward runs
-# one program per item anyway (schedule.forward_grid: 16k keys a program
-# or more), if full and causal gain there beyond the two rounds' spread in
-# both rounds and nothing the rule would cover loses.
+# default arm is persistent); full_document -5 to +2 % and
+# sliding_window_causal -18 to -8 % (the persistent grid lost: v23 measured
+# it +3 to +9 % on them at 16k-32k; and the tiles' share of the mask falls
+# from 0.95-0.98 to 0.94-0.97 on full_document, from 0.89 to 0.80 on the
+# window, by the plan on a CPU). A rule, not a default everywhere: 192
+# where the forward runs one program per item anyway (schedule.forward_grid:
+# 16k keys a program or more), if full and causal gain there beyond the two
+# rounds' spread in both rounds and nothing the rule would cover loses.
 set -uo pipefail
 usage="usage: $0 OUT COMMIT check|ab"
 source "$(dirname "$0")/pack.sh"
