@@ -210,7 +210,7 @@ def _shortfall(mask: AttnMask, needs: ProbeNeeds, wanted: list[Reach]) -> list[s
 def _sized_lengths(needs: ProbeNeeds) -> list[int]:
     """Candidate probe lengths, shortest first: from min_tiles of the largest
     block on, never a multiple of a block when `unaligned` (blocks are
-    powers of two, so an odd length)."""
+    even, so an odd length)."""
     block = max(max(tiling) for tiling in needs.tilings)
     length = needs.min_tiles * block + (block // 2 + 1 if needs.unaligned else 0)
     lengths = []

@@ -133,7 +133,6 @@ SLOW_TESTS = {
         "test_the_mosaic_forward_lowers_for_a_gpu_on_every_family",
         "test_the_persistent_mosaic_forward_lowers_for_a_gpu_on_every_family",
         "test_the_shared_memory_counts_are_mosaics_own",
-        "test_the_forward_reduces_nothing_across_warps",
     ),
     "test_pallas_flex_tables.py": (
         "test_the_committed_tile_efficiency_table_is_what_the_script_prints",

@@ -113,6 +113,9 @@ def test_the_persistent_grid_marks_forward_rows_whose_programs_walk_few_keys():
     largest = changed_rows.PERSISTENT_MAX_HEAD_DIM
     assert mosaic_fwd_sm90.problem(128, 64, "bfloat16", largest, fits) is None
     assert mosaic_fwd_sm90.problem(128, 64, "bfloat16", largest + 64, fits)
+    widest = changed_rows.PERSISTENT_MAX_BLOCK_K
+    assert mosaic_fwd_sm90.problem(128, widest, "bfloat16", 128, fits) is None
+    assert mosaic_fwd_sm90.problem(128, mosaic_fwd_sm90.WIDE_BLOCK_K, "bfloat16", 128, fits)
 
     def forward(**fields):
         return short(**{"direction": "fwd", "head_dim": 128, **fields})
@@ -126,6 +129,9 @@ def test_the_persistent_grid_marks_forward_rows_whose_programs_walk_few_keys():
         assert registry.changes_since(forward(mask=mask, seqlen=seqlen)) == [PALLAS_FLEX_V25]
     assert registry.changes_since(forward(options='{"forward_grid": "per_item"}')) == []
     assert registry.changes_since(forward(head_dim=256)) == []
+    # 192-key blocks run one program per item: the grid's change cannot reach them.
+    assert registry.changes_since(forward(mask="causal", seqlen=16384,
+                                          options='{"block_k": 192}')) == []
     assert registry.changes_since(forward(notes=MOSAIC_NOTES.replace("forward Mosaic",
                                                                      "forward Triton"))) == []
     module = forward(backend="jax.module", inner="jax.pallas_flex", suite="module",

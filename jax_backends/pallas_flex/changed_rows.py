@@ -14,11 +14,13 @@ from lcab.results import inner_kernel, json_field
 NAME = "jax.pallas_flex"
 # The Mosaic backward's blocks where a row set none (mosaic_bwd_sm90.BLOCK,
 # which imports JAX; a test holds the two equal), the forward's
-# (backend.FORWARD_BLOCKS) and the largest head_dim whose persistent
-# forward fits in shared memory (mosaic_fwd_sm90.problem; tested too).
+# (backend.FORWARD_BLOCKS) and the largest head_dim and key block whose
+# persistent forward fits in shared memory (mosaic_fwd_sm90.problem; tested
+# too: 192-key blocks run one program per item).
 MOSAIC_BACKWARD_BLOCK = 128
 FORWARD_BLOCK = 128
 PERSISTENT_MAX_HEAD_DIM = 192
+PERSISTENT_MAX_BLOCK_K = 128
 
 
 def split_by_default(row: Mapping) -> bool:
@@ -42,14 +44,16 @@ def persistent_by_default(row: Mapping) -> bool:
     """Whether forward_grid's default "auto" runs the row's forward on the
     persistent grid: a one-GPU row of jax.pallas_flex (or of a module over
     it) whose forward ran the Mosaic kernel with forward_grid unset, at a
-    head_dim whose persistent tiles fit, on a workload whose programs walk
+    head_dim and key block whose persistent tiles fit, on a workload whose programs walk
     few enough keys (schedule.forward_grid). CP rows keep a program per
     item (PallasFlexBackend.cp_inner_defaults)."""
     options = _one_gpu_mosaic_options(row, "forward", "forward_grid")
     if options is None:
         return False
-    fits = int(row.get("head_dim")) <= PERSISTENT_MAX_HEAD_DIM
-    return schedule.forward_grid(_forward_geometry(row, options), "auto", fits) == "persistent"
+    geometry = _forward_geometry(row, options)
+    fits = (int(row.get("head_dim")) <= PERSISTENT_MAX_HEAD_DIM
+            and geometry.block_k <= PERSISTENT_MAX_BLOCK_K)
+    return schedule.forward_grid(geometry, "auto", fits) == "persistent"
 
 
 def head_major_by_default(row: Mapping) -> bool:

@@ -16,8 +16,9 @@ union of their slices.
 
 The backward is mosaic_bwd_sm90's (it shares fold_visits, masked and
 the K/V feeder with this module). Needs bf16 or f16, head_dim a multiple
-of 64 (at most 256) and a plan of 128-row q blocks and 64- or 128-column
-kv blocks (`problem` says what does not fit).
+of 64 (at most 256) and a plan of 128-row q blocks and 64-, 128- or (at
+head_dim 128 and below) 192-column kv blocks (`problem` says what does not
+fit).
 It has no CPU path: Mosaic GPU's interpret mode (jax 0.10.2) lacks
 layout_cast and run_state and, with those patched out, hangs on this
 warp-specialised pattern (JAX's own attention_mgpu as well); on a CPU the
@@ -90,7 +91,10 @@ def _reduction_scratch(block_k: int) -> int:
     (a WGMMA row lives in one warp's four threads), so the reserve is never
     read. A 192-key ring needs those 2 KiB (its buffers and mbarriers take
     230,480 of 232,448 bytes), so it asks for none; the 128-key default
-    keeps Mosaic's reserve (its IR unchanged)."""
+    keeps Mosaic's reserve (its IR unchanged). A reduction that did need
+    it would not run wrong: Mosaic's lowering refuses it ("required
+    reduction scratch size ... larger than the available"), which the
+    lowering tests would show."""
     return 0 if block_k == WIDE_BLOCK_K else _REDUCTION_SCRATCH
 
 
