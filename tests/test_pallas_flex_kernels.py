@@ -313,5 +313,3 @@ def test_the_wide_key_block_mosaic_forward_matches_the_reference(name):
     q, k, v, _ = inputs(1000, heads=(4, 2), head_dim=128, batch=1)
     plan = make_plan(mask, 128, mosaic_fwd_sm90.WIDE_BLOCK_K)
     assert_mosaic_forward_matches(mask, plan, Lowering(forward="mosaic"), q, k, v)
-
-

@@ -44,9 +44,9 @@ def persistent_by_default(row: Mapping) -> bool:
     """Whether forward_grid's default "auto" runs the row's forward on the
     persistent grid: a one-GPU row of jax.pallas_flex (or of a module over
     it) whose forward ran the Mosaic kernel with forward_grid unset, at a
-    head_dim and key block whose persistent tiles fit, on a workload whose programs walk
-    few enough keys (schedule.forward_grid). CP rows keep a program per
-    item (PallasFlexBackend.cp_inner_defaults)."""
+    head_dim and key block whose persistent tiles fit, on a workload whose
+    programs walk few enough keys (schedule.forward_grid). CP rows keep a
+    program per item (PallasFlexBackend.cp_inner_defaults)."""
     options = _one_gpu_mosaic_options(row, "forward", "forward_grid")
     if options is None:
         return False
