@@ -354,11 +354,15 @@ def row_files_under(folder: pathlib.Path) -> list[pathlib.Path]:
                   if p.name.endswith(ROW_FILE_SUFFIXES) and p.is_file())
 
 
-def _files(paths: Iterable[str | pathlib.Path]) -> list[pathlib.Path]:
+def row_files(paths: Iterable[str | pathlib.Path],
+              passed_over=lambda file, folder: False) -> list[pathlib.Path]:
+    """The row files the paths name: a file as given, a directory's row
+    files (row_files_under) but those `passed_over(file, directory)` says
+    to leave out; a path that does not exist raises FileNotFoundError."""
     found = []
     for path in map(pathlib.Path, paths):
         if path.is_dir():
-            found += row_files_under(path)
+            found += [file for file in row_files_under(path) if not passed_over(file, path)]
         elif path.exists():
             found.append(path)
         else:
@@ -622,7 +626,7 @@ def read_rows(paths: Iterable[str | pathlib.Path]) -> list[dict]:
     tool's records (no row with any of RESULT_MARKS) is passed over quietly.
     """
     rows = []
-    for path in _files(paths):
+    for path in row_files(paths):
         rows += _rows_of_file(path)
     return rows
 

@@ -26,8 +26,7 @@ lab_start "$@"
 run() { pallas_flex_run "$@"; }  # name, seconds, then lcab.experiments flags
 case $part in
   check)
-    run_packed "$out" gpu-test timeout -k 10 120 python3 -m pytest -q -p no:cacheprovider \
-      tests/test_pallas_flex_kernels.py -k persistent_mosaic_forward
+    kernel_gpu_test persistent_mosaic_forward 120
     check_every_family check-persistent forward_grid=persistent --directions=fwd ;;
   ab)
     ab_rounds forward_grid 270 "per_item persistent" --directions=fwd \

@@ -41,8 +41,7 @@ lab_start "$@"
 run() { pallas_flex_run "$@"; }  # name, seconds, then lcab.experiments flags
 case $part in
   check)
-    run_packed "$out" gpu-test timeout -k 10 180 python3 -m pytest -q -p no:cacheprovider \
-      tests/test_pallas_flex_kernels.py -k wide_key_block
+    kernel_gpu_test wide_key_block 180
     check_every_family check-wide block_k=192 --directions=fwd ;;
   ab)
     ab_rounds block_k "${LCAB_LAB_SECONDS:-270}" "128 192" --directions=fwd \

@@ -47,8 +47,8 @@ ptxas_report() {
 }
 
 # The one-GPU kernel helpers below (lab_start, pallas_flex_run, ab_rounds,
-# check_every_family, ptxas_report) serve clocks.sh, rows_launch.sh,
-# dkv_split.sh, forward_grid.sh and key_step.sh; earlier
+# kernel_gpu_test, check_every_family, ptxas_report) serve clocks.sh,
+# rows_launch.sh, dkv_split.sh, forward_grid.sh and key_step.sh; earlier
 # scripts that used them left main with their options: forward_release.sh
 # and dq_reduce_probe.sh are at commit a32f37e, one_pass.sh at 520f3a5,
 # dkv_strips.sh at 28b11ca, dq_grid.sh at 5e02067.
@@ -86,6 +86,13 @@ ab_rounds() {
       run "$value-$round" "$seconds" "$@" "--backend_options=jax.pallas_flex:$option=$value"
     done
   done
+}
+
+# kernel_gpu_test FILTER SECONDS: the GPU tests of tests/test_pallas_flex_kernels.py
+# that pytest's -k FILTER selects, killed after SECONDS, as run gpu-test.
+kernel_gpu_test() {
+  run_packed "$out" gpu-test timeout -k 10 "$2" python3 -m pytest -q -p no:cacheprovider \
+    tests/test_pallas_flex_kernels.py -k "$1"
 }
 
 # check_every_family NAME OPTION FLAGS...: jax.pallas_flex with OPTION

@@ -97,16 +97,7 @@ def named_folders(folders: Folders = None) -> dict[str, pathlib.Path]:
 def result_files(paths: Iterable[str | pathlib.Path]) -> list[pathlib.Path]:
     """The JSONL files under the paths, in the order lcab.results reads them;
     a folder's rerun parts (lcab.canonical.RERUNS) are left out."""
-    found = []
-    for path in map(pathlib.Path, paths):
-        if path.is_dir():
-            found += [p for p in results.row_files_under(path)
-                      if not canonical.is_rerun(p, path)]
-        elif path.exists():
-            found.append(path)
-        else:
-            raise FileNotFoundError(f"no results at {path}")
-    return found
+    return results.row_files(paths, passed_over=canonical.is_rerun)
 
 
 def load(paths: Iterable[str | pathlib.Path]) -> pd.DataFrame:
