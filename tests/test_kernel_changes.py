@@ -109,6 +109,7 @@ def test_the_persistent_grid_marks_forward_rows_whose_programs_walk_few_keys():
     from jax_backends.pallas_flex import backend, changed_rows, mosaic_fwd_sm90
 
     assert changed_rows.FORWARD_BLOCK == backend.FORWARD_BLOCKS[1]
+    assert changed_rows.WIDE_BLOCK_K == mosaic_fwd_sm90.WIDE_BLOCK_K
     fits = mosaic_fwd_sm90.Config(persistent=True)
     largest = changed_rows.PERSISTENT_MAX_HEAD_DIM
     assert mosaic_fwd_sm90.problem(128, 64, "bfloat16", largest, fits) is None

@@ -221,6 +221,38 @@ def test_the_default_grid_is_persistent_where_programs_walk_few_keys(monkeypatch
     assert launched[0] == want if want else math.prod(launched[0]) == items
 
 
+@pytest.mark.parametrize("name,seqlen,head_dim,options,block_k", [
+    ("full", 32768, 128, {}, 192),
+    ("causal", 32768, 128, {}, 192),  # 16,448 keys a program on average
+    ("full", 16384, 128, {}, 128),  # 16,384: persistent at 128 keys
+    ("causal", 24576, 128, {}, 128),
+    ("sliding_window_causal", 32768, 128, {}, 128),
+    ("full", 32768, 64, {}, 128),  # measured at head_dim 128 alone
+    ("full", 32768, 128, {"block_k": "128"}, 128),  # set: kept
+    ("full", 32768, 128, {"forward_grid": "persistent"}, 128),  # 192 has no persistent grid
+])
+def test_the_default_key_block_is_wide_where_programs_walk_long_rows(monkeypatch, name, seqlen,
+                                                                      head_dim, options, block_k):
+    """With block_k unset the Mosaic forward steps 192 keys where a program
+    would walk more than 16k keys on average at 128 and head_dim is 128,
+    128 elsewhere; the plan, the probe's pin, the probe's tilings and the
+    row's note follow it, and CP inner kernels keep 128."""
+    monkeypatch.setattr(_shared, "gpu_problem", lambda **_: None)
+    backend = registry.load_backend("jax.pallas_flex", {"forward_lowering": "mosaic", **options})
+    workload = Workload(1, seqlen, seqlen, 8, 1, head_dim, "bfloat16", make_mask(name, seqlen))
+    assert backend.forward_blocks_for(workload) == (128, block_k)
+    assert backend.plans(workload)[0].geometry.block_k == block_k
+    assert backend.probe_needs(workload).tilings[0] == (128, block_k)
+    pinned, note = backend.pinned_to(workload)
+    assert pinned.forward_blocks == (128, block_k) and pinned.set_options == backend.set_options
+    wide = block_k == 192 and "block_k" not in options
+    assert ("192 keys a step" in note) == wide
+    assert ("192-key steps" in backend.mask_support(workload).how) == wide
+    if wide:  # one program per item: 192-key tiles leave no room for the persistent grid's
+        assert backend.forward_launch(workload)[0] == "per_item"
+    assert type(backend).cp_inner_defaults["block_k"] == "128"
+
+
 def test_the_shared_memory_counts_are_mosaics_own(monkeypatch):
     """mosaic_fwd_sm90.shared_memory, which decides what `problem`
     refuses, counts what Mosaic GPU asks the GPU for (its launch's count,

@@ -34,8 +34,11 @@
 # where the forward runs one program per item anyway (schedule.forward_grid:
 # 16k keys a program or more), if full and causal gain there beyond the two
 # rounds' spread in both rounds and nothing the rule would cover loses.
+# paper: the same on the paper's masks whose programs walk long rows at 32k
+# or 40k (its document sampler; the rule's own cells and their neighbours),
+# with a third arm, the default (block_k unset: the rule itself).
 set -uo pipefail
-usage="usage: $0 OUT COMMIT check|ab"
+usage="usage: $0 OUT COMMIT check|ab|paper"
 source "$(dirname "$0")/pack.sh"
 lab_start "$@"
 run() { pallas_flex_run "$@"; }  # name, seconds, then lcab.experiments flags
@@ -47,6 +50,16 @@ case $part in
     ab_rounds block_k "${LCAB_LAB_SECONDS:-270}" "128 192" --directions=fwd \
       --seqlens="${LCAB_LAB_SEQLENS:-24k,32k,64k}" \
       --masks="${LCAB_LAB_MASKS:-full,causal,full_document,sliding_window_causal}" ;;
+  paper)  # the paper's masks at 32k and 40k: 128, 192 and the default (block_k unset)
+    flagfile=experiments/paper.flags
+    masks=full,longca_global_window,prefix_lm_causal,causal_blockwise,full_document
+    for round in ${LCAB_LAB_ROUNDS:-1 2}; do
+      for value in 128 192 default; do
+        [ "$value" = default ] && set_k=() || set_k=("--backend_options=jax.pallas_flex:block_k=$value")
+        run "$value-$round" "${LCAB_LAB_SECONDS:-150}" --directions=fwd --seqlens=32k,40k \
+          --masks="$masks" "${set_k[@]}"
+      done
+    done ;;
   *) echo "$usage" >&2; exit 2 ;;
 esac
 summaries "$out"

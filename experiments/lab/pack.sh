@@ -65,11 +65,12 @@ lab_start() {
 
 # pallas_flex_run NAME SECONDS FLAGS...: jax.pallas_flex alone on the seed
 # blog's workloads at $commit into $out/NAME (run_packed), killed after
-# SECONDS, the full-size check's references shared between runs.
+# SECONDS, the full-size check's references shared between runs; the
+# paper's workloads instead where the script sets flagfile=experiments/paper.flags.
 pallas_flex_run() {
   local name=$1 seconds=$2; shift 2
   run_packed "$out" "$name" timeout -k 10 "$seconds" python3 -m lcab.experiments \
-    --flagfile=experiments/seed_blog.flags --framework=jax --backends=jax.pallas_flex \
+    "--flagfile=${flagfile:-experiments/seed_blog.flags}" --framework=jax --backends=jax.pallas_flex \
     --reference_cache="$out/references" "--git_commit=$commit" --noprogress --nosummary \
     --out="$out/$name" "$@"
 }

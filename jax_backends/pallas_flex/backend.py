@@ -23,7 +23,8 @@ from lcab.workloads import Workload
 
 # Blocks of the forward: a q block of 128 rows is the Mosaic forward's two
 # warpgroups; block_k 128 was the faster measured (docs/pallas_flex.md,
-# "Constants").
+# "Constants") but where programs walk long rows, where the Mosaic forward
+# steps 192 keys unless block_k is set (schedule.forward_key_block).
 FORWARD_BLOCKS = (128, 128)
 TRITON_BACKWARD_BLOCKS = (64, 64)
 
@@ -56,12 +57,13 @@ class PallasFlexBackend(Backend):
     options = {"block_q": int, "block_k": int, "backward_block_q": int,
                "backward_block_k": int, "forward_lowering": str, "backward_lowering": str,
                "dkv_launch": str, "rows_launch": str, "dkv_split": str, "forward_grid": str}
-    # dkv_split, forward_grid and rows_launch "auto" were measured on whole
-    # single-GPU passes, not on ring steps or CP ranks' sub-masks: inside CP
-    # the dK/dV programs stay whole and the forward keeps a program per item,
-    # every head of a q block together.
+    # dkv_split, forward_grid, rows_launch "auto" and the key block by plan
+    # were measured on whole single-GPU passes, not on ring steps or CP
+    # ranks' sub-masks: inside CP the dK/dV programs stay whole and the
+    # forward keeps a program per item, every head of a q block together,
+    # 128 keys a step.
     cp_inner_defaults = {"dkv_split": "1", "forward_grid": "per_item",
-                         "rows_launch": "heads_together"}
+                         "rows_launch": "heads_together", "block_k": "128"}
 
     def __init__(self, **options):
         unknown = sorted(set(options) - set(self.options))
@@ -71,6 +73,7 @@ class PallasFlexBackend(Backend):
         self.set_options = dict(sorted(options.items()))  # the row's notes name them
         self.forward_blocks = (options.get("block_q", FORWARD_BLOCKS[0]),
                                options.get("block_k", FORWARD_BLOCKS[1]))
+        self.key_block_set = "block_k" in options
         self.chosen_backward_blocks = (options.get("backward_block_q"),
                                        options.get("backward_block_k"))
         wide = mosaic_fwd_sm90.WIDE_BLOCK_K
@@ -113,11 +116,25 @@ class PallasFlexBackend(Backend):
         given_q, given_k = self.chosen_backward_blocks
         return given_q or chosen[0], given_k or chosen[1]
 
+    def forward_blocks_for(self, workload: Workload) -> tuple[int, int]:
+        """The forward's (block_q, block_k) on `workload`: as set, else with
+        the key block schedule.forward_key_block picks where the Mosaic
+        forward runs 192-key steps here (not on the persistent grid)."""
+        if self.key_block_set:
+            return self.forward_blocks
+        wide = (self.forward_blocks[0], mosaic_fwd_sm90.WIDE_BLOCK_K)
+        if self.lowering.mosaic_problem("forward", *wide, workload.dtype, workload.head_dim):
+            return self.forward_blocks
+        geometry = plan.make_plan(workload.mask, *self.forward_blocks).geometry
+        return (self.forward_blocks[0],
+                schedule.forward_key_block(geometry, workload.head_dim, wide[1]))
+
     def mask_support(self, workload: Workload) -> Support:
         lowering = self.lowering
         chosen = {}
+        forward_blocks = self.forward_blocks_for(workload)
         backward_blocks = self.backward_blocks(workload.dtype, workload.head_dim)
-        for direction, blocks in (("forward", self.forward_blocks),
+        for direction, blocks in (("forward", forward_blocks),
                                   ("backward", backward_blocks)):
             problem = lowering.mosaic_problem(direction, *blocks, workload.dtype,
                                               workload.head_dim)
@@ -127,6 +144,8 @@ class PallasFlexBackend(Backend):
                 return Support.no(f"block_k={blocks[1]} takes the Mosaic forward (Triton "
                                   f"tiles are powers of two), which cannot run here: {problem}")
             chosen[direction] = "Triton" if problem else "Mosaic GPU"
+        if forward_blocks != self.forward_blocks:
+            chosen["forward"] += f" ({forward_blocks[1]}-key steps)"
         mode = "interpret mode" if lowering.interpret else "compiled"
         mode += f"; forward {chosen['forward']}, backward {chosen['backward']}"
         if workload.dtype == "float32" and not lowering.interpret:
@@ -137,7 +156,7 @@ class PallasFlexBackend(Backend):
     def probe_needs(self, workload: Workload) -> ProbeNeeds:
         # The Mosaic kernels' two-slot K/V rings wrap from the third tile;
         # four per program wrap them twice, on every pass and tiling.
-        return ProbeNeeds(tilings=(self.forward_blocks,
+        return ProbeNeeds(tilings=(self.forward_blocks_for(workload),
                                    self.backward_blocks(workload.dtype, workload.head_dim)))
 
     def launch_order(self, workload: Workload) -> tuple[str, int]:
@@ -155,23 +174,25 @@ class PallasFlexBackend(Backend):
         the asked order: the forward runs Triton, which has one grid and
         launches rows head after head)."""
         lowering = self.lowering
-        if lowering.mosaic_problem("forward", *self.forward_blocks, workload.dtype,
-                                   workload.head_dim):
+        blocks = self.forward_blocks_for(workload)
+        if lowering.mosaic_problem("forward", *blocks, workload.dtype, workload.head_dim):
             return None, lowering.rows_launch
-        forward = plan.make_plan(workload.mask, *self.forward_blocks).geometry
+        forward = plan.make_plan(workload.mask, *blocks).geometry
         config = lowering.mosaic_forward_for(forward, workload.dtype, workload.head_dim)
         return ("persistent" if config.persistent else "per_item",
                 schedule.rows_launch(forward, lowering.rows_launch))
 
     def pinned_to(self, workload: Workload):
         # A probe has fewer heads and a shorter mask, from which "auto"
-        # could choose another forward grid, rows order, dK/dV launch order
-        # or split: pin the timed ones (a probe pinned to rows head after
-        # head runs its dQ so too: an order, not arithmetic).
+        # could choose another forward grid, rows order, key block, dK/dV
+        # launch order or split: pin the timed ones (a probe pinned to rows
+        # head after head runs its dQ so too: an order, not arithmetic).
         order, split = self.launch_order(workload)
         grid, rows = self.forward_launch(workload)
         head_major = grid is not None and rows == "head_major"
         pinned = type(self)(**self.set_options)
+        pinned.forward_blocks = self.forward_blocks_for(workload)
+        pinned.key_block_set = True
         pinned.__dict__["lowering"] = dataclasses.replace(
             self.lowering, dkv_launch=order, dkv_split=str(split),
             forward_grid=grid or self.lowering.forward_grid,
@@ -179,12 +200,14 @@ class PallasFlexBackend(Backend):
         grid_note = (", the forward one program per SM walking its items"
                      if grid == "persistent" else "")
         rows_note = ", the forward's rows head after head" if head_major else ""
+        if pinned.forward_blocks != self.forward_blocks:
+            rows_note += f", {pinned.forward_blocks[1]} keys a step"
         split_note = (f", each K/V head's block in {split} dK/dV programs (K/V repeated "
                       f"{split}x for them)" if split > 1 else "")
         return pinned, f"probed with the dK/dV launch {order}{split_note}{grid_note}{rows_note}"
 
     def plans(self, workload: Workload) -> tuple[plan.FlexPlan, plan.FlexPlan]:
-        return (plan.make_plan(workload.mask, *self.forward_blocks),
+        return (plan.make_plan(workload.mask, *self.forward_blocks_for(workload)),
                 plan.make_plan(workload.mask,
                                *self.backward_blocks(workload.dtype, workload.head_dim)))
 

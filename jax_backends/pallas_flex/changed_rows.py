@@ -16,11 +16,13 @@ NAME = "jax.pallas_flex"
 # which imports JAX; a test holds the two equal), the forward's
 # (backend.FORWARD_BLOCKS) and the largest head_dim and key block whose
 # persistent forward fits in shared memory (mosaic_fwd_sm90.problem; tested
-# too: 192-key blocks run one program per item).
+# too: 192-key blocks run one program per item), and the forward's wide key
+# block (mosaic_fwd_sm90.WIDE_BLOCK_K).
 MOSAIC_BACKWARD_BLOCK = 128
 FORWARD_BLOCK = 128
 PERSISTENT_MAX_HEAD_DIM = 192
 PERSISTENT_MAX_BLOCK_K = 128
+WIDE_BLOCK_K = 192
 
 
 def split_by_default(row: Mapping) -> bool:
@@ -66,6 +68,20 @@ def head_major_by_default(row: Mapping) -> bool:
     if options is None:
         return False
     return schedule.rows_launch(_forward_geometry(row, options), "auto") == "head_major"
+
+
+def wide_keys_by_default(row: Mapping) -> bool:
+    """Whether the forward of the row, its key block unset, steps 192 keys
+    by default: a one-GPU row of jax.pallas_flex (or of a module over it)
+    whose forward ran the Mosaic kernel with block_k unset and the grid not
+    set persistent, on a workload schedule.forward_key_block widens. CP
+    rows keep 128 (cp_inner_defaults)."""
+    options = _one_gpu_mosaic_options(row, "forward", "block_k")
+    if options is None or options.get("forward_grid") == "persistent":
+        return False
+    geometry = _forward_geometry(row, options)
+    return schedule.forward_key_block(geometry, int(row.get("head_dim")),
+                                      WIDE_BLOCK_K) == WIDE_BLOCK_K
 
 
 def _one_gpu_mosaic_options(row: Mapping, direction: str, option: str) -> dict | None:

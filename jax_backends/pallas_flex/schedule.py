@@ -32,6 +32,15 @@ ROWS_LAUNCHES = ("auto", "heads_together", "head_major")
 # causal at 16k, windows and documents (one cell +0.5 % in one round),
 # where heads together keeps the heaviest rows first.
 HEAD_MAJOR_ROW_KEYS = 16384
+# The Mosaic forward's key block where a row sets none: 192 keys a step
+# (mosaic_fwd_sm90.WIDE_BLOCK_K) where a program walks more than this many
+# keys on average at 128 (so the persistent grid, which 192 cannot take,
+# would not run anyway) and head_dim is 128 (the one measured), else 128.
+# Measured (one H200, 2026-12-05, three rounds, v26 in docs/pallas_flex.md):
+# +3.5 to +4.7 % forward on full at 24k-64k and +1.6 to +2.8 % on causal at
+# 32k-64k; -6 to -41 % on documents and windows (short rows, persistent at
+# 128), where ptxas's 844 bytes of spills a thread fall on partial tiles.
+WIDE_ROW_KEYS = PERSISTENT_ROW_KEYS
 DKV_LAUNCHES = ("auto", "head_major", "heads_together")
 # dK/dV programs a K/V head's block (head_split): one, a number of them
 # (at most the group; else its largest divisor in common), or "auto".
@@ -62,6 +71,14 @@ def forward_grid(plan: Geometry, asked: str, persistent_fits: bool) -> str:
         return asked
     short = plan.row_keys <= PERSISTENT_ROW_KEYS
     return "persistent" if persistent_fits and short else "per_item"
+
+
+def forward_key_block(plan: Geometry, head_dim: int, wide: int) -> int:
+    """The Mosaic forward's key block where none is set, from the plan at
+    its default (128-key) blocks: `wide` where its programs walk more than
+    WIDE_ROW_KEYS keys on average at head_dim 128, else the plan's own."""
+    long_rows = plan.row_keys > WIDE_ROW_KEYS
+    return wide if long_rows and head_dim == 128 else plan.block_k
 
 
 def rows_launch(plan: Geometry, asked: str) -> str:
