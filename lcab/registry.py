@@ -104,7 +104,13 @@ _BUILTIN_BACKENDS = {
                "walks 16k keys or more (+0.6 to +4.8 % forward on full at 16k-64k and causal "
                "at 32k-64k on one H200), so those one-GPU forward figures may move; shorter "
                "rows, CP and the backward are unchanged (docs/pallas_flex.md)",
-               scope="jax_backends.pallas_flex.changed_rows:head_major_by_default"),)),
+               scope="jax_backends.pallas_flex.changed_rows:head_major_by_default"),
+        Change("2026-12-05T05:21:54+00:00", "581e23b", ("fwd",),
+               "its Mosaic (Hopper) forward steps 192 keys where a program walks more than "
+               "16k keys at head_dim 128 (+3.5 to +5.1 % forward on full at 24k-64k and +1.3 "
+               "to +2.7 % on causal at 32k-64k on one H200), so those one-GPU forward figures "
+               "may move; shorter rows, CP and the backward are unchanged (docs/pallas_flex.md)",
+               scope="jax_backends.pallas_flex.changed_rows:wide_keys_by_default"),)),
     "jax.cp_allgather": Entry("jax_backends.cp.allgather:AllGatherBackend", "cp"),
     "jax.cp_ring": Entry("jax_backends.cp.ring:RingBackend", "cp"),
     "jax.cp_ulysses": Entry("jax_backends.cp.ulysses:UlyssesBackend", "cp"),

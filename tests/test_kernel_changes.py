@@ -14,7 +14,8 @@ from lcab.report import changes, export, headline, legend, tables
 from lcab.report import sources as loading
 
 (PALLAS_FLEX_V9, PALLAS_FLEX_V13, PALLAS_FLEX_V15, PALLAS_FLEX_V22,
- PALLAS_FLEX_V23, PALLAS_FLEX_V25) = registry.all_backends()["jax.pallas_flex"].changes
+ PALLAS_FLEX_V23, PALLAS_FLEX_V25, PALLAS_FLEX_V26) = registry.all_backends()[
+    "jax.pallas_flex"].changes
 RING_FLEX_FIX = registry.all_backends()["torch.cp_ring_flex"].changes[-1]
 GROUPCAST_PADDING = registry.all_backends()["jax.cp_groupcast"].changes[-1]
 BEFORE = "2026-11-28T11:27:32+00:00"  # a second before that commit
@@ -127,7 +128,8 @@ def test_the_persistent_grid_marks_forward_rows_whose_programs_walk_few_keys():
     assert registry.changes_since(forward(mask="full", seqlen=16384)) == [PALLAS_FLEX_V23,
                                                                           PALLAS_FLEX_V25]
     for mask, seqlen in (("full", 32768), ("causal", 32768), ("full", 65536)):
-        assert registry.changes_since(forward(mask=mask, seqlen=seqlen)) == [PALLAS_FLEX_V25]
+        assert registry.changes_since(forward(mask=mask, seqlen=seqlen)) == [PALLAS_FLEX_V25,
+                                                                             PALLAS_FLEX_V26]
     assert registry.changes_since(forward(options='{"forward_grid": "per_item"}')) == []
     assert registry.changes_since(forward(head_dim=256)) == []
     # 192-key blocks run one program per item: the grid's change cannot reach them.
@@ -153,11 +155,12 @@ def test_rows_head_after_head_mark_forward_rows_whose_programs_walk_many_keys():
                         **fields})
 
     for mask, seqlen in (("full", 16384), ("causal", 32768), ("full", 65536)):
-        assert registry.changes_since(forward(mask=mask, seqlen=seqlen)) == [PALLAS_FLEX_V25]
+        assert registry.changes_since(forward(mask=mask, seqlen=seqlen))[0] == PALLAS_FLEX_V25
     for mask, seqlen in (("causal", 16384), ("sliding_window_causal", 65536)):
         assert registry.changes_since(forward(mask=mask, seqlen=seqlen)) == []
     assert registry.changes_since(forward(mask="full", seqlen=32768,
-                                          options='{"rows_launch": "heads_together"}')) == []
+                                          options='{"rows_launch": "heads_together"}')) == [
+        PALLAS_FLEX_V26]
     assert registry.changes_since(forward(mask="full", seqlen=32768, cp_size=2)) == []
     assert registry.changes_since(forward(mask="full", seqlen=32768, direction="bwd")) == []
 
@@ -168,6 +171,36 @@ def test_rows_head_after_head_mark_forward_rows_whose_programs_walk_many_keys():
     assert set(zip(marked["mask"], marked["seqlen"])) == {
         ("full", 16384), ("full", 24576), ("full", 32768), ("full", 65536),
         ("causal", 32768), ("causal", 65536)}
+
+
+def test_wide_key_steps_mark_forward_rows_whose_programs_walk_long_rows():
+    """192-key steps move the Mosaic forward of a one-GPU workload whose
+    programs walk more than 16k keys at head_dim 128: full from 24k, causal
+    from 32k; not full at 16k (16,384 keys: the persistent grid), not the
+    windows, not a row that set its key block or its grid persistent, not
+    head_dim 64, a CP row or any backward. Of the committed H200 blog rows,
+    it marks exactly full at 24k-64k and causal at 32k-64k."""
+    def forward(**fields):
+        return short(**{"direction": "fwd", "head_dim": 128, "timestamp": LATER_THAN_V23,
+                        **fields})
+
+    for mask, seqlen in (("full", 24576), ("causal", 32768), ("full", 65536)):
+        assert PALLAS_FLEX_V26 in registry.changes_since(forward(mask=mask, seqlen=seqlen))
+    for fields in ({"mask": "full", "seqlen": 16384}, {"mask": "causal", "seqlen": 24576},
+                   {"mask": "sliding_window_causal", "seqlen": 65536},
+                   {"mask": "full", "seqlen": 32768, "options": '{"block_k": 128}'},
+                   {"mask": "full", "seqlen": 32768, "options": '{"forward_grid": "persistent"}'},
+                   {"mask": "full", "seqlen": 32768, "head_dim": 64},
+                   {"mask": "full", "seqlen": 32768, "cp_size": 2},
+                   {"mask": "full", "seqlen": 32768, "direction": "bwd"}):
+        assert PALLAS_FLEX_V26 not in registry.changes_since(forward(**fields)), fields
+
+    rows = loading.load([canonical.ROOT / "results" / "2026-11-27-h200-blog"])
+    rows = rows[(rows["backend"] == "jax.pallas_flex") & (rows["direction"] == "fwd")
+                & (rows["status"] == "OK")]
+    marked = rows[[PALLAS_FLEX_V26.can_move(r) for _, r in rows.iterrows()]]
+    assert set(zip(marked["mask"], marked["seqlen"])) == {
+        ("full", 24576), ("full", 32768), ("full", 65536), ("causal", 32768), ("causal", 65536)}
 
 
 def test_the_split_marks_the_committed_short_rows_and_no_long_ones():
@@ -249,13 +282,16 @@ def test_the_committed_h200_cp_run_is_marked_where_it_predates_the_change():
     one_gpu = jax_marked[jax_marked["suite"] != "cp"]
     assert set(one_gpu["backend"]) == {"jax.pallas_flex"} and set(one_gpu["direction"]) == {
         "fwd"}
-    v23, v25 = PALLAS_FLEX_V23.commit, PALLAS_FLEX_V25.commit
-    assert set(one_gpu["changed_since"]) == {v23, v25}
-    assert set(one_gpu["seqlen"]) == {65536, 131072}
+    # (192-key steps, 2026-12-05, mark the last two as well).
+    v23, v25, v26 = (PALLAS_FLEX_V23.commit, PALLAS_FLEX_V25.commit, PALLAS_FLEX_V26.commit)
+    assert set(one_gpu["changed_since"]) == {v23, f"{v25} {v26}", v26}
+    assert set(one_gpu["seqlen"]) == {65536, 131072} | set(
+        one_gpu.loc[one_gpu["changed_since"] == v26, "seqlen"])
     grid = one_gpu[one_gpu["changed_since"] == v23]
     assert set(grid["mask"]) == {"full_document", "causal_document"}
-    rows = one_gpu[one_gpu["changed_since"] == v25]
+    rows = one_gpu[one_gpu["changed_since"] == f"{v25} {v26}"]
     assert set(rows["mask"]) == {"full", "causal"}
+    assert set(one_gpu.loc[one_gpu["changed_since"] == v26, "mask"]) <= {"full", "causal"}
     assert (marked["framework"] == "jax").all()
     text = headline.markdown({"cp": folder})
     assert legend.FLAG_CHANGED in text and f"changed at {PALLAS_FLEX_V9.commit}" in text
@@ -310,9 +346,10 @@ def test_advice_says_which_rows_it_read_predate_a_change():
     said = evidence.load("H100").describe().splitlines()
     predating = [line for line in said if "predate a later change" in line]
     # One line per change, each naming its commit and its direction.
-    assert len(predating) == 7
+    assert len(predating) == 8
     assert [change.commit in line for change, line in zip(
         (PALLAS_FLEX_V9, GROUPCAST_PADDING, PALLAS_FLEX_V13, PALLAS_FLEX_V15, PALLAS_FLEX_V22,
-         PALLAS_FLEX_V23, PALLAS_FLEX_V25), predating)] == [True] * 7
-    for line, direction in zip(predating, ("bwd", "bwd", "fwd", "bwd", "bwd", "fwd", "fwd")):
+         PALLAS_FLEX_V23, PALLAS_FLEX_V25, PALLAS_FLEX_V26), predating)] == [True] * 8
+    for line, direction in zip(predating, ("bwd", "bwd", "fwd", "bwd", "bwd", "fwd", "fwd",
+                                           "fwd")):
         assert re.match(rf"\d+ {direction} rows read here", line), line

@@ -80,7 +80,7 @@ def wide_keys_by_default(row: Mapping) -> bool:
     if options is None or options.get("forward_grid") == "persistent":
         return False
     geometry = _forward_geometry(row, options)
-    return schedule.forward_key_block(geometry, int(row.get("head_dim")),
+    return schedule.forward_key_block(geometry, _number(row.get("head_dim"), 0),
                                       WIDE_BLOCK_K) == WIDE_BLOCK_K
 
 

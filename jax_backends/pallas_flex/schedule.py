@@ -37,7 +37,7 @@ HEAD_MAJOR_ROW_KEYS = 16384
 # keys on average at 128 (so the persistent grid, which 192 cannot take,
 # would not run anyway) and head_dim is 128 (the one measured), else 128.
 # Measured (one H200, 2026-12-05, three rounds, v26 in docs/pallas_flex.md):
-# +3.5 to +4.7 % forward on full at 24k-64k and +1.6 to +2.8 % on causal at
+# +3.5 to +5.1 % forward on full at 24k-64k and +1.3 to +2.7 % on causal at
 # 32k-64k; -6 to -41 % on documents and windows (short rows, persistent at
 # 128), where ptxas's 844 bytes of spills a thread fall on partial tiles.
 WIDE_ROW_KEYS = PERSISTENT_ROW_KEYS
