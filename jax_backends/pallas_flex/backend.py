@@ -23,8 +23,8 @@ from lcab.workloads import Workload
 
 # Blocks of the forward: a q block of 128 rows is the Mosaic forward's two
 # warpgroups; block_k 128 was the faster measured (docs/pallas_flex.md,
-# "Constants") but where programs walk long rows, where the Mosaic forward
-# steps 192 keys unless block_k is set (schedule.forward_key_block).
+# "Constants") except where programs walk long rows: there the Mosaic
+# forward steps 192 keys unless block_k is set (schedule.forward_key_block).
 FORWARD_BLOCKS = (128, 128)
 TRITON_BACKWARD_BLOCKS = (64, 64)
 
