@@ -52,14 +52,9 @@ case $part in
       --masks="${LCAB_LAB_MASKS:-full,causal,full_document,sliding_window_causal}" ;;
   paper)  # the paper's masks at 32k and 40k: 128, 192 and the default (block_k unset)
     flagfile=experiments/paper.flags
-    masks=full,longca_global_window,prefix_lm_causal,causal_blockwise,full_document
-    for round in ${LCAB_LAB_ROUNDS:-1 2}; do
-      for value in 128 192 default; do
-        [ "$value" = default ] && set_k=() || set_k=("--backend_options=jax.pallas_flex:block_k=$value")
-        run "$value-$round" "${LCAB_LAB_SECONDS:-150}" --directions=fwd --seqlens=32k,40k \
-          --masks="$masks" "${set_k[@]}"
-      done
-    done ;;
+    ab_rounds block_k "${LCAB_LAB_SECONDS:-150}" "128 192 default" --directions=fwd \
+      --seqlens=32k,40k \
+      --masks=full,longca_global_window,prefix_lm_causal,causal_blockwise,full_document ;;
   *) echo "$usage" >&2; exit 2 ;;
 esac
 summaries "$out"

@@ -77,14 +77,17 @@ pallas_flex_run() {
 
 # ab_rounds OPTION SECONDS "VALUES" FLAGS...: the script's run (name, seconds,
 # flags) of each of jax.pallas_flex's OPTION VALUES in turn, twice
-# (A/B/C/A/B/C: drift shows as a difference between rounds), as VALUE-ROUND.
-# LCAB_LAB_ROUNDS (default "1 2") runs some rounds only: one round a device
-# call when two would pass the call's ten minutes.
+# (A/B/C/A/B/C: drift shows as a difference between rounds), as VALUE-ROUND;
+# the value "default" leaves OPTION unset. LCAB_LAB_ROUNDS (default "1 2")
+# runs some rounds only: one round a device call when two would pass the
+# call's ten minutes.
 ab_rounds() {
-  local option=$1 seconds=$2 values=$3 round value; shift 3
+  local option=$1 seconds=$2 values=$3 round value set; shift 3
   for round in ${LCAB_LAB_ROUNDS:-1 2}; do
     for value in $values; do
-      run "$value-$round" "$seconds" "$@" "--backend_options=jax.pallas_flex:$option=$value"
+      set=("--backend_options=jax.pallas_flex:$option=$value")
+      [ "$value" = default ] && set=()
+      run "$value-$round" "$seconds" "$@" "${set[@]}"
     done
   done
 }

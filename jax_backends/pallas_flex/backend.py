@@ -37,6 +37,14 @@ def _choice(options: dict, key: str, choices, default):
     return value
 
 
+@functools.lru_cache(maxsize=32)
+def _geometry(mask, blocks: tuple[int, int]) -> plan.Geometry:
+    """A plan's geometry, kept: the key block's choice asks it on every
+    call about a workload (support, probe, launch, plans), and a plan at
+    128k tokens takes a few tenths of a second."""
+    return plan.make_plan(mask, *blocks).geometry
+
+
 class PallasFlexBackend(Backend):
     name = "jax.pallas_flex"
     framework = "jax"
@@ -125,7 +133,7 @@ class PallasFlexBackend(Backend):
         wide = (self.forward_blocks[0], mosaic_fwd_sm90.WIDE_BLOCK_K)
         if self.lowering.mosaic_problem("forward", *wide, workload.dtype, workload.head_dim):
             return self.forward_blocks
-        geometry = plan.make_plan(workload.mask, *self.forward_blocks).geometry
+        geometry = _geometry(workload.mask, self.forward_blocks)
         return (self.forward_blocks[0],
                 schedule.forward_key_block(geometry, workload.head_dim, wide[1]))
 
