@@ -227,6 +227,7 @@ def test_the_default_grid_is_persistent_where_programs_walk_few_keys(monkeypatch
     ("full", 16384, 128, {}, 128),  # 16,384: persistent at 128 keys
     ("causal", 24576, 128, {}, 128),
     ("sliding_window_causal", 32768, 128, {}, 128),
+    ("longca_global_window", 32768, 128, {}, 128),  # 17,574 keys, but 2.8 % of tiles cut
     ("full", 32768, 64, {}, 128),  # measured at head_dim 128 alone
     ("full", 32768, 128, {"block_k": "128"}, 128),  # set: kept
     ("full", 32768, 128, {"forward_grid": "persistent"}, 128),  # 192 has no persistent grid
@@ -234,8 +235,8 @@ def test_the_default_grid_is_persistent_where_programs_walk_few_keys(monkeypatch
 def test_the_default_key_block_is_wide_where_programs_walk_long_rows(monkeypatch, name, seqlen,
                                                                       head_dim, options, block_k):
     """With block_k unset the Mosaic forward steps 192 keys where a program
-    would walk more than 16k keys on average at 128 and head_dim is 128,
-    128 elsewhere; the plan, the probe's pin, the probe's tilings and the
+    would walk more than 16k keys on average at 128, at most 1 % of the
+    tiles are cut and head_dim is 128, 128 elsewhere; the plan, the probe's pin, the probe's tilings and the
     row's note follow it, and CP inner kernels keep 128."""
     monkeypatch.setattr(_shared, "gpu_problem", lambda **_: None)
     backend = registry.load_backend("jax.pallas_flex", {"forward_lowering": "mosaic", **options})

@@ -154,6 +154,31 @@ def test_the_forward_grid_follows_the_keys_a_program_walks():
         ops.Lowering(forward_grid="sm")
 
 
+def test_the_cut_share_counts_the_tiles_the_mask_cuts():
+    """Geometry.cut_share is the share of the forward's visited tiles that
+    are partial (the mask's edge inside, or the sequence's end); a stack of
+    plans keeps the largest; forward_key_block widens only up to
+    schedule.WIDE_MAX_CUT_SHARE of them."""
+    def share(mask, block=128):
+        return make_plan(mask, block, block).geometry.cut_share
+
+    assert share(make_mask("full", 4096)) == 0
+    assert share(make_mask("causal", 4096)) == 32 / (32 * 33 / 2)  # the diagonal's 32
+    assert share(make_mask("full", 4000)) == (32 + 31) / 32**2  # the last row and column
+    assert share(AttnMask(256, 256, [])) == 0
+    plans = [make_plan(make_mask(name, 4096), 128, 128) for name in ("full", "causal")]
+    assert stack_plans(plans)[0].cut_share == 32 / (32 * 33 / 2)
+
+    def key_block(cut_share, row_keys=32768.0, head_dim=128):
+        geometry = Geometry(32768, 32768, 128, 128, row_keys=row_keys, cut_share=cut_share)
+        return schedule.forward_key_block(geometry, head_dim, 192)
+
+    limit = schedule.WIDE_MAX_CUT_SHARE
+    assert key_block(limit) == 192 and key_block(limit + 1e-3) == 128
+    assert key_block(0.0, row_keys=schedule.WIDE_ROW_KEYS) == 128
+    assert key_block(0.0, head_dim=64) == 128
+
+
 def test_rows_launch_auto_starts_long_rows_head_after_head():
     """rows_launch "auto" (the default) starts the Mosaic forward's rows
     head after head where a program walks 16k keys or more on average (the

@@ -71,14 +71,35 @@ def head_major_by_default(row: Mapping) -> bool:
 
 
 def wide_keys_by_default(row: Mapping) -> bool:
-    """Whether the forward of the row, its key block unset, steps 192 keys
-    by default: a one-GPU row of jax.pallas_flex (or of a module over it)
-    whose forward ran the Mosaic kernel with block_k unset and the grid not
-    set persistent, on a workload schedule.forward_key_block widens. CP
-    rows keep 128 (cp_inner_defaults)."""
+    """Whether the forward of the row, its key block unset, ran 128 keys a
+    step where it steps 192 by default now: a one-GPU row of
+    jax.pallas_flex (or of a module over it) whose forward ran the Mosaic
+    kernel with block_k unset and the grid not set persistent, on a
+    workload schedule.forward_key_block widens. CP rows keep 128
+    (cp_inner_defaults)."""
+    ran_wide = _default_key_block_ran_wide(row)
+    return ran_wide is False and _wide_by_default(row)
+
+
+def narrow_keys_by_default(row: Mapping) -> bool:
+    """Whether the forward of the row, its key block unset, ran 192 keys a
+    step (its note says so) where the default steps 128 now: the workloads
+    whose tiles the mask cuts more than schedule.WIDE_MAX_CUT_SHARE."""
+    return _default_key_block_ran_wide(row) is True and not _wide_by_default(row)
+
+
+def _default_key_block_ran_wide(row: Mapping) -> bool | None:
+    """Whether a one-GPU Mosaic forward row with block_k unset and the grid
+    not set persistent ran 192-key steps (its note); None for other rows."""
     options = _one_gpu_mosaic_options(row, "forward", "block_k")
     if options is None or options.get("forward_grid") == "persistent":
-        return False
+        return None
+    return f"{WIDE_BLOCK_K}-key steps" in str(row.get("notes") or "")
+
+
+def _wide_by_default(row: Mapping) -> bool:
+    """Whether schedule.forward_key_block widens the row's workload now."""
+    options = _one_gpu_mosaic_options(row, "forward", "block_k") or {}
     geometry = _forward_geometry(row, options)
     return schedule.forward_key_block(geometry, _number(row.get("head_dim"), 0),
                                       WIDE_BLOCK_K) == WIDE_BLOCK_K

@@ -82,6 +82,10 @@ class Geometry:
     # over the q blocks that walk any): the forward's grid is chosen by it
     # (schedule.forward_grid; 0 for a plan that walks nothing).
     row_keys: float = 0.0
+    # The share of the forward's tiles that the mask cuts (partial tiles over
+    # all it visits; 0 for a plan that walks nothing): the key block's
+    # choice reads it (schedule.forward_key_block).
+    cut_share: float = 0.0
 
     @property
     def num_q_blocks(self) -> int:
@@ -130,13 +134,15 @@ def stack_plans(plans) -> tuple[Geometry, dict]:
     """The shared geometry and the tables of several plans of one shape (one
     per CP rank or step), zero-padded to common widths and stacked on a new
     first axis. The geometry keeps the longest dK/dV tail and the longest
-    mean forward walk among them."""
-    shapes = {dataclasses.replace(plan.geometry, dkv_tail=0.0, row_keys=0.0) for plan in plans}
+    mean forward walk and largest cut share among them."""
+    shapes = {dataclasses.replace(plan.geometry, dkv_tail=0.0, row_keys=0.0, cut_share=0.0)
+              for plan in plans}
     if len(shapes) != 1:
         raise ValueError("plans of different shapes cannot be stacked")
     geometry = dataclasses.replace(shapes.pop(),
                                    dkv_tail=max(plan.geometry.dkv_tail for plan in plans),
-                                   row_keys=max(plan.geometry.row_keys for plan in plans))
+                                   row_keys=max(plan.geometry.row_keys for plan in plans),
+                                   cut_share=max(plan.geometry.cut_share for plan in plans))
     trees = [plan.tables() for plan in plans]
 
     def stack(*arrays):
@@ -177,7 +183,8 @@ def make_plan(mask: AttnMask, block_q: int, block_k: int) -> FlexPlan:
     return FlexPlan(
         geometry=Geometry(mask.seqlen_q, mask.seqlen_k, block_q, block_k,
                           dkv_tail=float((dkv_work.max() - dkv_work.mean()) / dkv_work.sum()),
-                          row_keys=float(walking.mean() * block_k) if len(walking) else 0.0),
+                          row_keys=float(walking.mean() * block_k) if len(walking) else 0.0,
+                          cut_share=float(partial.mean()) if len(partial) else 0.0),
         by_q=by_q, by_k=by_k,
         slice_ids=_padded(slice_ids.astype(np.int32)),
         slices=_padded(table.astype(np.int32).reshape(-1)),

@@ -41,6 +41,14 @@ HEAD_MAJOR_ROW_KEYS = 16384
 # 32k-64k; -6 to -41 % on documents and windows (short rows, persistent at
 # 128), where ptxas's 844 bytes of spills a thread fall on partial tiles.
 WIDE_ROW_KEYS = PERSISTENT_ROW_KEYS
+# ... and where at most this share of the tiles it visits is cut by the
+# mask: a cut tile at 192 keys costs its spills and its wider waste. The
+# paper's longca_global_window at 32k-40k (2.3-2.8 % of its tiles cut, rows
+# of 17-22k keys) lost 1.2-2.5 % at 192 (one round, one H200, 2026-12-05);
+# causal's diagonal (0.4-0.8 % cut) and prefix_lm_causal's (0.4-0.5 %)
+# gained 1.3-3.6 %. Between the two the threshold is a guess the
+# measurements bracket (docs/pallas_flex.md, v26).
+WIDE_MAX_CUT_SHARE = 0.01
 DKV_LAUNCHES = ("auto", "head_major", "heads_together")
 # dK/dV programs a K/V head's block (head_split): one, a number of them
 # (at most the group; else its largest divisor in common), or "auto".
@@ -76,9 +84,11 @@ def forward_grid(plan: Geometry, asked: str, persistent_fits: bool) -> str:
 def forward_key_block(plan: Geometry, head_dim: int, wide: int) -> int:
     """The Mosaic forward's key block where none is set, from the plan at
     its default (128-key) blocks: `wide` where its programs walk more than
-    WIDE_ROW_KEYS keys on average at head_dim 128, else the plan's own."""
+    WIDE_ROW_KEYS keys on average, at most WIDE_MAX_CUT_SHARE of its tiles
+    are cut and head_dim is 128, else the plan's own."""
     long_rows = plan.row_keys > WIDE_ROW_KEYS
-    return wide if long_rows and head_dim == 128 else plan.block_k
+    whole_tiles = plan.cut_share <= WIDE_MAX_CUT_SHARE
+    return wide if long_rows and whole_tiles and head_dim == 128 else plan.block_k
 
 
 def rows_launch(plan: Geometry, asked: str) -> str:
