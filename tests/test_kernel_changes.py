@@ -14,7 +14,7 @@ from lcab.report import changes, export, headline, legend, tables
 from lcab.report import sources as loading
 
 (PALLAS_FLEX_V9, PALLAS_FLEX_V13, PALLAS_FLEX_V15, PALLAS_FLEX_V22,
- PALLAS_FLEX_V23, PALLAS_FLEX_V25, PALLAS_FLEX_V26) = registry.all_backends()[
+ PALLAS_FLEX_V23, PALLAS_FLEX_V25, PALLAS_FLEX_V26, PALLAS_FLEX_V26_CUT) = registry.all_backends()[
     "jax.pallas_flex"].changes
 RING_FLEX_FIX = registry.all_backends()["torch.cp_ring_flex"].changes[-1]
 GROUPCAST_PADDING = registry.all_backends()["jax.cp_groupcast"].changes[-1]
@@ -179,7 +179,8 @@ def test_wide_key_steps_mark_forward_rows_whose_programs_walk_long_rows():
     from 32k; not full at 16k (16,384 keys: the persistent grid), not the
     windows, not a row that set its key block or its grid persistent, not
     head_dim 64, a CP row or any backward. Of the committed H200 blog rows,
-    it marks exactly full at 24k-64k and causal at 32k-64k."""
+    it marks exactly full at 24k-64k and causal at 32k-64k. Nor a mask that
+    cuts more than 1 % of the tiles (longca_global_window)."""
     def forward(**fields):
         return short(**{"direction": "fwd", "head_dim": 128, "timestamp": LATER_THAN_V23,
                         **fields})
@@ -188,6 +189,7 @@ def test_wide_key_steps_mark_forward_rows_whose_programs_walk_long_rows():
         assert PALLAS_FLEX_V26 in registry.changes_since(forward(mask=mask, seqlen=seqlen))
     for fields in ({"mask": "full", "seqlen": 16384}, {"mask": "causal", "seqlen": 24576},
                    {"mask": "sliding_window_causal", "seqlen": 65536},
+                   {"mask": "longca_global_window", "seqlen": 32768},  # 2.8 % of tiles cut
                    {"mask": "full", "seqlen": 32768, "options": '{"block_k": 128}'},
                    {"mask": "full", "seqlen": 32768, "options": '{"forward_grid": "persistent"}'},
                    {"mask": "full", "seqlen": 32768, "head_dim": 64},
@@ -201,6 +203,36 @@ def test_wide_key_steps_mark_forward_rows_whose_programs_walk_long_rows():
     marked = rows[[PALLAS_FLEX_V26.can_move(r) for _, r in rows.iterrows()]]
     assert set(zip(marked["mask"], marked["seqlen"])) == {
         ("full", 24576), ("full", 32768), ("full", 65536), ("causal", 32768), ("causal", 65536)}
+
+
+def test_narrower_key_steps_mark_rows_that_ran_192_keys_on_cut_masks():
+    """Back to 128 keys where the mask cuts more than 1 % of the tiles:
+    the change marks a forward row whose note says it ran 192-key steps by
+    default on such a mask, and no other: not one at 128 (notes without the
+    steps), not full or causal at 192, not a row that set its key block.
+    Of the lab's H200 rows at the default (block_k unset) on the paper's
+    masks, it marks exactly the four cells the rule now leaves at 128."""
+    wide_notes = MOSAIC_NOTES.replace("forward Mosaic GPU", "forward Mosaic GPU (192-key steps)")
+    assert wide_notes != MOSAIC_NOTES
+
+    def forward(**fields):
+        return short(**{"direction": "fwd", "head_dim": 128, "notes": wide_notes,
+                        "timestamp": "2026-12-05T07:24:35+00:00", **fields})
+
+    assert registry.changes_since(forward(mask="longca_global_window", seqlen=32768)) == [
+        PALLAS_FLEX_V26_CUT]
+    for fields in ({"mask": "full", "seqlen": 32768}, {"mask": "causal", "seqlen": 65536},
+                   {"mask": "longca_global_window", "seqlen": 32768, "notes": MOSAIC_NOTES},
+                   {"mask": "longca_global_window", "seqlen": 32768,
+                    "options": '{"block_k": 192}'}):
+        assert PALLAS_FLEX_V26_CUT not in registry.changes_since(forward(**fields)), fields
+
+    folder = canonical.ROOT / "results" / "gpu" / "2026-12-05-h200-key-step" / "paper"
+    rows = loading.load([folder / "default-1"])
+    marked = rows[[PALLAS_FLEX_V26_CUT.can_move(r) for _, r in rows.iterrows()]]
+    assert set(zip(marked["mask"], marked["seqlen"])) == {
+        ("longca_global_window", 32768), ("longca_global_window", 40960),
+        ("causal_blockwise", 40960), ("full_document", 40960)}
 
 
 def test_the_split_marks_the_committed_short_rows_and_no_long_ones():
