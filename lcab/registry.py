@@ -113,10 +113,10 @@ _BUILTIN_BACKENDS = {
                scope="jax_backends.pallas_flex.changed_rows:wide_keys_by_default"),
         Change("2026-12-05T08:07:28+00:00", "736a342", ("fwd",),
                "its Mosaic (Hopper) forward steps 128 keys again where the mask cuts more "
-               "than 1 % of the tiles (longca_global_window at 32k-40k lost 1.2 to 2.5 % "
-               "at 192 on one H200), so one-GPU forward figures measured at 192-key steps "
-               "on such masks may move; full, causal and prefix_lm_causal are unchanged "
-               "(docs/pallas_flex.md)",
+               "than 1 % of the tiles (longca_global_window at 32k-40k lost 1.2 to 5.4 % "
+               "at 192 on an H200 and an H100), so one-GPU forward figures measured at "
+               "192-key steps on such masks may move; full, causal and prefix_lm_causal are "
+               "unchanged (docs/pallas_flex.md)",
                scope="jax_backends.pallas_flex.changed_rows:narrow_keys_by_default"),)),
     "jax.cp_allgather": Entry("jax_backends.cp.allgather:AllGatherBackend", "cp"),
     "jax.cp_ring": Entry("jax_backends.cp.ring:RingBackend", "cp"),

@@ -236,8 +236,9 @@ def test_the_default_key_block_is_wide_where_programs_walk_long_rows(monkeypatch
                                                                       head_dim, options, block_k):
     """With block_k unset the Mosaic forward steps 192 keys where a program
     would walk more than 16k keys on average at 128, at most 1 % of the
-    tiles are cut and head_dim is 128, 128 elsewhere; the plan, the probe's pin, the probe's tilings and the
-    row's note follow it, and CP inner kernels keep 128."""
+    tiles are cut and head_dim is 128, 128 elsewhere; the plan, the
+    probe's pin, the probe's tilings and the row's note follow it, and CP
+    inner kernels keep 128."""
     monkeypatch.setattr(_shared, "gpu_problem", lambda **_: None)
     backend = registry.load_backend("jax.pallas_flex", {"forward_lowering": "mosaic", **options})
     workload = Workload(1, seqlen, seqlen, 8, 1, head_dim, "bfloat16", make_mask(name, seqlen))

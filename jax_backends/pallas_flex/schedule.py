@@ -44,10 +44,11 @@ WIDE_ROW_KEYS = PERSISTENT_ROW_KEYS
 # ... and where at most this share of the tiles it visits is cut by the
 # mask: a cut tile at 192 keys costs its spills and its wider waste. The
 # paper's longca_global_window at 32k-40k (2.3-2.8 % of its tiles cut, rows
-# of 17-22k keys) lost 1.2-2.5 % at 192 (one round, one H200, 2026-12-05);
-# causal's diagonal (0.4-0.8 % cut) and prefix_lm_causal's (0.4-0.5 %)
-# gained 1.3-3.6 %. Between the two the threshold is a guess the
-# measurements bracket (docs/pallas_flex.md, v26).
+# of 17-22k keys) lost 1.2-2.5 % at 192 (one round, one H200, 2026-12-05)
+# and 1.8-5.4 % at 40k (two rounds, one H100); full_document (1.8 %) and
+# causal_blockwise (1.3 %) at 40k neither gained nor lost beyond the rounds'
+# spread; causal's diagonal (0.4-0.8 % cut) and prefix_lm_causal's
+# (0.4-0.5 %) gained 1.3-5.2 % (docs/pallas_flex.md, v26).
 WIDE_MAX_CUT_SHARE = 0.01
 DKV_LAUNCHES = ("auto", "head_major", "heads_together")
 # dK/dV programs a K/V head's block (head_split): one, a number of them
