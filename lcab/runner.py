@@ -26,6 +26,7 @@ import math
 import multiprocessing
 import os
 import pathlib
+import signal
 import statistics
 import time
 import traceback
@@ -702,7 +703,15 @@ class Runner:
             target=_child_main,
             args=(case, self.settings, str(self.writer.path), registry.plugins()),
         )
-        child.start()
+        # The child starts with Ctrl-C blocked (a mask survives fork and
+        # exec): one that lands while it imports would print a traceback
+        # from multiprocessing's start-up; _child_main unblocks it inside
+        # its handler. Here it is only held back until start() returns.
+        held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        try:
+            child.start()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, held)
         try:
             child.join(self.settings.isolate_timeout_s)
             timed_out = child.is_alive()
@@ -748,6 +757,7 @@ def import_plugins(modules: Iterable[str]) -> None:
 def _child_main(case, settings: Settings, path: str, plugins: dict) -> None:
     processes.die_with_parent()  # no orphan writes rows after its run was killed
     try:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # blocked by its parent
         import_plugins(settings.plugin_modules)
         for name, entry in plugins.items():
             registry.register_backend(name, entry.target, entry.suite)
