@@ -63,47 +63,49 @@ def test_the_one_compare_test_is_the_two_compare_test(start, stop, offset):
     assert (np.asarray(found) == ((np.asarray(c) >= start) & (np.asarray(c) < stop))).all()
 
 
-def _partial_tiles(plan):
-    """(q block, k block, the tile's slice ids) of each partial tile of the
-    plan's forward walk."""
-    walk = plan.by_q
-    for qb in range(plan.num_q_blocks):
-        for j in range(walk.partials[qb]):
-            ids = plan.slice_ids[walk.lo[qb, j]:walk.hi[qb, j]]
-            yield qb, int(walk.block[qb, j]), ids
+def _partial_tiles(plan, walk):
+    """(row block, column block, the tile's slice ids) of each partial tile
+    of one of the plan's walks (by_q: rows are q blocks; by_k: k blocks)."""
+    for row in range(len(walk.partials)):
+        for j in range(walk.partials[row]):
+            yield row, int(walk.block[row, j]), plan.slice_ids[walk.lo[row, j]:walk.hi[row, j]]
 
 
+@pytest.mark.parametrize("transposed", [False, True])
 @pytest.mark.parametrize("blocks", [(128, 128), (64, 64), (128, 192)])
 @pytest.mark.parametrize("name", MASK_NAMES)
-def test_merged_ranges_rebuild_every_tile_exactly_where_the_plan_says_they_can(name, blocks):
+def test_merged_ranges_rebuild_every_tile_exactly_where_the_plan_says_they_can(name, blocks,
+                                                                             transposed):
     """v27's per-row hull (merge_range over a tile's slices, then one
-    in_range test a element) against the dense mask, tile by tile: where
-    Geometry.one_range_rows holds it rebuilds every partial tile exactly;
-    where it does not, some row of some tile sees two runs (so the flag is
-    no stricter than it must be)."""
+    in_range test an element) against the dense mask, tile by tile, by
+    query rows (forward, dQ) and by key rows (dK/dV): where
+    Geometry.one_range_rows (one_range_cols) holds it rebuilds every
+    partial tile exactly; where it does not, some row of some tile sees
+    two runs (so the flag is no stricter than it must be)."""
     from jax_backends.pallas_flex.plan import make_plan
 
     mask = small_mask(name, 1000)
     plan = make_plan(mask, *blocks)
-    dense = mask.to_dense()
+    dense = mask.to_dense().T if transposed else mask.to_dense()
     flat = np.asarray(plan.slices)
-    block_q, block_k = blocks
+    row_size, col_size = blocks[::-1] if transposed else blocks
     exact = True
-    for qb, kb, ids in _partial_tiles(plan):
-        r = jnp.arange(qb * block_q, (qb + 1) * block_q, dtype=jnp.int32)
-        hull = mosaic_fwd_sm90.merge_range(None, mosaic_fwd_sm90.slice_bounds(ids, flat, 0), r)
-        for t in range(1, len(ids)):
+    for rb, cb, ids in _partial_tiles(plan, plan.by_k if transposed else plan.by_q):
+        r = jnp.arange(rb * row_size, (rb + 1) * row_size, dtype=jnp.int32)
+        hull = None
+        for t in range(len(ids)):
             hull = mosaic_fwd_sm90.merge_range(hull, mosaic_fwd_sm90.slice_bounds(ids, flat, t),
-                                               r)
-        col0 = kb * block_k
-        local = jnp.arange(block_k, dtype=jnp.int32)[None, :]
+                                               r, transposed)
+        col0 = cb * col_size
+        local = jnp.arange(col_size, dtype=jnp.int32)[None, :]
         sees = np.asarray(mosaic_fwd_sm90.in_range(local, hull[0] - col0, hull[1] - col0,
                                                    lambda x: x[:, None]))
-        want = np.zeros((block_q, block_k), bool)
-        tile = dense[qb * block_q:(qb + 1) * block_q, col0:col0 + block_k]
+        want = np.zeros((row_size, col_size), bool)
+        tile = dense[rb * row_size:(rb + 1) * row_size, col0:col0 + col_size]
         want[:tile.shape[0], :tile.shape[1]] = tile
         exact &= bool((sees == want).all())
-    assert exact == plan.geometry.one_range_rows
+    flag = plan.geometry.one_range_cols if transposed else plan.geometry.one_range_rows
+    assert exact == flag
 
 
 def test_a_row_that_sees_two_runs_of_a_tile_keeps_the_loop():
