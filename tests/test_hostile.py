@@ -25,6 +25,7 @@ from lcab.runner import Case, Runner, Settings, run_cases
 from lcab.runtime import Timing
 from lcab.validation import Verdict
 from lcab.workloads import Workload
+from tests.row_checks import measured_or_noisy
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PLUGIN = "--backend_modules=tests.fake_backends"
@@ -60,11 +61,6 @@ def statuses(path) -> dict[tuple, str]:
     """{(backend, seqlen, direction): status} of the rows in `path`."""
     return {(r["backend"], r["seqlen"], r["direction"]): r["status"]
             for r in results.read_rows([path])}
-
-
-def settled(row) -> bool:
-    """OK, or a tiny CPU backward whose time noise swallowed ("not measurable")."""
-    return row["status"] == "OK" or row["reason"].startswith("not measurable")
 
 
 def wait_for_rows(path: pathlib.Path, count: int, timeout: float = 120.0) -> None:
@@ -112,7 +108,7 @@ def test_a_fault_only_at_the_timed_size_batch_or_heads_is_a_mismatch(
     wrong = [r for r in rows if r["backend"] == backend]
     assert len(rows) == 4 and {r["status"] for r in wrong} == {"MISMATCH"}, [
         r["reason"] for r in rows]
-    assert all(settled(r) for r in rows if r["backend"] == "numpy.reference")
+    assert all(measured_or_noisy(r) for r in rows if r["backend"] == "numpy.reference")
     assert all(r["median_ms"] is None and r["tflops"] is None for r in wrong)
     assert all("full-size check" in r["reason"] for r in wrong)
 
@@ -355,4 +351,4 @@ def test_in_each_framework_a_fault_the_probe_cannot_see_is_a_mismatch(tmp_path, 
         found.setdefault(row["backend"], set()).add(row["status"])
     for case in cases[::2]:
         assert found[case.backend] == {"MISMATCH"}, case.backend
-    assert all(settled(r) for r in results.read_rows([path]) if r["backend"] == reference)
+    assert all(measured_or_noisy(r) for r in results.read_rows([path]) if r["backend"] == reference)

