@@ -157,9 +157,24 @@ def test_the_merged_ranges_note_says_whether_the_plan_took_them(monkeypatch):
         return backend.mask_support(Workload(1, seqlen, seqlen, 8, 1, 128, "bfloat16",
                                              mask)).how
 
-    assert "forward Mosaic GPU (ranges merged a row)" in how("causal_document", 4096)
+    assert "forward Mosaic GPU (ranges merged a row; under CP only where every rank's plan " \
+        "allows)" in how("causal_document", 4096)
     assert "(ranges looped: a row sees several runs of a tile)" in how("longformer_window",
                                                                         1000)
+
+
+def test_the_merged_ranges_note_says_the_triton_kernels_do_not_take_them(monkeypatch):
+    """The options belong to the Mosaic kernels: where Triton runs a pass,
+    the note says the option went unused rather than naming it bare."""
+    monkeypatch.setattr(_shared, "gpu_problem", lambda **_: None)
+    backend = registry.load_backend("jax.pallas_flex", {
+        "forward_lowering": "triton", "backward_lowering": "triton",
+        "forward_ranges": "merged", "backward_ranges": "merged"})
+    how = backend.mask_support(Workload(1, 4096, 4096, 8, 1, 128, "bfloat16",
+                                        make_mask("causal_document", 4096))).how
+    assert "forward Triton (forward_ranges: the Mosaic kernel's option, unused)" in how
+    assert "backward Triton (backward_ranges: the Mosaic kernels' option, unused)" in how
+    assert "merged a row" not in how
 
 
 @pytest.mark.parametrize("heads_together", [True, False])
@@ -386,8 +401,8 @@ def test_the_backward_merged_ranges_note_names_the_kernels_that_merged(monkeypat
     backend = registry.load_backend("jax.pallas_flex", {"backward_lowering": "mosaic",
                                                         "backward_ranges": "merged"})
     workload = Workload(1, 4096, 4096, 8, 1, 128, "bfloat16", make_mask("causal_document", 4096))
-    assert "backward Mosaic GPU (ranges merged a row in dQ and dK/dV)" in backend.mask_support(
-        workload).how
+    assert "backward Mosaic GPU (ranges merged a row in dQ and dK/dV; under CP only where " \
+        "every rank's plan allows)" in backend.mask_support(workload).how
 
 
 def test_the_mosaic_dkv_kernel_lowers_split_over_query_heads():

@@ -157,16 +157,26 @@ class PallasFlexBackend(Backend):
                 return Support.no(f"block_k={blocks[1]} takes the Mosaic forward (Triton "
                                   f"tiles are powers of two), which cannot run here: {problem}")
             chosen[direction] = "Triton" if problem else "Mosaic GPU"
-        if lowering.forward_ranges == "merged" and chosen["forward"] == "Mosaic GPU":
-            merged = _geometry(workload.mask, forward_blocks).one_range_rows
-            chosen["forward"] += (" (ranges merged a row)" if merged else
-                                  " (ranges looped: a row sees several runs of a tile)")
-        if lowering.backward_ranges == "merged" and chosen["backward"] == "Mosaic GPU":
+        # A CP strategy stacks its ranks' plans into one program, which
+        # merges only where every rank's plan allows (plan.stack_plans).
+        stacked = "; under CP only where every rank's plan allows"
+        if lowering.forward_ranges == "merged":
+            if chosen["forward"] != "Mosaic GPU":
+                chosen["forward"] += " (forward_ranges: the Mosaic kernel's option, unused)"
+            elif _geometry(workload.mask, forward_blocks).one_range_rows:
+                chosen["forward"] += f" (ranges merged a row{stacked})"
+            else:
+                chosen["forward"] += " (ranges looped: a row sees several runs of a tile)"
+        if lowering.backward_ranges == "merged":
             geometry = _geometry(workload.mask, backward_blocks)
             merged = [name for name, one in (("dQ", geometry.one_range_rows),
                                              ("dK/dV", geometry.one_range_cols)) if one]
-            chosen["backward"] += (f" (ranges merged a row in {' and '.join(merged)})" if merged
-                                   else " (ranges looped: rows see several runs of a tile)")
+            if chosen["backward"] != "Mosaic GPU":
+                chosen["backward"] += " (backward_ranges: the Mosaic kernels' option, unused)"
+            elif merged:
+                chosen["backward"] += f" (ranges merged a row in {' and '.join(merged)}{stacked})"
+            else:
+                chosen["backward"] += " (ranges looped: rows see several runs of a tile)"
         if forward_blocks != self.forward_blocks:
             chosen["forward"] += f" ({forward_blocks[1]}-key steps)"
         mode = "interpret mode" if lowering.interpret else "compiled"

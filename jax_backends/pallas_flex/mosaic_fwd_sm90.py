@@ -277,20 +277,22 @@ def forward(q, k, v, geometry: Geometry, tables, config: Config = Config(),
                     acc, m, l = carry
                     slot = slot_of(step)
 
-                    # A partial tile's first slice, loaded before the matmul (v27:
-                    # its rows' merged range, whose loads hide under it too).
+                    # A partial tile's first slice, loaded before the matmul so
+                    # that its latency hides under it.
                     first = None if j is None else slice_bounds(ids, slices, lo[qi, j])
-                    hull = None
-                    if j is not None and config.merged_ranges:
-                        hull = row_hull(first, ids, slices, lo[qi, j], hi[qi, j], row0)
 
                     def scores(acc_ref):
                         plgpu.wgmma(acc_ref, q_smem,
                                     plgpu.transpose_ref(k_smem.at[slot], (1, 0)))
                         turns.scores_issued()
-                        return acc_ref[...]
+                        # v27: the rows' merged range, built while the matmul runs
+                        # (its loop reads the slices and works on row vectors only).
+                        hull = None
+                        if j is not None and config.merged_ranges:
+                            hull = row_hull(first, ids, slices, lo[qi, j], hi[qi, j], row0)
+                        return acc_ref[...], hull
 
-                    s = pl.run_scoped(scores, plgpu.ACC((rows, block_k), jnp.float32))
+                    s, hull = pl.run_scoped(scores, plgpu.ACC((rows, block_k), jnp.float32))
                     plgpu.barrier_arrive(k_consumed.at[slot])
                     if persistent:  # the item's last scores have read Q: load the next
                         pl.when(step + 1 == end)(lambda: load_next_q(n))
@@ -615,7 +617,7 @@ def row_hull(first, ids, slices, lo, hi, row0, transposed: bool = False):
     (row0 on) sees under the union of slices ids[lo:hi], as one range a row
     (merge_range over them; exact where Geometry.one_range_rows, or
     one_range_cols for transposed tiles, holds). Row vectors only (a thread
-    holds few rows), so it can run before the tile's matmul. `first` is
+    holds few rows), so it can run while the tile's matmul does. `first` is
     slice_bounds of ids[lo]; transposed: the rows are keys (dK/dV)."""
     rows = plgpu.broadcasted_iota(jnp.int32, (ROWS_PER_WARPGROUP,), 0,
                                   layout=plgpu.Layout.WGMMA.reduce(1))
