@@ -32,6 +32,7 @@ import time
 import traceback
 import warnings
 from collections.abc import Callable, Iterable, Sequence
+from multiprocessing import resource_tracker
 
 from lcab import fullcheck, processes, registry, results, validation
 from lcab.flops import tflops_per_second
@@ -706,13 +707,18 @@ class Runner:
         # The child starts with Ctrl-C blocked (a mask survives fork and
         # exec): one that lands while it imports would print a traceback
         # from multiprocessing's start-up; _child_main unblocks it inside
-        # its handler. Here it is only held back until start() returns.
-        held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        # its handler. The mask is this thread's only (another thread of
+        # this process may still take a Ctrl-C during start()). The
+        # resource tracker starts first: starting it unblocks SIGINT in
+        # the calling thread, which would undo the block for the first
+        # child.
+        resource_tracker.ensure_running()
         try:
-            child.start()
-        finally:
-            signal.pthread_sigmask(signal.SIG_SETMASK, held)
-        try:
+            held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+            try:
+                child.start()
+            finally:  # a Ctrl-C held back meanwhile is raised here
+                signal.pthread_sigmask(signal.SIG_SETMASK, held)
             child.join(self.settings.isolate_timeout_s)
             timed_out = child.is_alive()
         finally:  # an interrupted run takes its child with it

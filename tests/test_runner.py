@@ -8,7 +8,7 @@ import pytest
 import tests.fake_backends  # noqa: F401 - registers the numpy.* test backends
 from lcab import registry, results, validation
 from lcab.masks import MASK_NAMES, AttnMask, AttnSlice, make_mask, small_mask
-from lcab.runner import Case, Settings, run_cases
+from lcab.runner import Case, Runner, Settings, run_cases
 from lcab.validation import TOLERANCE
 from lcab.workloads import Workload
 
@@ -276,6 +276,47 @@ def test_isolation_kills_a_case_that_hangs(tmp_path):
     rows = results.read_rows([path])
     assert [(r["status"], r["reason"]) for r in rows] == [
         ("ERROR", "isolated child process died (killed after 2 s)")]
+
+
+class _Interrupted(Exception):
+    pass
+
+
+def test_a_ctrl_c_held_back_during_a_childs_start_takes_the_child_with_it(tmp_path,
+                                                                          monkeypatch):
+    """A Ctrl-C that lands while the isolated child starts is held back
+    until start() returns; raised then, it must still kill the child
+    (else a hung case outlives its run). The signal is sent to this thread
+    right after start, and a handler of the test's own turns it into an
+    exception (pytest's workers may treat a real Ctrl-C otherwise)."""
+    import multiprocessing.process
+    import os
+    import signal
+    import threading
+
+    started = []
+    start = multiprocessing.process.BaseProcess.start
+
+    def start_then_ctrl_c(process):
+        start(process)
+        started.append(process.pid)
+        signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+
+    def interrupted(*_):
+        raise _Interrupted
+
+    monkeypatch.setattr(multiprocessing.process.BaseProcess, "start", start_then_ctrl_c)
+    previous = signal.signal(signal.SIGINT, interrupted)
+    try:
+        settings = Settings(warmup=0, iters=1, isolate_timeout_s=60.0)
+        runner = Runner(results.Writer(tmp_path / "rows.jsonl"), settings)
+        with pytest.raises(_Interrupted):
+            runner.run_case_isolated(Case("numpy.hangs", workload("causal"), ("fwd",)))
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert len(started) == 1
+    with pytest.raises(ProcessLookupError):  # killed and reaped
+        os.kill(started[0], 0)
 
 
 def test_resume_skips_rows_that_exist(tmp_path):
