@@ -56,7 +56,7 @@ case $part in
       for value in looped merged; do
         run "$value-$round" "${LCAB_LAB_SECONDS:-140}" --seqlens=16k,32k \
           --masks=causal_document,full_document,sliding_window_causal,causal \
-          "--backend_options=jax.pallas_flex:forward_ranges=$value,backward_ranges=$value"
+          "--backend_options=jax.pallas_flex:forward_ranges=$value,jax.pallas_flex:backward_ranges=$value"
       done
     done ;;
   wide)
