@@ -157,24 +157,9 @@ def test_the_merged_ranges_note_says_whether_the_plan_took_them(monkeypatch):
         return backend.mask_support(Workload(1, seqlen, seqlen, 8, 1, 128, "bfloat16",
                                              mask)).how
 
-    assert "forward Mosaic GPU (ranges merged a row; under CP only where every rank's plan " \
-        "allows)" in how("causal_document", 4096)
+    assert "forward Mosaic GPU (ranges merged a row)" in how("causal_document", 4096)
     assert "(ranges looped: a row sees several runs of a tile)" in how("longformer_window",
                                                                         1000)
-
-
-def test_the_merged_ranges_note_says_the_triton_kernels_do_not_take_them(monkeypatch):
-    """The options belong to the Mosaic kernels: where Triton runs a pass,
-    the note says the option went unused rather than naming it bare."""
-    monkeypatch.setattr(_shared, "gpu_problem", lambda **_: None)
-    backend = registry.load_backend("jax.pallas_flex", {
-        "forward_lowering": "triton", "backward_lowering": "triton",
-        "forward_ranges": "merged", "backward_ranges": "merged"})
-    how = backend.mask_support(Workload(1, 4096, 4096, 8, 1, 128, "bfloat16",
-                                        make_mask("causal_document", 4096))).how
-    assert "forward Triton (forward_ranges: the Mosaic kernel's option, unused)" in how
-    assert "backward Triton (backward_ranges: the Mosaic kernels' option, unused)" in how
-    assert "merged a row" not in how
 
 
 @pytest.mark.parametrize("heads_together", [True, False])
@@ -358,51 +343,6 @@ def test_the_mosaic_backward_lowers_for_a_gpu_on_every_family(head_dim, dtype, h
     for name in MASK_NAMES:
         text = mosaic_backward_text(name, config, head_dim, dtype, heads_together)
         assert "lcab_flex_dq_mosaic" in text and "lcab_flex_dkv_mosaic" in text, name
-
-
-@pytest.mark.parametrize("parts", [1, 2])
-def test_the_merged_ranges_backward_lowers_on_every_family(parts):
-    """v27 in dQ and dK/dV (Config.dq_merged_ranges, dkv_merged_ranges):
-    both kernels lower on every family (ops sets them only where the plan
-    allows; lowered here on every plan to catch their ops), and their text
-    differs from the default's on a plan with partial tiles."""
-    config = mosaic_bwd_sm90.Config(parts=parts, dq_merged_ranges=True, dkv_merged_ranges=True)
-    for name in MASK_NAMES:
-        text = mosaic_backward_text(name, config, 128, jnp.bfloat16, True)
-        assert "lcab_flex_dq_mosaic" in text and "lcab_flex_dkv_mosaic" in text, name
-    looped = mosaic_bwd_sm90.Config(parts=parts)
-    for one in ({"dq_merged_ranges": True}, {"dkv_merged_ranges": True}):
-        assert (mosaic_backward_text("causal_document", dataclasses.replace(looped, **one), 128,
-                                     jnp.bfloat16, True)
-                != mosaic_backward_text("causal_document", looped, 128, jnp.bfloat16, True))
-
-
-def test_the_backward_merged_ranges_follow_each_kernels_own_rows():
-    """backward_ranges=merged sets dQ's merge where query rows see one run
-    of each tile and dK/dV's where key rows do, each on its own; the
-    default keeps both looped; the note says which merged."""
-    lowering = Lowering(backward_ranges="merged")
-    both = make_plan(make_mask("causal_document", 4096), 128, 128).geometry
-    config = lowering.mosaic_backward_for(both)
-    assert both.one_range_rows and both.one_range_cols
-    assert config.dq_merged_ranges and config.dkv_merged_ranges
-    for rows, cols in ((True, False), (False, True), (False, False)):
-        geometry = dataclasses.replace(both, one_range_rows=rows, one_range_cols=cols)
-        config = lowering.mosaic_backward_for(geometry)
-        assert (config.dq_merged_ranges, config.dkv_merged_ranges) == (rows, cols)
-    default = Lowering().mosaic_backward_for(both)
-    assert not (default.dq_merged_ranges or default.dkv_merged_ranges)
-    with pytest.raises(ValueError, match="backward_ranges='all': choose one of looped, merged"):
-        Lowering(backward_ranges="all")
-
-
-def test_the_backward_merged_ranges_note_names_the_kernels_that_merged(monkeypatch):
-    monkeypatch.setattr(_shared, "gpu_problem", lambda **_: None)
-    backend = registry.load_backend("jax.pallas_flex", {"backward_lowering": "mosaic",
-                                                        "backward_ranges": "merged"})
-    workload = Workload(1, 4096, 4096, 8, 1, 128, "bfloat16", make_mask("causal_document", 4096))
-    assert "backward Mosaic GPU (ranges merged a row in dQ and dK/dV; under CP only where " \
-        "every rank's plan allows)" in backend.mask_support(workload).how
 
 
 def test_the_mosaic_dkv_kernel_lowers_split_over_query_heads():

@@ -7,7 +7,7 @@ mask's dense matrix exactly, by query rows (forward, dQ) and by key rows
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from jax_backends.pallas_flex import mosaic_fwd_sm90
@@ -63,88 +63,47 @@ def test_the_one_compare_test_is_the_two_compare_test(start, stop, offset):
     assert (np.asarray(found) == ((np.asarray(c) >= start) & (np.asarray(c) < stop))).all()
 
 
-def _partial_tiles(plan, walk):
-    """(row block, column block, the tile's slice ids) of each partial tile
-    of one of the plan's walks (by_q: rows are q blocks; by_k: k blocks)."""
-    for row in range(len(walk.partials)):
-        for j in range(walk.partials[row]):
-            yield row, int(walk.block[row, j]), plan.slice_ids[walk.lo[row, j]:walk.hi[row, j]]
+def _partial_tiles(plan):
+    """(q block, k block, the tile's slice ids) of each partial tile of the
+    plan's forward walk."""
+    walk = plan.by_q
+    for qb in range(plan.num_q_blocks):
+        for j in range(walk.partials[qb]):
+            ids = plan.slice_ids[walk.lo[qb, j]:walk.hi[qb, j]]
+            yield qb, int(walk.block[qb, j]), ids
 
 
-def _hull_is_exact(plan, mask, blocks, transposed: bool) -> bool:
-    """Whether v27's per-row hull (merge_range over each partial tile's
-    slices, then one in_range test an element) rebuilds every partial tile
-    of the plan's walk by query rows (by key rows where transposed)."""
-    dense = mask.to_dense().T if transposed else mask.to_dense()
-    flat = np.asarray(plan.slices)
-    row_size, col_size = blocks[::-1] if transposed else blocks
-    exact = True
-    for rb, cb, ids in _partial_tiles(plan, plan.by_k if transposed else plan.by_q):
-        r = jnp.arange(rb * row_size, (rb + 1) * row_size, dtype=jnp.int32)
-        hull = None
-        for t in range(len(ids)):
-            hull = mosaic_fwd_sm90.merge_range(hull, mosaic_fwd_sm90.slice_bounds(ids, flat, t),
-                                               r, transposed)
-        col0 = cb * col_size
-        local = jnp.arange(col_size, dtype=jnp.int32)[None, :]
-        sees = np.asarray(mosaic_fwd_sm90.in_range(local, hull[0] - col0, hull[1] - col0,
-                                                   lambda x: x[:, None]))
-        want = np.zeros((row_size, col_size), bool)
-        tile = dense[rb * row_size:(rb + 1) * row_size, col0:col0 + col_size]
-        want[:tile.shape[0], :tile.shape[1]] = tile
-        exact &= bool((sees == want).all())
-    return exact
-
-
-@pytest.mark.parametrize("transposed", [False, True])
 @pytest.mark.parametrize("blocks", [(128, 128), (64, 64), (128, 192)])
 @pytest.mark.parametrize("name", MASK_NAMES)
-def test_merged_ranges_rebuild_every_tile_exactly_where_the_plan_says_they_can(name, blocks,
-                                                                             transposed):
-    """v27's per-row hull against the dense mask, tile by tile, by query
-    rows (forward, dQ) and by key rows (dK/dV): where
-    Geometry.one_range_rows (one_range_cols) holds it rebuilds every
-    partial tile exactly; where it does not, some row of some tile sees
-    two runs (so the flag is no stricter than it must be)."""
+def test_merged_ranges_rebuild_every_tile_exactly_where_the_plan_says_they_can(name, blocks):
+    """v27's per-row hull (merge_range over a tile's slices, then one
+    in_range test a element) against the dense mask, tile by tile: where
+    Geometry.one_range_rows holds it rebuilds every partial tile exactly;
+    where it does not, some row of some tile sees two runs (so the flag is
+    no stricter than it must be)."""
     from jax_backends.pallas_flex.plan import make_plan
 
     mask = small_mask(name, 1000)
     plan = make_plan(mask, *blocks)
-    flag = plan.geometry.one_range_cols if transposed else plan.geometry.one_range_rows
-    assert _hull_is_exact(plan, mask, blocks, transposed) == flag
-
-
-@st.composite
-def slice_grids(draw):
-    """Slices of every kind in the boxes of a random grid over a mask of at
-    most 64 x 64 tokens (some boxes empty), so tiles of 16 meet gaps,
-    touching slices and edges of every kind."""
-    from lcab.masks import AttnMask, AttnSlice
-    from lcab.masks import slices as slices_lib
-
-    seqlen_q, seqlen_k = draw(st.integers(1, 64)), draw(st.integers(1, 64))
-    row_cuts = sorted({0, seqlen_q, *draw(st.lists(st.integers(0, seqlen_q), max_size=4))})
-    col_cuts = sorted({0, seqlen_k, *draw(st.lists(st.integers(0, seqlen_k), max_size=4))})
-    kinds = (None, *slices_lib.KINDS)
-    chosen = [AttnSlice(q0, q1, k0, k1, kind)
-              for q0, q1 in zip(row_cuts, row_cuts[1:])
-              for k0, k1 in zip(col_cuts, col_cuts[1:])
-              if (kind := draw(st.sampled_from(kinds))) is not None]
-    return AttnMask(seqlen_q, seqlen_k, chosen)
-
-
-@settings(max_examples=120, deadline=None)
-@given(mask=slice_grids(), block_q=st.sampled_from([8, 16]), block_k=st.sampled_from([8, 16, 24]))
-def test_the_merged_ranges_flag_is_exactly_where_the_hull_is_exact(mask, block_q, block_k):
-    """On random slice grids the host's flags (one_range_rows for query
-    rows, one_range_cols for key rows) hold exactly where the hull
-    rebuilds every partial tile."""
-    from jax_backends.pallas_flex.plan import make_plan
-
-    plan = make_plan(mask, block_q, block_k)
-    for transposed in (False, True):
-        flag = plan.geometry.one_range_cols if transposed else plan.geometry.one_range_rows
-        assert _hull_is_exact(plan, mask, (block_q, block_k), transposed) == flag
+    dense = mask.to_dense()
+    flat = np.asarray(plan.slices)
+    block_q, block_k = blocks
+    exact = True
+    for qb, kb, ids in _partial_tiles(plan):
+        r = jnp.arange(qb * block_q, (qb + 1) * block_q, dtype=jnp.int32)
+        hull = mosaic_fwd_sm90.merge_range(None, mosaic_fwd_sm90.slice_bounds(ids, flat, 0), r)
+        for t in range(1, len(ids)):
+            hull = mosaic_fwd_sm90.merge_range(hull, mosaic_fwd_sm90.slice_bounds(ids, flat, t),
+                                               r)
+        col0 = kb * block_k
+        local = jnp.arange(block_k, dtype=jnp.int32)[None, :]
+        sees = np.asarray(mosaic_fwd_sm90.in_range(local, hull[0] - col0, hull[1] - col0,
+                                                   lambda x: x[:, None]))
+        want = np.zeros((block_q, block_k), bool)
+        tile = dense[qb * block_q:(qb + 1) * block_q, col0:col0 + block_k]
+        want[:tile.shape[0], :tile.shape[1]] = tile
+        exact &= bool((sees == want).all())
+    assert exact == plan.geometry.one_range_rows
 
 
 def test_a_row_that_sees_two_runs_of_a_tile_keeps_the_loop():

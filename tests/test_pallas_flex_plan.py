@@ -195,18 +195,3 @@ def test_rows_launch_auto_starts_long_rows_head_after_head():
     assert rows(make_mask("full", 32768), "heads_together") == "heads_together"
     with pytest.raises(ValueError, match="auto, heads_together, head_major"):
         ops.Lowering(rows_launch="sideways")
-
-
-def test_a_stack_of_plans_merges_ranges_only_where_every_plan_does():
-    """CP ranks share one compiled program: its geometry keeps one range a
-    row (v27's merged ranges) only where every rank's plan has it, so one
-    rank whose rows see two runs of a tile keeps the loop for all."""
-    one_run = make_plan(make_mask("causal_document", 4096), 128, 128)
-    gap = AttnMask(4096, 4096, [AttnSlice(0, 4096, 0, 10), AttnSlice(0, 4096, 50, 60)])
-    several = make_plan(gap, 128, 128)
-    assert one_run.geometry.one_range_rows and one_run.geometry.one_range_cols
-    assert not several.geometry.one_range_rows
-    assert stack_plans([one_run, one_run])[0].one_range_rows
-    mixed = stack_plans([one_run, several])[0]
-    assert not mixed.one_range_rows
-    assert mixed.one_range_cols == several.geometry.one_range_cols

@@ -62,12 +62,11 @@ class PallasFlexBackend(Backend):
     # dkv_split the dK/dV programs a K/V head's block (head_split);
     # forward_grid the Mosaic forward's programs, one per item or one per SM
     # ("auto" decides per plan; the Triton forward has one grid);
-    # forward_ranges and backward_ranges how the Mosaic kernels mask a
-    # partial tile (v27).
+    # forward_ranges how the Mosaic forward masks a partial tile (v27).
     options = {"block_q": int, "block_k": int, "backward_block_q": int,
                "backward_block_k": int, "forward_lowering": str, "backward_lowering": str,
                "dkv_launch": str, "rows_launch": str, "dkv_split": str, "forward_grid": str,
-               "forward_ranges": str, "backward_ranges": str}
+               "forward_ranges": str}
     # dkv_split, forward_grid, rows_launch "auto" and the key block by plan
     # were measured on whole single-GPU passes, not on ring steps or CP
     # ranks' sub-masks: inside CP the dK/dV programs stay whole and the
@@ -101,8 +100,7 @@ class PallasFlexBackend(Backend):
                                               ("rows_launch", schedule.ROWS_LAUNCHES),
                                               ("dkv_split", schedule.DKV_SPLITS),
                                               ("forward_grid", schedule.FORWARD_GRIDS),
-                                              ("forward_ranges", schedule.FORWARD_RANGES),
-                                              ("backward_ranges", schedule.BACKWARD_RANGES))
+                                              ("forward_ranges", schedule.FORWARD_RANGES))
                          if key in options}
 
     @functools.cached_property
@@ -157,26 +155,10 @@ class PallasFlexBackend(Backend):
                 return Support.no(f"block_k={blocks[1]} takes the Mosaic forward (Triton "
                                   f"tiles are powers of two), which cannot run here: {problem}")
             chosen[direction] = "Triton" if problem else "Mosaic GPU"
-        # A CP strategy stacks its ranks' plans into one program, which
-        # merges only where every rank's plan allows (plan.stack_plans).
-        stacked = "; under CP only where every rank's plan allows"
-        if lowering.forward_ranges == "merged":
-            if chosen["forward"] != "Mosaic GPU":
-                chosen["forward"] += " (forward_ranges: the Mosaic kernel's option, unused)"
-            elif _geometry(workload.mask, forward_blocks).one_range_rows:
-                chosen["forward"] += f" (ranges merged a row{stacked})"
-            else:
-                chosen["forward"] += " (ranges looped: a row sees several runs of a tile)"
-        if lowering.backward_ranges == "merged":
-            geometry = _geometry(workload.mask, backward_blocks)
-            merged = [name for name, one in (("dQ", geometry.one_range_rows),
-                                             ("dK/dV", geometry.one_range_cols)) if one]
-            if chosen["backward"] != "Mosaic GPU":
-                chosen["backward"] += " (backward_ranges: the Mosaic kernels' option, unused)"
-            elif merged:
-                chosen["backward"] += f" (ranges merged a row in {' and '.join(merged)}{stacked})"
-            else:
-                chosen["backward"] += " (ranges looped: rows see several runs of a tile)"
+        if lowering.forward_ranges == "merged" and chosen["forward"] == "Mosaic GPU":
+            merged = _geometry(workload.mask, forward_blocks).one_range_rows
+            chosen["forward"] += (" (ranges merged a row)" if merged else
+                                  " (ranges looped: a row sees several runs of a tile)")
         if forward_blocks != self.forward_blocks:
             chosen["forward"] += f" ({forward_blocks[1]}-key steps)"
         mode = "interpret mode" if lowering.interpret else "compiled"

@@ -42,8 +42,6 @@ from jax_backends.pallas_flex.mosaic_fwd_sm90 import (
     fold_visits,
     launch_grid,
     masked,
-    masked_by_hull,
-    row_hull,
     slice_bounds,
     wait_free,
 )
@@ -90,12 +88,6 @@ class Config:
     # strips, so a warpgroup's scores take 1/parts of the registers (2 was
     # the faster measured: docs/pallas_flex.md, "Constants").
     parts: int = 2
-    # v27 (ops.Lowering.backward_ranges sets them, each only on a plan whose
-    # rows see one run of each tile: Geometry.one_range_rows for dQ,
-    # one_range_cols for dK/dV): a partial tile's slices merged per row
-    # once (row_hull), then one element test a strip (masked_by_hull).
-    dq_merged_ranges: bool = False
-    dkv_merged_ranges: bool = False
 
     def __post_init__(self):
         if self.parts not in PARTS:
@@ -116,15 +108,14 @@ def backward(q, k, v, dout, lse2, delta, geometry: Geometry, tables,
     scale = 1.0 / math.sqrt(q.shape[3])
     lse_safe = jnp.where(lse2 == -jnp.inf, 0.0, lse2)  # rows that see nothing meet only masks
     dq = _dq(q, k, v, dout, lse_safe, delta, geometry, tables, scale, stages, parts,
-             dq_heads_together, config.dq_merged_ranges)
+             dq_heads_together)
     dk, dv = _dkv(q, head_split.spread(k, dkv_split), head_split.spread(v, dkv_split), dout,
-                  lse_safe, delta, geometry, tables, scale, stages, heads_together, parts,
-                  config.dkv_merged_ranges)
+                  lse_safe, delta, geometry, tables, scale, stages, heads_together, parts)
     return dq, head_split.fold(dk, dkv_split), head_split.fold(dv, dkv_split)
 
 
 def _dq(q, k, v, dout, lse, delta, geometry: Geometry, tables, scale, stages, parts,
-        heads_together, merged: bool = False):
+        heads_together):
     batch, _, heads, head_dim = q.shape
     group = heads // k.shape[2]
     rows, dtype = ROWS_PER_WARPGROUP, q.dtype
@@ -158,18 +149,12 @@ def _dq(q, k, v, dout, lse, delta, geometry: Geometry, tables, scale, stages, pa
             def visit(step, kb, j, dq):
                 slot = slot_of(step)
                 first = None if j is None else slice_bounds(ids, slices, lo[qi, j])
-                hull = None  # v27: the rows' merged range, once for every strip
-                if j is not None and merged:
-                    hull = row_hull(first, ids, slices, lo[qi, j], hi[qi, j], row0)
                 plgpu.barrier_wait(k_loaded.at[slot])
                 for part in range(parts):  # the tile's keys in `parts` column strips
                     k_part = k_smem.at[slot, pl.ds(part * cols, cols)]
                     v_part = v_smem.at[slot, pl.ds(part * cols, cols)]
                     s = product(q_smem, plgpu.transpose_ref(k_part, (1, 0)))
-                    if hull is not None:
-                        s = masked_by_hull(s, hull, kb * geometry.block_k + part * cols,
-                                           DQ_MASK_TEST)
-                    elif j is not None:
+                    if j is not None:
                         s = masked(s, first, ids, slices, lo[qi, j], hi[qi, j], row0,
                                    kb * geometry.block_k + part * cols, test=DQ_MASK_TEST)
                     p = jnp.exp2(s * qk_scale - lax.broadcast_in_dim(lse, s.shape, [0]))
@@ -225,7 +210,7 @@ def _dq(q, k, v, dout, lse, delta, geometry: Geometry, tables, scale, stages, pa
 
 
 def _dkv(q, k, v, dout, lse, delta, geometry: Geometry, tables, scale, stages,
-         heads_together, parts, merged: bool = False):
+         heads_together, parts):
     batch, _, heads, head_dim = q.shape
     kv_heads = k.shape[2]
     group = heads // kv_heads
@@ -266,26 +251,15 @@ def _dkv(q, k, v, dout, lse, delta, geometry: Geometry, tables, scale, stages,
                 return masked(s_t, first, ids, slices, lo[kj, j], hi[kj, j], row0, col0,
                               transposed=True, test=DKV_MASK_TEST)
 
-            def mask_strip_by_hull(hull, col0, s_t):
-                return masked_by_hull(s_t, hull, col0, DKV_MASK_TEST)
-
             def visit(step, head, qb, j, carry):
                 dk, dv = carry
                 slot = slot_of(step)
                 first = None if j is None else slice_bounds(ids, slices, lo[kj, j])
-                hull = None  # v27: the key rows' merged range, once for every strip
-                if j is not None and merged:
-                    hull = row_hull(first, ids, slices, lo[kj, j], hi[kj, j], row0,
-                                    transposed=True)
                 plgpu.barrier_wait(q_loaded.at[slot])
                 for part in range(parts):  # the tile's queries in `parts` strips
                     strip = pl.ds(part * cols, cols)
-                    if hull is not None:
-                        mask = functools.partial(mask_strip_by_hull, hull,
-                                                 qb * block_q + part * cols)
-                    else:
-                        mask = None if j is None else functools.partial(
-                            mask_strip, first, j, qb * block_q + part * cols)
+                    mask = None if j is None else functools.partial(
+                        mask_strip, first, j, qb * block_q + part * cols)
                     waits = (lse_loaded.at[slot], do_loaded.at[slot],
                              delta_loaded.at[slot]) if part == 0 else ()
                     dk, dv, _ = dkv_strip(

@@ -128,8 +128,8 @@ class Config:
     # v27 (ops.Lowering.forward_ranges sets it, only on a plan whose rows
     # see one run of columns a tile: Geometry.one_range_rows): a partial
     # tile's slices are merged per row into one column range before a
-    # single element test (row_hull, masked_by_hull), so the scores are
-    # not held beside a masked copy across a loop over the slices (`masked`).
+    # single element test (masked_one_range), so the scores are not held
+    # beside a masked copy across a loop over the slices (`masked`).
     merged_ranges: bool = False
 
     def __post_init__(self):
@@ -277,27 +277,22 @@ def forward(q, k, v, geometry: Geometry, tables, config: Config = Config(),
                     acc, m, l = carry
                     slot = slot_of(step)
 
-                    # A partial tile's first slice, loaded before the matmul so
-                    # that its latency hides under it.
+                    # A partial tile's first slice, loaded before the matmul.
                     first = None if j is None else slice_bounds(ids, slices, lo[qi, j])
 
                     def scores(acc_ref):
                         plgpu.wgmma(acc_ref, q_smem,
                                     plgpu.transpose_ref(k_smem.at[slot], (1, 0)))
                         turns.scores_issued()
-                        # v27: the rows' merged range, built while the matmul runs
-                        # (its loop reads the slices and works on row vectors only).
-                        hull = None
-                        if j is not None and config.merged_ranges:
-                            hull = row_hull(first, ids, slices, lo[qi, j], hi[qi, j], row0)
-                        return acc_ref[...], hull
+                        return acc_ref[...]
 
-                    s, hull = pl.run_scoped(scores, plgpu.ACC((rows, block_k), jnp.float32))
+                    s = pl.run_scoped(scores, plgpu.ACC((rows, block_k), jnp.float32))
                     plgpu.barrier_arrive(k_consumed.at[slot])
                     if persistent:  # the item's last scores have read Q: load the next
                         pl.when(step + 1 == end)(lambda: load_next_q(n))
-                    if hull is not None:
-                        s = masked_by_hull(s, hull, kb * block_k, FORWARD_MASK_TEST)
+                    if j is not None and config.merged_ranges:
+                        s = masked_one_range(s, first, ids, slices, lo[qi, j], hi[qi, j],
+                                             row0, kb * block_k)
                     elif j is not None:
                         s = masked(s, first, ids, slices, lo[qi, j], hi[qi, j], row0,
                                    kb * block_k, test=FORWARD_MASK_TEST)
@@ -606,66 +601,50 @@ def masked(s, first, ids, slices, lo, hi, row0, col0, transposed: bool = False,
 
     def add(bounds, scores):
         start, stop = row_range(bounds, r, transposed)
-        return jnp.where(element_sees(c, start, stop, col0, test, per_row), s, scores)
+        if test == "bounds":  # per element: an add, two compares, an and, a select
+            sees = (c >= per_row(start)) & (c < per_row(stop))
+        elif test == "folded":  # per element: two compares, an and, a select
+            sees = (c >= per_row(start - col0)) & (c < per_row(stop - col0))
+        else:  # per element: a subtract, one compare, a select
+            sees = in_range(c, start - col0, stop - col0, per_row)
+        return jnp.where(sees, s, scores)
 
     scores = add(first, -jnp.inf)
     return lax.fori_loop(lo + 1, hi, lambda t, m: add(slice_bounds(ids, slices, t), m), scores)
 
 
-def row_hull(first, ids, slices, lo, hi, row0, transposed: bool = False):
-    """v27: the columns [start, stop) each of a warpgroup's tile rows
-    (row0 on) sees under the union of slices ids[lo:hi], as one range a row
-    (merge_range over them; exact where Geometry.one_range_rows, or
-    one_range_cols for transposed tiles, holds). Row vectors only (a thread
-    holds few rows), so it can run while the tile's matmul does. `first` is
-    slice_bounds of ids[lo]; transposed: the rows are keys (dK/dV)."""
-    rows = plgpu.broadcasted_iota(jnp.int32, (ROWS_PER_WARPGROUP,), 0,
-                                  layout=plgpu.Layout.WGMMA.reduce(1))
+def masked_one_range(s, first, ids, slices, lo, hi, row0, col0):
+    """`masked` (the forward's, by query rows) where each row of the tile
+    sees one run of its columns under the union of slices ids[lo:hi]
+    (Geometry.one_range_rows): the rows' ranges are merged first, on row
+    vectors (a thread holds few), then each element is tested once, so
+    the scores die into their masked copy."""
+    rows = plgpu.broadcasted_iota(jnp.int32, s.shape[:1], 0, layout=plgpu.Layout.WGMMA.reduce(1))
     r = rows + row0
-    return lax.fori_loop(
-        lo + 1, hi,
-        lambda t, hull: merge_range(hull, slice_bounds(ids, slices, t), r, transposed),
-        merge_range(None, first, r, transposed))
-
-
-def masked_by_hull(s, hull, col0, test: str):
-    """Scores of a partial tile (or of one strip of it, its first column
-    col0) where each row's range `hull` (row_hull) sees them, -inf
-    elsewhere: one element test (MASK_TESTS) an element, after which the
-    scores are dead, where `masked` holds them beside their masked copy
-    across its loop over the slices."""
+    merged = lax.fori_loop(lo + 1, hi,
+                           lambda t, hull: merge_range(hull, slice_bounds(ids, slices, t), r),
+                           merge_range(None, first, r))
+    start, stop = merged
     columns = plgpu.broadcasted_iota(jnp.int32, s.shape, 1, layout=plgpu.Layout.WGMMA)
-    c = columns + col0 if test == "bounds" else columns
 
     def per_row(x):  # a row vector over the tile
         return lax.broadcast_in_dim(x, s.shape, [0])
 
-    return jnp.where(element_sees(c, *hull, col0, test, per_row), s, -jnp.inf)
+    return jnp.where(in_range(columns, start - col0, stop - col0, per_row), s, -jnp.inf)
 
 
-def merge_range(hull, bounds, r, transposed: bool = False):
+def merge_range(hull, bounds, r):
     """The columns [start, stop) of rows r's hull so far (None: nothing
     yet) joined with what they see of one slice (slice_bounds); a row that
     sees none of either keeps an empty range (start _FAR, stop -_FAR), so
     an empty slice never stretches it. Exact where the rows' union is one
-    run (Geometry.one_range_rows; one_range_cols where transposed)."""
-    start, stop = row_range(bounds, r, transposed)
+    run (Geometry.one_range_rows)."""
+    start, stop = row_range(bounds, r)
     some = stop > start
     if hull is None:
         return jnp.where(some, start, _FAR), jnp.where(some, stop, -_FAR)
     return (jnp.where(some, jnp.minimum(hull[0], start), hull[0]),
             jnp.where(some, jnp.maximum(hull[1], stop), hull[1]))
-
-
-def element_sees(c, start, stop, col0, test: str, per_row):
-    """Which elements of a tile its rows' ranges [start, stop) see, by
-    `test` (MASK_TESTS): c is the tile's column iota, plus col0 where the
-    test is "bounds" (as `masked` and masked_by_hull build it)."""
-    if test == "bounds":  # per element: an add, two compares, an and, a select
-        return (c >= per_row(start)) & (c < per_row(stop))
-    if test == "folded":  # per element: two compares, an and, a select
-        return (c >= per_row(start - col0)) & (c < per_row(stop - col0))
-    return in_range(c, start - col0, stop - col0, per_row)  # a subtract, one compare
 
 
 def row_range(bounds, r, transposed: bool = False):

@@ -30,9 +30,9 @@ import numpy as np
 from jax_backends import _shared
 from jax_backends.pallas_flex import mosaic_bwd_sm90, mosaic_fwd_sm90, triton
 from jax_backends.pallas_flex.plan import FlexPlan, Geometry
-from jax_backends.pallas_flex.schedule import (BACKWARD_RANGES, DKV_LAUNCHES, DKV_SPLITS,
-                                               FORWARD_GRIDS, FORWARD_RANGES, ROWS_LAUNCHES,
-                                               dkv_schedule, forward_grid, rows_launch)
+from jax_backends.pallas_flex.schedule import (DKV_LAUNCHES, DKV_SPLITS, FORWARD_GRIDS,
+                                               FORWARD_RANGES, ROWS_LAUNCHES, dkv_schedule,
+                                               forward_grid, rows_launch)
 
 _LN2 = math.log(2.0)
 
@@ -69,8 +69,6 @@ class Lowering:
     forward_ranges: how the Mosaic forward masks a partial tile
     (FORWARD_RANGES): "looped", the default, or "merged" (v27: each row's
     slices merged into one range first, on plans that allow it).
-    backward_ranges: the same for the Mosaic dQ and dK/dV kernels (v27),
-    each where its own rows allow it (mosaic_backward_for).
     """
 
     forward: str = "auto"
@@ -81,7 +79,6 @@ class Lowering:
     dkv_split: str = "auto"
     forward_grid: str = "auto"
     forward_ranges: str = "looped"
-    backward_ranges: str = "looped"
     triton: triton.Config = triton.Config()
     mosaic_forward: mosaic_fwd_sm90.Config = mosaic_fwd_sm90.Config()
     mosaic_backward: mosaic_bwd_sm90.Config = mosaic_bwd_sm90.Config()
@@ -93,9 +90,7 @@ class Lowering:
                                       ("rows_launch", self.rows_launch, ROWS_LAUNCHES),
                                       ("dkv_split", self.dkv_split, DKV_SPLITS),
                                       ("forward_grid", self.forward_grid, FORWARD_GRIDS),
-                                      ("forward_ranges", self.forward_ranges, FORWARD_RANGES),
-                                      ("backward_ranges", self.backward_ranges,
-                                       BACKWARD_RANGES)):
+                                      ("forward_ranges", self.forward_ranges, FORWARD_RANGES)):
             if value not in choices:
                 raise ValueError(f"{field}={value!r}: choose one of {', '.join(choices)}")
         for direction in ("forward", "backward"):
@@ -125,14 +120,6 @@ class Lowering:
         merged = self.forward_ranges == "merged" and plan.one_range_rows
         return dataclasses.replace(self._forward_config(grid == "persistent"),
                                    merged_ranges=merged)
-
-    def mosaic_backward_for(self, plan: Geometry) -> mosaic_bwd_sm90.Config:
-        """The Mosaic backward's config for this plan: merged ranges in dQ
-        and in dK/dV where backward_ranges asks and each one's rows allow."""
-        merged = self.backward_ranges == "merged"
-        return dataclasses.replace(self.mosaic_backward,
-                                   dq_merged_ranges=merged and plan.one_range_rows,
-                                   dkv_merged_ranges=merged and plan.one_range_cols)
 
     def _forward_config(self, persistent: bool) -> mosaic_fwd_sm90.Config:
         return dataclasses.replace(self.mosaic_forward, persistent=persistent)
@@ -164,7 +151,7 @@ def _backward(q, k, v, delta, lse2, dout, plan: Geometry, tables, lowering: Lowe
     together = order == "heads_together"
     if mosaic:
         return mosaic_bwd_sm90.backward(q, k, v, dout, lse2, delta, plan, tables,
-                                        together, lowering.mosaic_backward_for(plan),
+                                        together, lowering.mosaic_backward,
                                         lowering.rows_launch != "head_major", split)
     return triton.backward(q, k, v, delta, lse2, dout, plan, tables, lowering.triton,
                            lowering.interpret, together, split)

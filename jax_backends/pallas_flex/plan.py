@@ -89,10 +89,8 @@ class Geometry:
     # Whether every query row of every partial tile of the forward sees one
     # run of the tile's columns (or none) under the union of the tile's
     # slices, so the slices' ranges may be merged per row before a single
-    # element test (ops.Lowering.forward_ranges; dQ's by backward_ranges).
+    # element test (ops.Lowering.forward_ranges).
     one_range_rows: bool = False
-    # The same for key rows against the tile's queries (dK/dV's tiles).
-    one_range_cols: bool = False
 
     @property
     def num_q_blocks(self) -> int:
@@ -144,8 +142,7 @@ def stack_plans(plans) -> tuple[Geometry, dict]:
     mean forward walk and largest cut share among them, and one range a
     row only where every plan has it."""
     shapes = {dataclasses.replace(plan.geometry, dkv_tail=0.0, row_keys=0.0, cut_share=0.0,
-                                  one_range_rows=False, one_range_cols=False)
-              for plan in plans}
+                                  one_range_rows=False) for plan in plans}
     if len(shapes) != 1:
         raise ValueError("plans of different shapes cannot be stacked")
     geometry = dataclasses.replace(shapes.pop(),
@@ -153,8 +150,6 @@ def stack_plans(plans) -> tuple[Geometry, dict]:
                                    row_keys=max(plan.geometry.row_keys for plan in plans),
                                    cut_share=max(plan.geometry.cut_share for plan in plans),
                                    one_range_rows=all(plan.geometry.one_range_rows
-                                                      for plan in plans),
-                                   one_range_cols=all(plan.geometry.one_range_cols
                                                       for plan in plans))
     trees = [plan.tables() for plan in plans]
 
@@ -198,44 +193,31 @@ def make_plan(mask: AttnMask, block_q: int, block_k: int) -> FlexPlan:
                           dkv_tail=float((dkv_work.max() - dkv_work.mean()) / dkv_work.sum()),
                           row_keys=float(walking.mean() * block_k) if len(walking) else 0.0,
                           cut_share=float(partial.mean()) if len(partial) else 0.0,
-                          one_range_rows=_one_range(table, slice_ids, starts, stops,
-                                                    partial_keys, (block_q, block_k), nk),
-                          one_range_cols=_one_range(table, slice_ids, starts, stops,
-                                                    partial_keys, (block_q, block_k), nk,
-                                                    transposed=True)),
+                          one_range_rows=_one_range_rows(table, slice_ids, starts, stops,
+                                                         partial_keys, block_q, block_k, nk)),
         by_q=by_q, by_k=by_k,
         slice_ids=_padded(slice_ids.astype(np.int32)),
         slices=_padded(table.astype(np.int32).reshape(-1)),
     )
 
 
-def row_ranges(table: np.ndarray, r: np.ndarray,
-               transposed: bool = False) -> tuple[np.ndarray, np.ndarray]:
-    """The columns [start, stop) that rows r see of each slice of `table`
-    (rows of q0, q1, k0, k1, kind), as (slices, rows) arrays; stop <= start
-    where a row sees none. Rows are queries and columns keys, or the other
-    way round where transposed. The kernels' row_range, in numpy."""
+def row_ranges(table: np.ndarray, r: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The columns [start, stop) that query rows r see of each slice of
+    `table` (rows of q0, q1, k0, k1, kind), as (slices, rows) arrays; stop
+    <= start where a row sees none. The kernels' row_range, in numpy."""
     q0, q1, k0, k1, kind = (table[:, i, None].astype(np.int64) for i in range(5))
-    far = np.int64(1) << 40
-    upper = np.where((kind == slices_lib.CAUSAL) | (kind == slices_lib.BI_CAUSAL), k1 - q1, far)
-    lower = np.where((kind == slices_lib.INV_CAUSAL) | (kind == slices_lib.BI_CAUSAL), k0 - q0,
-                     -far)
-    if transposed:  # key row r sees queries r - upper <= c <= r - lower
-        row_lo, row_hi, col_lo, col_hi, first, last = k0, k1, q0, q1, -upper, -lower
-    else:  # query row r sees keys r + lower <= c <= r + upper
-        row_lo, row_hi, col_lo, col_hi, first, last = q0, q1, k0, k1, lower, upper
-    start = np.maximum(r + first, col_lo)
-    stop = np.minimum(r + last + 1, col_hi)
-    return start, np.where((r >= row_lo) & (r < row_hi), stop, start)
+    causal = (kind == slices_lib.CAUSAL) | (kind == slices_lib.BI_CAUSAL)
+    inverse = (kind == slices_lib.INV_CAUSAL) | (kind == slices_lib.BI_CAUSAL)
+    start = np.maximum(np.where(inverse, r + (k0 - q0), k0), k0)
+    stop = np.where(causal, np.minimum(r + (k1 - q1) + 1, k1), k1)
+    return start, np.where((r >= q0) & (r < q1), stop, start)
 
 
-def _one_range(table, slice_ids, starts, stops, tile_keys, blocks, nk,
-               transposed: bool = False) -> bool:
-    """Whether, on every partial tile, each row's columns under the union
-    of the tile's slices form one run within the tile (query rows; key
-    rows where transposed): no gap of the union (between the slices'
-    ranges sorted by start) falls inside the tile's columns. A tile of one
-    slice always does."""
+def _one_range_rows(table, slice_ids, starts, stops, tile_keys, block_q, block_k, nk) -> bool:
+    """Whether, on every partial tile, each query row's columns under the
+    union of the tile's slices form one run within the tile: no gap of the
+    union (between the slices' ranges sorted by start) falls inside the
+    tile's columns. A tile of one slice always does."""
     several = np.flatnonzero(stops - starts > 1)
     if len(several) == 0:
         return True
@@ -243,13 +225,10 @@ def _one_range(table, slice_ids, starts, stops, tile_keys, blocks, nk,
     position = starts[several, None] + np.arange(width)[None, :]
     present = position < stops[several, None]
     ids = slice_ids[np.where(present, position, starts[several, None])]
-    blocks_of = (tile_keys[several] // nk, tile_keys[several] % nk)
-    (row_block, row_size), (col_block, col_size) = (
-        ((blocks_of[1], blocks[1]), (blocks_of[0], blocks[0])) if transposed
-        else ((blocks_of[0], blocks[0]), (blocks_of[1], blocks[1])))
-    r = row_block[:, None] * row_size + np.arange(row_size)[None, :]  # (tiles, rows)
-    start, stop = row_ranges(table[ids.ravel()], np.repeat(r, width, axis=0), transposed)
-    start, stop = (x.reshape(len(several), width, row_size) for x in (start, stop))
+    q_block, k_block = tile_keys[several] // nk, tile_keys[several] % nk
+    r = q_block[:, None] * block_q + np.arange(block_q)[None, :]  # (tiles, rows)
+    start, stop = row_ranges(table[ids.ravel()], np.repeat(r, width, axis=0))
+    start, stop = (x.reshape(len(several), width, block_q) for x in (start, stop))
     empty = ~present[:, :, None] | (stop <= start)
     start = np.where(empty, np.iinfo(np.int64).max, start)
     stop = np.where(empty, np.iinfo(np.int64).min, stop)
@@ -257,9 +236,9 @@ def _one_range(table, slice_ids, starts, stops, tile_keys, blocks, nk,
     start, stop = np.take_along_axis(start, order, 1), np.take_along_axis(stop, order, 1)
     reach = np.maximum.accumulate(stop, axis=1)  # the union's end so far
     gap_start, gap_stop = reach[:, :-1], start[:, 1:]
-    col0 = (col_block * col_size)[:, None, None]
+    col0 = (k_block * block_k)[:, None, None]
     inside = (gap_stop > gap_start) & (gap_stop < np.iinfo(np.int64).max)
-    inside &= (gap_start < col0 + col_size) & (gap_stop > col0)
+    inside &= (gap_start < col0 + block_k) & (gap_stop > col0)
     return not inside.any()
 
 

@@ -25,9 +25,8 @@ PERSISTENT_ROW_KEYS = 16384
 # built slice after slice ("looped", every row before v27), or the slices'
 # ranges merged per row before one element test ("merged", v27) on plans
 # whose rows see one run of columns a tile (Geometry.one_range_rows; the
-# others stay looped). The backward's (dQ and dK/dV: backward_ranges) alike.
+# others stay looped).
 FORWARD_RANGES = ("looped", "merged")
-BACKWARD_RANGES = FORWARD_RANGES
 # The order the Mosaic forward's rows (q block, head) start in, or "auto".
 ROWS_LAUNCHES = ("auto", "heads_together", "head_major")
 # "auto" starts them head after head where a program walks at least this
