@@ -132,7 +132,6 @@ SLOW_TESTS = {
         "test_the_mosaic_backward_lowers_for_a_gpu_on_every_family",
         "test_the_mosaic_forward_lowers_for_a_gpu_on_every_family",
         "test_the_persistent_mosaic_forward_lowers_for_a_gpu_on_every_family",
-        "test_the_merged_ranges_forward_lowers_on_every_family",
         "test_the_shared_memory_counts_are_mosaics_own",
     ),
     "test_pallas_flex_tables.py": (

@@ -247,9 +247,8 @@ def test_options_choose_blocks_and_lowering_and_rows_say_so(tmp_path):
     # Only what a user would choose is an option; the kernels' settings are
     # their configs' constants.
     assert sorted(type(backend).options) == [
-        "backward_block_k", "backward_block_q", "backward_lowering", "backward_ranges",
-        "block_k", "block_q", "dkv_launch", "dkv_split", "forward_grid", "forward_lowering",
-        "forward_ranges", "rows_launch"]
+        "backward_block_k", "backward_block_q", "backward_lowering", "block_k", "block_q",
+        "dkv_launch", "dkv_split", "forward_grid", "forward_lowering", "rows_launch"]
     with pytest.raises(ValueError, match="its options: backward_block_k, backward_block_q"):
         type(backend).parse_options({"num_stages": "3"})
     with pytest.raises(ValueError, match="block_k='big' is not a int"):
@@ -313,26 +312,3 @@ def test_the_wide_key_block_mosaic_forward_matches_the_reference(name):
     q, k, v, _ = inputs(1000, heads=(4, 2), head_dim=128, batch=1)
     plan = make_plan(mask, 128, mosaic_fwd_sm90.WIDE_BLOCK_K)
     assert_mosaic_forward_matches(mask, plan, Lowering(forward="mosaic"), q, k, v)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("block_k", [128, 192])
-@pytest.mark.parametrize("name", ["causal", "causal_document", "full_document",
-                                  "sliding_window_causal", "share_question",
-                                  "prefix_lm_document", "longca_global_window"])
-def test_the_merged_ranges_mosaic_forward_matches_the_reference(name, block_k):
-    """v27's ranges merged a row (forward_ranges=merged) on a Hopper GPU at
-    a length no block divides, on plans whose rows see one run of each
-    tile (several slices a tile on the documents and share_question)."""
-    from jax_backends import _shared
-    from jax_backends.pallas_flex import mosaic_fwd_sm90
-
-    if problem := _shared.gpu_problem(capability=mosaic_fwd_sm90.SM90, exact=True):
-        pytest.skip(problem)
-    mask = small_mask(name, 1000)
-    q, k, v, _ = inputs(1000, heads=(4, 2), head_dim=128, batch=1)
-    plan = make_plan(mask, 128, block_k)
-    assert plan.geometry.one_range_rows
-    lowering = Lowering(forward="mosaic", forward_ranges="merged")
-    assert lowering.mosaic_forward_for(plan.geometry, q.dtype, 128).merged_ranges
-    assert_mosaic_forward_matches(mask, plan, lowering, q, k, v)

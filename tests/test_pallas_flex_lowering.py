@@ -3,7 +3,6 @@ the Triton kernels to Triton IR, the Mosaic GPU forward and backward to
 Mosaic GPU's MLIR on every family; what each lowering refuses, and the
 backward's blocks following the lowering that runs."""
 
-import dataclasses
 import functools
 import itertools
 import math
@@ -106,60 +105,6 @@ def test_the_persistent_mosaic_forward_lowers_for_a_gpu_on_every_family(head_dim
                    for op in ("arrive", "sync") for barrier in (4, 5)), name
     default = mosaic_forward_text("causal", head_dim=head_dim, dtype=dtype, block_k=block_k)
     assert "lcab_flex_forward_mosaic" in default and "persistent" not in default
-
-
-@pytest.mark.parametrize("block_k,persistent", [(128, False), (192, False), (128, True)])
-def test_the_merged_ranges_forward_lowers_on_every_family(block_k, persistent):
-    """v27 (Config.merged_ranges): one element test a partial tile after a
-    loop over its slices on row vectors; it lowers on every family (at 300
-    tokens; where a plan's rows see several runs ops keeps the loop, the
-    kernel is still lowered here to catch its ops), and its text differs
-    from the default's where the plan has partial tiles."""
-    config = mosaic_fwd_sm90.Config(merged_ranges=True, persistent=persistent,
-                                    programs=3 if persistent else None)
-    for name in MASK_NAMES:
-        text = mosaic_forward_text(name, block_k=block_k, config=config)
-        assert text.count("stablehlo.custom_call @mosaic_gpu") == 1, name
-    merged = mosaic_forward_text("causal_document", block_k=block_k, config=config)
-    looped = mosaic_forward_text("causal_document", block_k=block_k, config=dataclasses.replace(
-        config, merged_ranges=False))
-    assert merged != looped
-
-
-def test_the_merged_ranges_are_an_option_that_reaches_the_forward_where_the_plan_allows():
-    """forward_ranges=merged sets Config.merged_ranges on plans whose rows
-    see one run of each tile (Geometry.one_range_rows), and says so in the
-    row's note; elsewhere the loop stays, and the note says why; the
-    default is looped (every row before v27); a bad value names the
-    choices."""
-    backend = registry.load_backend("jax.pallas_flex", {"forward_ranges": "merged"})
-    lowering = backend.lowering
-    assert lowering.forward_ranges == "merged"
-    one_run = make_plan(make_mask("causal_document", 4096), 128, 128).geometry
-    several = make_plan(small_mask("longformer_window", 1000), 128, 128).geometry
-    assert one_run.one_range_rows and not several.one_range_rows
-    assert lowering.mosaic_forward_for(one_run, jnp.bfloat16, 128).merged_ranges
-    assert not lowering.mosaic_forward_for(several, jnp.bfloat16, 128).merged_ranges
-    default = registry.load_backend("jax.pallas_flex", {}).lowering
-    assert default.forward_ranges == "looped"
-    assert not default.mosaic_forward_for(one_run, jnp.bfloat16, 128).merged_ranges
-    with pytest.raises(registry.Unavailable, match="choose one of looped, merged"):
-        registry.load_backend("jax.pallas_flex", {"forward_ranges": "hull"})
-
-
-def test_the_merged_ranges_note_says_whether_the_plan_took_them(monkeypatch):
-    monkeypatch.setattr(_shared, "gpu_problem", lambda **_: None)
-    backend = registry.load_backend("jax.pallas_flex", {"forward_lowering": "mosaic",
-                                                        "forward_ranges": "merged"})
-
-    def how(name, seqlen):
-        mask = make_mask(name, seqlen) if seqlen >= 4096 else small_mask(name, seqlen)
-        return backend.mask_support(Workload(1, seqlen, seqlen, 8, 1, 128, "bfloat16",
-                                             mask)).how
-
-    assert "forward Mosaic GPU (ranges merged a row)" in how("causal_document", 4096)
-    assert "(ranges looped: a row sees several runs of a tile)" in how("longformer_window",
-                                                                        1000)
 
 
 @pytest.mark.parametrize("heads_together", [True, False])

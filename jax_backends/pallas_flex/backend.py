@@ -61,12 +61,10 @@ class PallasFlexBackend(Backend):
     # ("auto": the forward's by plan, dQ's heads together);
     # dkv_split the dK/dV programs a K/V head's block (head_split);
     # forward_grid the Mosaic forward's programs, one per item or one per SM
-    # ("auto" decides per plan; the Triton forward has one grid);
-    # forward_ranges how the Mosaic forward masks a partial tile (v27).
+    # ("auto" decides per plan; the Triton forward has one grid).
     options = {"block_q": int, "block_k": int, "backward_block_q": int,
                "backward_block_k": int, "forward_lowering": str, "backward_lowering": str,
-               "dkv_launch": str, "rows_launch": str, "dkv_split": str, "forward_grid": str,
-               "forward_ranges": str}
+               "dkv_launch": str, "rows_launch": str, "dkv_split": str, "forward_grid": str}
     # dkv_split, forward_grid, rows_launch "auto" and the key block by plan
     # were measured on whole single-GPU passes, not on ring steps or CP
     # ranks' sub-masks: inside CP the dK/dV programs stay whole and the
@@ -99,8 +97,7 @@ class PallasFlexBackend(Backend):
                          for key, choices in (("dkv_launch", schedule.DKV_LAUNCHES),
                                               ("rows_launch", schedule.ROWS_LAUNCHES),
                                               ("dkv_split", schedule.DKV_SPLITS),
-                                              ("forward_grid", schedule.FORWARD_GRIDS),
-                                              ("forward_ranges", schedule.FORWARD_RANGES))
+                                              ("forward_grid", schedule.FORWARD_GRIDS))
                          if key in options}
 
     @functools.cached_property
@@ -155,10 +152,6 @@ class PallasFlexBackend(Backend):
                 return Support.no(f"block_k={blocks[1]} takes the Mosaic forward (Triton "
                                   f"tiles are powers of two), which cannot run here: {problem}")
             chosen[direction] = "Triton" if problem else "Mosaic GPU"
-        if lowering.forward_ranges == "merged" and chosen["forward"] == "Mosaic GPU":
-            merged = _geometry(workload.mask, forward_blocks).one_range_rows
-            chosen["forward"] += (" (ranges merged a row)" if merged else
-                                  " (ranges looped: a row sees several runs of a tile)")
         if forward_blocks != self.forward_blocks:
             chosen["forward"] += f" ({forward_blocks[1]}-key steps)"
         mode = "interpret mode" if lowering.interpret else "compiled"

@@ -125,12 +125,6 @@ class Config:
     stages: int = 2  # shared-memory slots of the K/V ring
     persistent: bool = False
     programs: int | None = None
-    # v27 (ops.Lowering.forward_ranges sets it, only on a plan whose rows
-    # see one run of columns a tile: Geometry.one_range_rows): a partial
-    # tile's slices are merged per row into one column range before a
-    # single element test (masked_one_range), so the scores are not held
-    # beside a masked copy across a loop over the slices (`masked`).
-    merged_ranges: bool = False
 
     def __post_init__(self):
         if self.stages < 2:
@@ -290,10 +284,7 @@ def forward(q, k, v, geometry: Geometry, tables, config: Config = Config(),
                     plgpu.barrier_arrive(k_consumed.at[slot])
                     if persistent:  # the item's last scores have read Q: load the next
                         pl.when(step + 1 == end)(lambda: load_next_q(n))
-                    if j is not None and config.merged_ranges:
-                        s = masked_one_range(s, first, ids, slices, lo[qi, j], hi[qi, j],
-                                             row0, kb * block_k)
-                    elif j is not None:
+                    if j is not None:
                         s = masked(s, first, ids, slices, lo[qi, j], hi[qi, j], row0,
                                    kb * block_k, test=FORWARD_MASK_TEST)
                     m_next = jnp.maximum(m, s.max(axis=1) * qk_scale)
@@ -611,40 +602,6 @@ def masked(s, first, ids, slices, lo, hi, row0, col0, transposed: bool = False,
 
     scores = add(first, -jnp.inf)
     return lax.fori_loop(lo + 1, hi, lambda t, m: add(slice_bounds(ids, slices, t), m), scores)
-
-
-def masked_one_range(s, first, ids, slices, lo, hi, row0, col0):
-    """`masked` (the forward's, by query rows) where each row of the tile
-    sees one run of its columns under the union of slices ids[lo:hi]
-    (Geometry.one_range_rows): the rows' ranges are merged first, on row
-    vectors (a thread holds few), then each element is tested once, so
-    the scores die into their masked copy."""
-    rows = plgpu.broadcasted_iota(jnp.int32, s.shape[:1], 0, layout=plgpu.Layout.WGMMA.reduce(1))
-    r = rows + row0
-    merged = lax.fori_loop(lo + 1, hi,
-                           lambda t, hull: merge_range(hull, slice_bounds(ids, slices, t), r),
-                           merge_range(None, first, r))
-    start, stop = merged
-    columns = plgpu.broadcasted_iota(jnp.int32, s.shape, 1, layout=plgpu.Layout.WGMMA)
-
-    def per_row(x):  # a row vector over the tile
-        return lax.broadcast_in_dim(x, s.shape, [0])
-
-    return jnp.where(in_range(columns, start - col0, stop - col0, per_row), s, -jnp.inf)
-
-
-def merge_range(hull, bounds, r):
-    """The columns [start, stop) of rows r's hull so far (None: nothing
-    yet) joined with what they see of one slice (slice_bounds); a row that
-    sees none of either keeps an empty range (start _FAR, stop -_FAR), so
-    an empty slice never stretches it. Exact where the rows' union is one
-    run (Geometry.one_range_rows)."""
-    start, stop = row_range(bounds, r)
-    some = stop > start
-    if hull is None:
-        return jnp.where(some, start, _FAR), jnp.where(some, stop, -_FAR)
-    return (jnp.where(some, jnp.minimum(hull[0], start), hull[0]),
-            jnp.where(some, jnp.maximum(hull[1], stop), hull[1]))
 
 
 def row_range(bounds, r, transposed: bool = False):

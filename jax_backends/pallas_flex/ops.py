@@ -31,8 +31,8 @@ from jax_backends import _shared
 from jax_backends.pallas_flex import mosaic_bwd_sm90, mosaic_fwd_sm90, triton
 from jax_backends.pallas_flex.plan import FlexPlan, Geometry
 from jax_backends.pallas_flex.schedule import (DKV_LAUNCHES, DKV_SPLITS, FORWARD_GRIDS,
-                                               FORWARD_RANGES, ROWS_LAUNCHES, dkv_schedule,
-                                               forward_grid, rows_launch)
+                                               ROWS_LAUNCHES, dkv_schedule, forward_grid,
+                                               rows_launch)
 
 _LN2 = math.log(2.0)
 
@@ -66,9 +66,6 @@ class Lowering:
     "persistent" (one per SM walking items in turn; sets
     mosaic_forward.persistent) or "auto", the default (persistent where
     a program's items are short: schedule.forward_grid).
-    forward_ranges: how the Mosaic forward masks a partial tile
-    (FORWARD_RANGES): "looped", the default, or "merged" (v27: each row's
-    slices merged into one range first, on plans that allow it).
     """
 
     forward: str = "auto"
@@ -78,7 +75,6 @@ class Lowering:
     rows_launch: str = "auto"
     dkv_split: str = "auto"
     forward_grid: str = "auto"
-    forward_ranges: str = "looped"
     triton: triton.Config = triton.Config()
     mosaic_forward: mosaic_fwd_sm90.Config = mosaic_fwd_sm90.Config()
     mosaic_backward: mosaic_bwd_sm90.Config = mosaic_bwd_sm90.Config()
@@ -89,8 +85,7 @@ class Lowering:
                                       ("dkv_launch", self.dkv_launch, DKV_LAUNCHES),
                                       ("rows_launch", self.rows_launch, ROWS_LAUNCHES),
                                       ("dkv_split", self.dkv_split, DKV_SPLITS),
-                                      ("forward_grid", self.forward_grid, FORWARD_GRIDS),
-                                      ("forward_ranges", self.forward_ranges, FORWARD_RANGES)):
+                                      ("forward_grid", self.forward_grid, FORWARD_GRIDS)):
             if value not in choices:
                 raise ValueError(f"{field}={value!r}: choose one of {', '.join(choices)}")
         for direction in ("forward", "backward"):
@@ -117,9 +112,7 @@ class Lowering:
         fits = mosaic_fwd_sm90.problem(plan.block_q, plan.block_k, dtype, head_dim,
                                        self._forward_config(True)) is None
         grid = forward_grid(plan, self.forward_grid, fits)
-        merged = self.forward_ranges == "merged" and plan.one_range_rows
-        return dataclasses.replace(self._forward_config(grid == "persistent"),
-                                   merged_ranges=merged)
+        return self._forward_config(grid == "persistent")
 
     def _forward_config(self, persistent: bool) -> mosaic_fwd_sm90.Config:
         return dataclasses.replace(self.mosaic_forward, persistent=persistent)

@@ -86,11 +86,6 @@ class Geometry:
     # all it visits; 0 for a plan that walks nothing): the key block's
     # choice reads it (schedule.forward_key_block).
     cut_share: float = 0.0
-    # Whether every query row of every partial tile of the forward sees one
-    # run of the tile's columns (or none) under the union of the tile's
-    # slices, so the slices' ranges may be merged per row before a single
-    # element test (ops.Lowering.forward_ranges).
-    one_range_rows: bool = False
 
     @property
     def num_q_blocks(self) -> int:
@@ -139,18 +134,15 @@ def stack_plans(plans) -> tuple[Geometry, dict]:
     """The shared geometry and the tables of several plans of one shape (one
     per CP rank or step), zero-padded to common widths and stacked on a new
     first axis. The geometry keeps the longest dK/dV tail and the longest
-    mean forward walk and largest cut share among them, and one range a
-    row only where every plan has it."""
-    shapes = {dataclasses.replace(plan.geometry, dkv_tail=0.0, row_keys=0.0, cut_share=0.0,
-                                  one_range_rows=False) for plan in plans}
+    mean forward walk and largest cut share among them."""
+    shapes = {dataclasses.replace(plan.geometry, dkv_tail=0.0, row_keys=0.0, cut_share=0.0)
+              for plan in plans}
     if len(shapes) != 1:
         raise ValueError("plans of different shapes cannot be stacked")
     geometry = dataclasses.replace(shapes.pop(),
                                    dkv_tail=max(plan.geometry.dkv_tail for plan in plans),
                                    row_keys=max(plan.geometry.row_keys for plan in plans),
-                                   cut_share=max(plan.geometry.cut_share for plan in plans),
-                                   one_range_rows=all(plan.geometry.one_range_rows
-                                                      for plan in plans))
+                                   cut_share=max(plan.geometry.cut_share for plan in plans))
     trees = [plan.tables() for plan in plans]
 
     def stack(*arrays):
@@ -192,54 +184,11 @@ def make_plan(mask: AttnMask, block_q: int, block_k: int) -> FlexPlan:
         geometry=Geometry(mask.seqlen_q, mask.seqlen_k, block_q, block_k,
                           dkv_tail=float((dkv_work.max() - dkv_work.mean()) / dkv_work.sum()),
                           row_keys=float(walking.mean() * block_k) if len(walking) else 0.0,
-                          cut_share=float(partial.mean()) if len(partial) else 0.0,
-                          one_range_rows=_one_range_rows(table, slice_ids, starts, stops,
-                                                         partial_keys, block_q, block_k, nk)),
+                          cut_share=float(partial.mean()) if len(partial) else 0.0),
         by_q=by_q, by_k=by_k,
         slice_ids=_padded(slice_ids.astype(np.int32)),
         slices=_padded(table.astype(np.int32).reshape(-1)),
     )
-
-
-def row_ranges(table: np.ndarray, r: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The columns [start, stop) that query rows r see of each slice of
-    `table` (rows of q0, q1, k0, k1, kind), as (slices, rows) arrays; stop
-    <= start where a row sees none. The kernels' row_range, in numpy."""
-    q0, q1, k0, k1, kind = (table[:, i, None].astype(np.int64) for i in range(5))
-    causal = (kind == slices_lib.CAUSAL) | (kind == slices_lib.BI_CAUSAL)
-    inverse = (kind == slices_lib.INV_CAUSAL) | (kind == slices_lib.BI_CAUSAL)
-    start = np.maximum(np.where(inverse, r + (k0 - q0), k0), k0)
-    stop = np.where(causal, np.minimum(r + (k1 - q1) + 1, k1), k1)
-    return start, np.where((r >= q0) & (r < q1), stop, start)
-
-
-def _one_range_rows(table, slice_ids, starts, stops, tile_keys, block_q, block_k, nk) -> bool:
-    """Whether, on every partial tile, each query row's columns under the
-    union of the tile's slices form one run within the tile: no gap of the
-    union (between the slices' ranges sorted by start) falls inside the
-    tile's columns. A tile of one slice always does."""
-    several = np.flatnonzero(stops - starts > 1)
-    if len(several) == 0:
-        return True
-    width = int((stops - starts)[several].max())
-    position = starts[several, None] + np.arange(width)[None, :]
-    present = position < stops[several, None]
-    ids = slice_ids[np.where(present, position, starts[several, None])]
-    q_block, k_block = tile_keys[several] // nk, tile_keys[several] % nk
-    r = q_block[:, None] * block_q + np.arange(block_q)[None, :]  # (tiles, rows)
-    start, stop = row_ranges(table[ids.ravel()], np.repeat(r, width, axis=0))
-    start, stop = (x.reshape(len(several), width, block_q) for x in (start, stop))
-    empty = ~present[:, :, None] | (stop <= start)
-    start = np.where(empty, np.iinfo(np.int64).max, start)
-    stop = np.where(empty, np.iinfo(np.int64).min, stop)
-    order = np.argsort(start, axis=1, kind="stable")
-    start, stop = np.take_along_axis(start, order, 1), np.take_along_axis(stop, order, 1)
-    reach = np.maximum.accumulate(stop, axis=1)  # the union's end so far
-    gap_start, gap_stop = reach[:, :-1], start[:, 1:]
-    col0 = (k_block * block_k)[:, None, None]
-    inside = (gap_stop > gap_start) & (gap_stop < np.iinfo(np.int64).max)
-    inside &= (gap_start < col0 + block_k) & (gap_stop > col0)
-    return not inside.any()
 
 
 def _padded(values: np.ndarray) -> np.ndarray:

@@ -21,12 +21,6 @@ FORWARD_GRIDS = ("auto", "per_item", "persistent")
 # program and on windows and documents at 32k; -1.1 to -1.2 % on full (32k
 # keys a program) and causal (16,448 on average) at 32k.
 PERSISTENT_ROW_KEYS = 16384
-# How the Mosaic forward masks a partial tile: a masked copy of the scores
-# built slice after slice ("looped", every row before v27), or the slices'
-# ranges merged per row before one element test ("merged", v27) on plans
-# whose rows see one run of columns a tile (Geometry.one_range_rows; the
-# others stay looped).
-FORWARD_RANGES = ("looped", "merged")
 # The order the Mosaic forward's rows (q block, head) start in, or "auto".
 ROWS_LAUNCHES = ("auto", "heads_together", "head_major")
 # "auto" starts them head after head where a program walks at least this
