@@ -100,8 +100,9 @@ kernel_gpu_test() {
 }
 
 # check_every_family NAME OPTION FLAGS...: jax.pallas_flex with OPTION
-# (key=value, or several joined by commas) on every mask family at 1k, the full-size check on, as run
-# NAME (pallas_flex_run, 420 s) under ptxas's report, then the report.
+# (key=value, or several joined by commas) on every mask family at 1k,
+# the full-size check on, as run NAME (pallas_flex_run, 420 s) under
+# ptxas's report, then the report.
 check_every_family() {
   local name=$1 option=$2 all; shift 2
   all=$(python3 -c "from lcab.masks import MASK_NAMES; print(','.join(MASK_NAMES))")
