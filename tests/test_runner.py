@@ -11,6 +11,7 @@ from lcab.masks import MASK_NAMES, AttnMask, AttnSlice, make_mask, small_mask
 from lcab.runner import Case, Runner, Settings, run_cases
 from lcab.validation import TOLERANCE
 from lcab.workloads import Workload
+from tests.row_checks import measured_or_noisy, status_noise_as_ok
 
 SETTINGS = Settings(warmup=1, iters=5, run_id="test", git_commit="abc123")
 
@@ -30,14 +31,14 @@ def test_a_correct_backend_gets_timed_rows(tmp_path):
     # Seven repeats; a busy host's noise blurring the backward has the pair
     # measured again with at least four times as many. On a 2-core machine
     # running the suite in two workers even that can leave the backward
-    # "not measurable" (_ok_or_noise: the runner right): then the whole
+    # "not measurable" (status_noise_as_ok: the runner right): then the whole
     # measurement again, up to three times, since this test is about the
     # rows of a measurable one.
     settings = dataclasses.replace(SETTINGS, iters=7)
     for attempt in range(3):
         rows = run(tmp_path / str(attempt), [Case("numpy.reference", workload("causal_document"))],
                    settings)
-        if all(_ok_or_noise(r) == r["status"] for r in rows):
+        if all(status_noise_as_ok(r) == r["status"] for r in rows):
             break
     assert [(r["direction"], r["status"]) for r in rows] == [("fwd", "OK"), ("bwd", "OK")]
     assert len(rows[0]["samples_ms"]) == len(rows[1]["samples_ms"]) in (7, *range(28, 1001))
@@ -65,15 +66,6 @@ def test_a_wrong_kernel_is_a_mismatch_not_a_number(tmp_path):
     assert "probe" in rows[0]["reason"]
 
 
-def _ok_or_noise(row) -> str:
-    """A row's status, with OK standing for the one ERROR a busy CPU makes
-    of a timed backward: a numpy kernel's backward within the timing noise
-    of its forward on a loaded 2-core machine has, by design, no time
-    ("not measurable"); that is the runner right, not a failure case."""
-    noise = row["status"] == "ERROR" and (row["reason"] or "").startswith("not measurable")
-    return "OK" if noise else row["status"]
-
-
 def test_failures_become_statuses_and_the_sweep_goes_on(tmp_path):
     cases = [
         Case("numpy.oom", workload("causal", 1024)),
@@ -84,7 +76,7 @@ def test_failures_become_statuses_and_the_sweep_goes_on(tmp_path):
         Case("numpy.oom", workload("causal", 256)),
     ]
     rows = run(tmp_path, cases)
-    statuses = [(r["backend"], r["direction"], _ok_or_noise(r)) for r in rows]
+    statuses = [(r["backend"], r["direction"], status_noise_as_ok(r)) for r in rows]
     assert statuses == [
         ("numpy.oom", "fwd", "OOM"), ("numpy.oom", "bwd", "OOM"),
         ("numpy.raises", "fwd", "ERROR"), ("numpy.raises", "bwd", "ERROR"),
@@ -144,7 +136,7 @@ def test_nan_outputs_and_raising_backends_never_end_the_sweep(tmp_path):
         Case("numpy.reference", workload("causal")),
     ]
     rows = run(tmp_path, cases)
-    assert [(r["backend"], _ok_or_noise(r)) for r in rows] == [
+    assert [(r["backend"], status_noise_as_ok(r)) for r in rows] == [
         ("numpy.nan", "MISMATCH"),
         ("numpy.raises_in_supports", "ERROR"), ("numpy.raises_in_supports", "ERROR"),
         ("numpy.raises_at_start", "UNAVAILABLE"), ("numpy.raises_at_start", "UNAVAILABLE"),
@@ -181,18 +173,10 @@ def test_the_probe_takes_the_timed_code_path():
     assert len(probe.mask.doc_lens()) > 1
 
 
-def timed(row) -> str:
-    """The row's status, OK also for a backward a busy host's noise left
-    without a time ("not measurable"): what a test of something other than
-    timing accepts."""
-    unmeasurable = row["status"] == "ERROR" and row["reason"].startswith("not measurable")
-    return "OK" if unmeasurable else row["status"]
-
-
 def test_a_mask_can_run_in_fewer_directions_than_the_backend(tmp_path):
     cases = [Case("numpy.causal_forward_only", workload(m)) for m in ("full", "causal")]
     rows = run(tmp_path, cases)
-    assert [(r["mask"], r["direction"], timed(r)) for r in rows] == [
+    assert [(r["mask"], r["direction"], status_noise_as_ok(r)) for r in rows] == [
         ("full", "fwd", "OK"), ("full", "bwd", "OK"),
         ("causal", "bwd", "UNSUPPORTED"), ("causal", "fwd", "OK"),
     ]
@@ -208,7 +192,7 @@ def test_isolation_turns_a_crash_into_one_error_case(tmp_path):
     assert "isolated child process died (exit code 3)" in rows[0]["reason"]
     # The next case ran in its own child; its bwd (fwd+bwd minus fwd, two
     # timed calls on a tiny shape) can drown in a loaded CPU's noise.
-    assert rows[3]["status"] == "OK" or rows[3]["reason"].startswith("not measurable")
+    assert measured_or_noisy(rows[3])
 
 
 def test_resume_retries_errors_but_not_settled_rows(tmp_path):
@@ -218,7 +202,8 @@ def test_resume_retries_errors_but_not_settled_rows(tmp_path):
     # On a loaded CPU the reference's tiny backward (fwd+bwd minus fwd) can
     # come out "not measurable", an ERROR like any other: retried too.
     noise = {results.row_key(r) for r in results.read_rows([path])
-             if r["backend"] == "numpy.reference" and timed(r) == "OK" and r["status"] != "OK"}
+             if r["backend"] == "numpy.reference" and r["status"] != "OK"
+             and measured_or_noisy(r)}
     settled = results.done_keys([path], settled_only=True)
     assert settled == set(cases[1].keys()) - noise
     run_cases(cases, results.Writer(path), SETTINGS, skip=settled)
@@ -238,7 +223,7 @@ def test_rows_record_their_options_and_resume_tells_option_sets_apart(tmp_path):
     rows = results.read_rows([path])
     # "a" ran once (its second run was resumed past); "b" is another measurement.
     assert [r["options"] for r in rows] == [{"variant": "a"}] * 2 + [{"variant": "b"}] * 2
-    assert all(r["status"] == "OK" or "not measurable" in r["reason"] for r in rows)
+    assert all(measured_or_noisy(r) for r in rows)
     assert len({results.row_key(r) for r in rows}) == 4
 
 
@@ -351,7 +336,7 @@ def test_cpu_backends_match_the_reference_on_every_family(tmp_path, backend, dty
     # noise; the harness then says "not measurable", which is not a failure
     # of the backend. Everything else must be OK.
     bad = [(r["mask"], r["direction"], r["status"], r["reason"]) for r in rows
-           if r["status"] != "OK" and "not measurable" not in r["reason"]]
+           if not measured_or_noisy(r)]
     assert not bad
     assert len(rows) == 2 * len(masks)
     assert all(r["status"] == "OK" for r in rows if r["direction"] == "fwd")
@@ -545,7 +530,7 @@ def counting_full_checks(monkeypatch) -> list:
 def test_the_probe_of_the_very_workload_is_its_full_size_check(tmp_path, monkeypatch):
     calls = counting_full_checks(monkeypatch)
     rows = run(tmp_path, [Case("numpy.reference", workload("causal"))])  # 256 tokens, 2 kv heads
-    assert calls == [] and [timed(r) for r in rows] == ["OK", "OK"]
+    assert calls == [] and [status_noise_as_ok(r) for r in rows] == ["OK", "OK"]
     fwd, bwd = rows
     assert fwd["check_heads"] == ("batch 0 of 1; kv 0-1 of 2; q 0-3 of 4 "
                                   "(the probe: float64 reference)")
@@ -559,7 +544,7 @@ def test_the_probe_of_the_very_workload_is_its_full_size_check(tmp_path, monkeyp
 def test_a_workload_beyond_its_probe_still_gets_the_full_size_check(tmp_path, monkeypatch):
     calls = counting_full_checks(monkeypatch)
     rows = run(tmp_path, [Case("numpy.reference", workload("causal", heads=(8, 4)))])
-    assert calls == [1] and [timed(r) for r in rows] == ["OK", "OK"]
+    assert calls == [1] and [status_noise_as_ok(r) for r in rows] == ["OK", "OK"]
     assert rows[0]["check_heads"] == ("batch 0 of 1; kv 0,3 of 4; q 0-1,6-7 of 8; every batch "
                                       "row and head at query rows 0-255")
 
