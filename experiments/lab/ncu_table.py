@@ -71,7 +71,7 @@ def main() -> None:
     total = {reason: sum(number(row[i]) or 0.0 for row in kernels)
              for reason, i in stalls.items()}
     for reason in sorted(total, key=total.get, reverse=True)[:args.stalls]:
-        cells = " | ".join(kernels_row[stalls[reason]] for kernels_row in kernels)
+        cells = " | ".join(row[stalls[reason]] for row in kernels)
         print(f"| stall: {reason} (cycles per issue) | {cells} |")
 
 
