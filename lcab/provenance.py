@@ -4,19 +4,29 @@ run may record for it."""
 from __future__ import annotations
 
 import subprocess
+from pathlib import Path
 
 from lcab.canonical import ROOT as _ROOT
 
 
-def git_commit() -> str:
-    """HEAD of the LCAB checkout, '+dirty' when modified; 'unknown' outside git."""
+# Measured rows and the pages made from them are not code: a GPU machine that
+# receives the tree without the settled studies (to keep a call's copy small)
+# still runs exactly the commit's code, so these paths do not make it "+dirty".
+NOT_CODE = ("results", "docs")
+
+
+def git_commit(root: Path | str = _ROOT) -> str:
+    """HEAD of the LCAB checkout at `root`, '+dirty' when a tracked file outside
+    NOT_CODE differs from it; 'unknown' outside git."""
+    excluded = [f":(exclude){path}" for path in NOT_CODE]
     try:
         head = subprocess.run(
-            ["git", "-C", str(_ROOT), "rev-parse", "HEAD"],
+            ["git", "-C", str(root), "rev-parse", "HEAD"],
             capture_output=True, text=True, check=True, timeout=10,
         ).stdout.strip()
         status = subprocess.run(
-            ["git", "-C", str(_ROOT), "status", "--porcelain", "--untracked-files=no"],
+            ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no",
+             "--", ".", *excluded],
             capture_output=True, text=True, check=True, timeout=10,
         ).stdout.strip()
     except (OSError, subprocess.SubprocessError):

@@ -63,3 +63,28 @@ def test_both_clis_refuse_it_with_a_message_and_no_traceback(module, argv, tmp_p
     assert "--git_commit=c3030ee is this checkout's HEAD" in found.stderr
     assert "Traceback" not in found.stderr
     assert not any((tmp_path / "out").rglob("*.jsonl"))
+
+
+def _git(root, *args):
+    subprocess.run(["git", "-C", str(root), *args], check=True, capture_output=True,
+                   env={"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "HOME": str(root),
+                        "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"})
+
+
+def test_only_code_makes_a_checkout_dirty(tmp_path):
+    """A tree copied without its settled results or generated pages runs the
+    commit's code, so it is named by the commit alone; a changed module is not."""
+    for path in ("lcab/attention.py", "results/study/rows.jsonl", "docs/results/page.md"):
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_text("x\n")
+    _git(tmp_path, "init", "-q")
+    _git(tmp_path, "add", ".")
+    _git(tmp_path, "commit", "-q", "-m", "c")
+    head = subprocess.run(["git", "-C", str(tmp_path), "rev-parse", "HEAD"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    (tmp_path / "results/study/rows.jsonl").unlink()
+    (tmp_path / "docs/results/page.md").write_text("regenerated\n")
+    assert provenance.git_commit(tmp_path) == head
+    (tmp_path / "lcab/attention.py").write_text("changed\n")
+    assert provenance.git_commit(tmp_path) == head + "+dirty"
+    assert provenance.git_commit(tmp_path / "missing") == "unknown"
