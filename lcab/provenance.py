@@ -8,7 +8,6 @@ from pathlib import Path
 
 from lcab.canonical import ROOT as _ROOT
 
-
 # Measured rows and the pages made from them are not code: a GPU machine that
 # receives the tree without the settled studies (to keep a call's copy small)
 # still runs exactly the commit's code, so these paths do not make it "+dirty".

@@ -2,6 +2,7 @@
 alone on a Hopper GPU): its flags, its workloads and its kernels, checked
 on a CPU by lowering them for a GPU."""
 
+import gzip
 import hashlib
 import json
 
@@ -129,3 +130,75 @@ def test_ncu_table_shows_each_kernels_counters_and_largest_stalls(tmp_path, monk
     assert "| tensor pipe active % (any) (%) | 80.1 | 66.0 |" in lines
     assert lines[-1] == "| stall: barrier (cycles per issue) | 3.4 | 0.4 |"  # 3.8 > 3.4
     assert not any("stall: wait" in line for line in lines)
+
+
+SASS_CSV = '''"Kernel Name","lcab_flex_dkv_mosaic_mosaic_gpu_kernel",
+"Address","Source","# Samples","Instructions Executed"
+"0x00","      LDC R1, c[0x0][0x28]","2","8"
+"0x10","      USETMAXREG.TRY_ALLOC.CTAPOOL UP0, 0xf0","1","8"
+"0x20","      SYNCS.PHASECHK.TRANS64.TRYWAIT P1, [UR4], R5","3","8"
+"0x30","@!P1  BRA 0x200","4","8"
+"0x40","      HGMMA.64x64x16.F32.BF16 R88, gdesc[UR56], R88, gsb0","5","8"
+"0x50","      WARPGROUP.DEPBAR.LE gsb0, 0x0","25","8"
+"0x60","      MUFU.EX2 R3, R3","10","8"
+"0x70","@P1   EXIT","0","8"
+"0x80","      USETMAXREG.DEALLOC.CTAPOOL 0x18","0","4"
+"0x90","      SYNCS.PHASECHK.TRANS64.TRYWAIT P1, [UR8], R2","1","4"
+"0xa0","@!P1  BRA 0x210","39","4"
+"0xb0","@UP1  UTMALDG.5D [UR8], [UR24]","5","4"
+"0xc0","@!P1  EXIT","0","4"
+"0x200","      SYNCS.PHASECHK.TRANS64.TRYWAIT P1, [R3+URZ], R2","0","0"
+"0x210","@!P1  NANOSLEEP.SYNCS 0x989680","5","0"
+'''
+
+
+def test_ncu_roles_splits_samples_by_warpgroup_and_wait(tmp_path, capsys, monkeypatch):
+    """experiments/lab/ncu_roles.py on a per-SASS export (gzipped, as
+    backward_profile.sh keeps it): each instruction falls in the prologue,
+    the compute warpgroups' code (TRY_ALLOC to its EXIT), the memory
+    warpgroup's (DEALLOC to its last EXIT) or the retry loops after it; an
+    mbarrier poll and the branch after it count as its wait."""
+    sass = tmp_path / "sass.csv.gz"
+    with gzip.open(sass, "wt") as handle:
+        handle.write(SASS_CSV)
+    roles = experiment_scripts.load("lab/ncu_roles")
+    with gzip.open(sass, "rt") as handle:
+        found = roles.kernels(handle.read())
+    split = roles.shares(found["lcab_flex_dkv_mosaic_mosaic_gpu_kernel"])
+    assert split["prologue", "other"] == pytest.approx(2.0)
+    assert split["compute warpgroups", "mbarrier wait"] == pytest.approx(7.0)
+    assert split["compute warpgroups", "wgmma wait"] == pytest.approx(25.0)
+    assert split["compute warpgroups", "other"] == pytest.approx(16.0)
+    assert split["memory warpgroup", "mbarrier wait"] == pytest.approx(40.0)
+    assert split["memory warpgroup", "other"] == pytest.approx(5.0)
+    assert split["retry loops", "other"] == pytest.approx(5.0)
+    assert sum(split.values()) == pytest.approx(100.0)
+    monkeypatch.setattr("sys.argv", ["ncu_roles.py", str(sass)])
+    roles.main()
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "| % of stall samples | lcab_flex_dkv |"
+    assert "| memory warpgroup | 45.0 |" in lines
+    assert "| - wgmma wait | 25.0 |" in lines
+
+
+@pytest.mark.slow  # about 4 s on a 2-core CPU
+def test_options_reach_the_kernels_timed_alone(monkeypatch):
+    """--options: dK/dV timed alone under dkv_loads=early is the kernel the
+    harness's gradient program runs under that option, not the default's;
+    dQ, which the option does not touch, stays the default's."""
+    lowered = mosaic_kernels(monkeypatch)
+    workload = script().blog_workload("causal", 1024)
+    found = {}
+    for options in ({}, {"dkv_loads": "early"}):
+        for timed in script().kernels(workload, options).timed[:2]:
+            jax.jit(timed.fn).trace(*timed.arguments).lower(lowering_platforms=("cuda",))
+        found[bool(options)] = list(lowered)
+        lowered.clear()
+    assert found[True][0] == found[False][0] and found[True][1] != found[False][1]
+    q = jax.ShapeDtypeStruct((1, 1024, 64, 128), jnp.bfloat16)
+    kv = jax.ShapeDtypeStruct((1, 1024, 8, 128), jnp.bfloat16)
+    jax.jit(_with_gradients(PallasFlexBackend(dkv_loads="early").build(workload))).trace(
+        q, kv, kv, q).lower(lowering_platforms=("cuda",))
+    assert lowered[1:] == found[True]
+    with pytest.raises(ValueError, match="not key=value"):
+        script().backend_options(["dkv_loads"])

@@ -6,6 +6,7 @@ backward's blocks following the lowering that runs."""
 import functools
 import itertools
 import math
+import re
 
 import jax
 import jax.numpy as jnp
@@ -278,13 +279,14 @@ def test_the_shared_memory_counts_are_mosaics_own(monkeypatch):
                                                             config)
 
 
-@pytest.mark.parametrize("head_dim,dtype,heads_together,parts", [
-    (128, jnp.bfloat16, False, 1), (64, jnp.float16, True, 1), (128, jnp.bfloat16, True, 2)])
+@pytest.mark.parametrize("head_dim,dtype,heads_together,parts,dkv_loads", [
+    (128, jnp.bfloat16, False, 1, "late"), (64, jnp.float16, True, 1, "late"),
+    (128, jnp.bfloat16, True, 2, "late"), (128, jnp.bfloat16, False, 2, "early")])
 def test_the_mosaic_backward_lowers_for_a_gpu_on_every_family(head_dim, dtype, heads_together,
-                                                              parts):
+                                                              parts, dkv_loads):
     """As the forward: lowered to Mosaic GPU's MLIR, both kernels, every
     family (its numbers are for a GPU to check)."""
-    config = mosaic_bwd_sm90.Config(parts=parts)
+    config = mosaic_bwd_sm90.Config(parts=parts, dkv_loads=dkv_loads)
     for name in MASK_NAMES:
         text = mosaic_backward_text(name, config, head_dim, dtype, heads_together)
         assert "lcab_flex_dq_mosaic" in text and "lcab_flex_dkv_mosaic" in text, name
@@ -448,6 +450,62 @@ def test_the_launch_orders_are_options_that_reach_the_lowering():
     with pytest.raises(registry.Unavailable,
                        match="choose one of auto, heads_together, head_major"):
         registry.load_backend("jax.pallas_flex", {"rows_launch": "sideways"})
+
+
+def dkv_traffic(monkeypatch, config) -> str:
+    """The Mosaic dK/dV kernel's waits, products and column loads in program
+    order, as lowered for a GPU on the host: "B" an mbarrier wait, "L" a run
+    of float32 loads from shared memory (lse, delta), "m" a run of wgmma
+    instructions, "C" a commit of a group, "W" a wait for wgmma results."""
+    from jax._src.pallas.mosaic_gpu import lowering as mosaic_lowering
+
+    modules = []
+    lower = mosaic_lowering.lower_pipelined_jaxpr_to_module
+    monkeypatch.setattr(mosaic_lowering, "lower_pipelined_jaxpr_to_module",
+                        lambda *args, **kwargs: modules.append(lower(*args, **kwargs))
+                        or modules[-1])
+    plan = make_plan(small_mask("causal_document", 512), 128, 128)
+    tables = jax.tree.map(jnp.asarray, plan.tables())
+    q = jax.ShapeDtypeStruct((1, plan.padded_q, 2, 128), jnp.bfloat16)
+    kv = jax.ShapeDtypeStruct((1, plan.padded_k, 1, 128), jnp.bfloat16)
+    rows = jax.ShapeDtypeStruct((1, 2, plan.padded_q), jnp.float32)
+
+    def gradients(q, k, v, dout, lse2, delta, t):
+        return mosaic_bwd_sm90.backward(q, k, v, dout, lse2, delta, plan.geometry, t,
+                                        config=config)
+
+    jax.jit(gradients).trace(q, kv, kv, q, rows, rows, tables).lower(
+        lowering_platforms=("cuda",))
+    assert len(modules) == 2  # dQ's kernel, then dK/dV's
+    steps = []
+    for line in str(modules[1].module).splitlines():
+        step = ("m" if "wgmma.mma_async" in line else "C" if "wgmma.commit.group" in line
+                else "W" if "wgmma.wait.group" in line else "B" if "mbarrier.try_wait" in line
+                else "L" if re.search(r"llvm\.load .*!llvm\.ptr<3> -> vector<2xf32>", line)
+                else None)
+        if step and not (step in "mL" and steps[-1:] == [step]):
+            steps.append(step)
+    return " ".join(steps)
+
+
+def test_dkv_loads_early_reads_lse_and_delta_before_the_products_they_follow(monkeypatch):
+    """dkv_loads (v28): "late", the default, reads a strip's lse after S^T is
+    waited for and its delta after dV and dP^T are; "early" reads each
+    before the products it follows are issued (after its barrier), the
+    products and their waits otherwise as they were."""
+    late = dkv_traffic(monkeypatch, mosaic_bwd_sm90.Config(parts=1))
+    early = dkv_traffic(monkeypatch, mosaic_bwd_sm90.Config(parts=1, dkv_loads="early"))
+    # A strip: q's barrier, S^T; lse; dO's barrier, dV and dP^T; delta; dK.
+    assert "B m C W B L B m C m C W B L m C W" in late
+    assert "B B L m C W B B L m C m C W m C W" in early
+    assert late.count("m") == early.count("m") and late.count("W") == early.count("W")
+    assert late.count("B") == early.count("B") and late.count("L") == early.count("L")
+    backend = registry.load_backend("jax.pallas_flex", {"dkv_loads": "early"})
+    assert backend.lowering.mosaic_backward.dkv_loads == "early"
+    assert registry.load_backend("jax.pallas_flex", {}).lowering.mosaic_backward == (
+        mosaic_bwd_sm90.Config())
+    with pytest.raises(registry.Unavailable, match="choose one of late, early"):
+        registry.load_backend("jax.pallas_flex", {"dkv_loads": "sooner"})
 
 
 def test_the_mosaic_kernels_test_partial_tiles_as_measured_fastest():

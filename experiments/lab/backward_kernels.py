@@ -3,7 +3,7 @@ where the default backward's time goes, kernel by kernel.
 
     python3 experiments/lab/backward_kernels.py [--masks=full,causal_document]
         [--seqlens=16k,32k] [--kernels=dq,dkv,backward] [--iters=10]
-        [--out=FILE.jsonl] [--ncu_once]
+        [--options=dkv_loads=early] [--out=FILE.jsonl] [--ncu_once]
 
 Each mask and length is the seed blog's workload, read from
 experiments/seed_blog.flags as its sweep reads it (64:8 heads, d=128,
@@ -84,6 +84,10 @@ _ITERS = flags.DEFINE_integer("iters", 10, "Samples per kernel.", lower_bound=1,
                               flag_values=FLAGS)
 _OUT = flags.DEFINE_string("out", None, "JSON lines, one per kernel and whole backward.",
                            flag_values=FLAGS)
+_OPTIONS = flags.DEFINE_list("options", [],
+                             "jax.pallas_flex options as key=value (its backward under "
+                             "them, e.g. dkv_loads=early); default: none set.",
+                             flag_values=FLAGS)
 _NCU_ONCE = flags.DEFINE_bool("ncu_once", False,
                               "Call each function once, untimed (for Nsight Compute).",
                               flag_values=FLAGS)
@@ -133,25 +137,33 @@ class Backward(NamedTuple):
     timed: tuple[Timed, ...]
 
 
-def default_backward(workload: Workload) -> tuple[ops.Lowering, tuple[int, int]]:
-    """The jax.pallas_flex backend's default lowering and backward blocks
-    on `workload`; a ValueError where its backward is not the Mosaic one
-    (not a Hopper GPU)."""
-    backend = PallasFlexBackend()
+def backend_options(pairs) -> dict[str, str]:
+    """--options' key=value pairs; a ValueError for one without "="."""
+    bad = [pair for pair in pairs if "=" not in pair]
+    if bad:
+        raise ValueError(f"--options: {bad[0]!r} is not key=value")
+    return dict(pair.split("=", 1) for pair in pairs)
+
+
+def default_backward(workload: Workload, options=None) -> tuple[ops.Lowering, tuple[int, int]]:
+    """The jax.pallas_flex backend's lowering and backward blocks on
+    `workload` under `options` (none: its default); a ValueError where its
+    backward is not the Mosaic one (not a Hopper GPU) or an option is bad."""
+    backend = PallasFlexBackend(**PallasFlexBackend.parse_options(options or {}))
     lowering = backend.lowering
     blocks = backend.backward_blocks(workload.dtype, workload.head_dim)
     problem = lowering.mosaic_problem("backward", *blocks, workload.dtype, workload.head_dim)
     if problem:
-        raise ValueError("jax.pallas_flex's default backward runs its Mosaic kernels on a "
+        raise ValueError("jax.pallas_flex's backward runs its Mosaic kernels on a "
                          f"Hopper GPU only; here it would not: {problem}")
     return lowering, blocks
 
 
-def kernels(workload: Workload) -> Backward:
+def kernels(workload: Workload, options=None) -> Backward:
     """dQ and dK/dV alone, and the whole backward, each as the backend's
-    default backward runs them on `workload` (default_backward's error
-    where that is not the Mosaic one)."""
-    lowering, blocks = default_backward(workload)
+    backward under `options` (none: its default) runs them on `workload`
+    (default_backward's error where that is not the Mosaic one)."""
+    lowering, blocks = default_backward(workload, options)
     plan = make_plan(workload.mask, *blocks)
     geometry, tables = plan.geometry, plan.tables()
     batch, heads, kv_heads = workload.batch, workload.heads_q, workload.heads_kv
@@ -174,7 +186,8 @@ def kernels(workload: Workload) -> Backward:
     def dkv(q, kv, rows):  # K/V already repeated `split` times
         dout, lse2, delta = rows
         return mosaic_bwd_sm90._dkv(q, *kv, dout, lse2, delta, geometry, arrays(), scale,
-                                    config.stages, order == "heads_together", config.parts)
+                                    config.stages, order == "heads_together", config.parts,
+                                    config.dkv_loads == "early")
 
     def backward(q, kv, rows):  # the custom VJP's backward (lse's cotangent zeros)
         out, lse, dout = rows
@@ -223,9 +236,10 @@ def main(argv) -> None:
     try:
         if unknown:
             raise ValueError(f"--kernels: {unknown[0]!r} is none of {', '.join(KERNELS)}")
+        options = backend_options(_OPTIONS.value)
         cases = blog_sweep(_MASKS.value, _SEQLENS.value).cases()
         if cases:  # refused before any timing where the Mosaic backward cannot run
-            default_backward(cases[0].workload)
+            default_backward(cases[0].workload, options)
     except ValueError as error:
         sys.exit(str(error))
     runtime = JaxRuntime()
@@ -243,7 +257,7 @@ def main(argv) -> None:
     for case in cases:
         workload = case.workload
         name, seqlen = workload.mask.name, workload.seqlen_q
-        backward = kernels(workload)
+        backward = kernels(workload, options)
         matmul = workload.flops("fwd") / 2  # one tile matmul over the mask's exact area
         found = {}
         for timed in backward.timed:
@@ -264,7 +278,8 @@ def main(argv) -> None:
                           "tflops": tflops, "matmuls": timed.matmuls, "device": device,
                           "mask_fingerprint": workload.mask.fingerprint(),
                           "dkv_launch": backward.dkv_launch, "dkv_split": backward.dkv_split,
-                          "dq_heads_together": backward.dq_heads_together})
+                          "dq_heads_together": backward.dq_heads_together,
+                          "options": options})
             del inputs
         runtime.cleanup()  # the compiled kernels and what they hold
         if _NCU_ONCE.value:
