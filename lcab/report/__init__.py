@@ -15,6 +15,7 @@ one job each:
   pages       one markdown page per sweep, the index and the export
   figures, line_figures, styles   the figures (matplotlib) and their looks
   memory, sparsity, summary       the memory and keep tables, the short summary
+  reproduce   a rerun's rows against the rows they repeat (--against)
 
 The table functions need only pandas; the figure functions import
 matplotlib, so they are loaded on first use and `import lcab.report` stays

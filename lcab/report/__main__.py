@@ -3,6 +3,7 @@
     python -m lcab.report --results PATH --summary   # the short table, printed
     python -m lcab.report --pages                    # the result pages -> docs/results/
     python -m lcab.report --headline                 # the README's headline table, printed
+    python -m lcab.report --results MINE --against OURS  # does a rerun reproduce OURS?
 
 --pages writes lcab.report.pages' result pages (one markdown page per
 sweep and card, figures, index.md, the tidy export results.csv and export.md) into
@@ -11,6 +12,12 @@ lcab.report.headline.markdown(). Pages read the current runs of each
 canonical sweep (the newest on each card, lcab.canonical.current; one page
 each), the headline the most complete of them, unless --results names
 folders (one page, or one headline sweep, per folder).
+
+--against compares the --results rows with the rows they repeat (for
+example a canonical run's folder under results/): per backend, the median of
+your time over ours; the cases whose status differs; the cases outside the
+runs' noise (lcab.report.reproduce). It prints this and, with --out, writes
+reproduce.md and reproduce.csv there (one line per case) instead of the report.
 
 --results takes result JSONL files or directories (searched for *.jsonl and
 *.jsonl.gz);
@@ -89,6 +96,7 @@ from lcab.report import (
     memory,
     pages,
     readme,
+    reproduce,
     sources,
     sparsity,
     tables,
@@ -119,15 +127,27 @@ _HEADLINE = flags.DEFINE_bool(
 )
 
 
+_AGAINST = flags.DEFINE_multi_string(
+    "against", None,
+    "Rows to compare the --results rows with (files or directories, as --results): does "
+    "your rerun reproduce them? Prints the comparison; with --out, also writes "
+    "reproduce.md and reproduce.csv there.",
+)
 _UPDATE_README = flags.DEFINE_string(
     "update_readme", None, "Rewrite the generated blocks (headline table, legend) of this "
     "README from the current canonical rows.",
 )
 
 
-@flags.multi_flags_validator(["results", "out", "summary", "pages", "headline", "update_readme"])
+@flags.multi_flags_validator(["results", "out", "summary", "pages", "headline", "update_readme",
+                              "against"])
 def _something_to_do(values) -> bool:
     if values["update_readme"] is not None:
+        return True
+    if values["against"] is not None:
+        if values["results"] is None:
+            raise flags.ValidationError("--against needs --results (your rows, to compare "
+                                        "with the --against rows)")
         return True
     if values["pages"] or values["headline"]:
         if values["summary"] and values["results"] is None:
@@ -156,6 +176,7 @@ def _paths_of(value: str) -> list[str]:
     return [part.strip() for part in value.split(",") if part.strip()]
 
 
+@flags.validator("against")
 @flags.validator("results")
 def _results_exist(values) -> bool:
     if values is None:
@@ -393,6 +414,9 @@ def main(argv):
             print(summary_text(paths))
         if _HEADLINE.value:
             print(headline.markdown(folders))
+        if _AGAINST.value is not None:
+            _compare(paths, split_paths(_AGAINST.value))
+            return
         if _PAGES.value:
             out = pathlib.Path(_OUT.value) if _OUT.value is not None else pages.DEFAULT_OUT
             for path in pages.write_pages(folders, out):
@@ -400,6 +424,23 @@ def main(argv):
         elif _OUT.value is not None:
             for path in write_report(paths, pathlib.Path(_OUT.value)):
                 print(path)
+
+
+def _compare(mine: list[str], ours: list[str]) -> None:
+    """--against: the comparison printed, and with --out written as
+    reproduce.md and reproduce.csv."""
+    mine_rows, our_rows = results.read_rows(mine), results.read_rows(ours)
+    text = reproduce.markdown(mine_rows, our_rows)
+    print(text)
+    if _OUT.value is not None:
+        writer = ReportWriter(pathlib.Path(_OUT.value))
+        heading = (f"# Your rows against ours\n\nYours: {', '.join(mine)}. "
+                   f"Ours: {', '.join(ours)}.\n\n")
+        writer.text("reproduce.md", heading + text + "\n")
+        frame = reproduce.per_case_frame(reproduce.cases(mine_rows, our_rows))
+        writer.text("reproduce.csv", frame.to_csv(index=False))
+        for path in writer.written:
+            print(path)
 
 
 def _update_readme(path: pathlib.Path) -> None:
