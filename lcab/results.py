@@ -270,8 +270,13 @@ def _measurement(row: Mapping) -> tuple:
     size and rank count on its device."""
     if row.get("suite") == COMM_SUITE:
         return (*row_key(row), row.get("device"))
+    return key_of(row, MEASUREMENT_KEY)
+
+
+def key_of(row: Mapping, columns: Iterable[str]) -> tuple:
+    """The row's values of these columns, options compared as options_key."""
     return tuple(options_key(row.get(column)) if column == "options" else row.get(column)
-                 for column in MEASUREMENT_KEY)
+                 for column in columns)
 
 
 def _time_order(row: Mapping) -> tuple:

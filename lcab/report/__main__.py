@@ -430,14 +430,15 @@ def _compare(mine: list[str], ours: list[str]) -> None:
     """--against: the comparison printed, and with --out written as
     reproduce.md and reproduce.csv."""
     mine_rows, our_rows = results.read_rows(mine), results.read_rows(ours)
-    text = reproduce.markdown(mine_rows, our_rows)
+    found = reproduce.cases(mine_rows, our_rows)
+    text = reproduce.markdown(mine_rows, our_rows, found)
     print(text)
     if _OUT.value is not None:
         writer = ReportWriter(pathlib.Path(_OUT.value))
         heading = (f"# Your rows against ours\n\nYours: {', '.join(mine)}. "
                    f"Ours: {', '.join(ours)}.\n\n")
         writer.text("reproduce.md", heading + text + "\n")
-        frame = reproduce.per_case_frame(reproduce.cases(mine_rows, our_rows))
+        frame = reproduce.per_case_frame(found)
         writer.text("reproduce.csv", frame.to_csv(index=False))
         for path in writer.written:
             print(path)

@@ -37,10 +37,12 @@ BACKEND_SHIFT = 0.02
 SHOWN = 20
 
 
+# What both sides must share: results.MEASUREMENT_KEY but the device.
+CASE_KEY = tuple(column for column in results.MEASUREMENT_KEY if column != "device")
+
+
 def case_key(row: Mapping) -> tuple:
-    """What both sides must share (results.MEASUREMENT_KEY but the device)."""
-    return (row["suite"], row["backend"], row["workload_key"], row["direction"],
-            row.get("cp_size"), row.get("strategy"), results.options_key(row.get("options")))
+    return results.key_of(row, CASE_KEY)
 
 
 def _spread(row: Mapping) -> float:
@@ -111,11 +113,12 @@ def per_case_frame(found: Sequence[Case]) -> pd.DataFrame:
     } for case in found])
 
 
-def markdown(mine: Sequence[Mapping], ours: Sequence[Mapping]) -> str:
+def markdown(mine: Sequence[Mapping], ours: Sequence[Mapping],
+             found: Sequence[Case] | None = None) -> str:
     """The comparison as markdown: devices, one line per backend, the
     cases whose status differs, the timed cases outside their tolerance,
-    and a verdict."""
-    found = cases(mine, ours)
+    and a verdict. found: cases(mine, ours), where the caller has them."""
+    found = cases(mine, ours) if found is None else found
     lines = []
     yours_on, ours_on = _devices(mine), _devices(ours)
     if yours_on != ours_on:
