@@ -183,13 +183,13 @@ def test_ncu_roles_splits_samples_by_warpgroup_and_wait(tmp_path, capsys, monkey
 
 @pytest.mark.slow  # about 4 s on a 2-core CPU
 def test_options_reach_the_kernels_timed_alone(monkeypatch):
-    """--options: dK/dV timed alone under dkv_loads=early is the kernel the
+    """--options: dK/dV timed alone under dkv_split=2 is the kernel the
     harness's gradient program runs under that option, not the default's;
     dQ, which the option does not touch, stays the default's."""
     lowered = mosaic_kernels(monkeypatch)
     workload = script().blog_workload("causal", 1024)
     found = {}
-    for options in ({}, {"dkv_loads": "early"}):
+    for options in ({}, {"dkv_split": "2"}):
         for timed in script().kernels(workload, options).timed[:2]:
             jax.jit(timed.fn).trace(*timed.arguments).lower(lowering_platforms=("cuda",))
         found[bool(options)] = list(lowered)
@@ -197,8 +197,8 @@ def test_options_reach_the_kernels_timed_alone(monkeypatch):
     assert found[True][0] == found[False][0] and found[True][1] != found[False][1]
     q = jax.ShapeDtypeStruct((1, 1024, 64, 128), jnp.bfloat16)
     kv = jax.ShapeDtypeStruct((1, 1024, 8, 128), jnp.bfloat16)
-    jax.jit(_with_gradients(PallasFlexBackend(dkv_loads="early").build(workload))).trace(
+    jax.jit(_with_gradients(PallasFlexBackend(dkv_split="2").build(workload))).trace(
         q, kv, kv, q).lower(lowering_platforms=("cuda",))
     assert lowered[1:] == found[True]
     with pytest.raises(ValueError, match="not key=value"):
-        script().backend_options(["dkv_loads"])
+        script().backend_options(["dkv_split"])

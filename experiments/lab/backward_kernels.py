@@ -3,7 +3,7 @@ where the default backward's time goes, kernel by kernel.
 
     python3 experiments/lab/backward_kernels.py [--masks=full,causal_document]
         [--seqlens=16k,32k] [--kernels=dq,dkv,backward] [--iters=10]
-        [--options=dkv_loads=early] [--out=FILE.jsonl] [--ncu_once]
+        [--options=dkv_split=2] [--out=FILE.jsonl] [--ncu_once]
 
 Each mask and length is the seed blog's workload, read from
 experiments/seed_blog.flags as its sweep reads it (64:8 heads, d=128,
@@ -86,7 +86,7 @@ _OUT = flags.DEFINE_string("out", None, "JSON lines, one per kernel and whole ba
                            flag_values=FLAGS)
 _OPTIONS = flags.DEFINE_list("options", [],
                              "jax.pallas_flex options as key=value (its backward under "
-                             "them, e.g. dkv_loads=early); default: none set.",
+                             "them, e.g. dkv_split=2); default: none set.",
                              flag_values=FLAGS)
 _NCU_ONCE = flags.DEFINE_bool("ncu_once", False,
                               "Call each function once, untimed (for Nsight Compute).",
@@ -186,8 +186,7 @@ def kernels(workload: Workload, options=None) -> Backward:
     def dkv(q, kv, rows):  # K/V already repeated `split` times
         dout, lse2, delta = rows
         return mosaic_bwd_sm90._dkv(q, *kv, dout, lse2, delta, geometry, arrays(), scale,
-                                    config.stages, order == "heads_together", config.parts,
-                                    config.dkv_loads == "early")
+                                    config.stages, order == "heads_together", config.parts)
 
     def backward(q, kv, rows):  # the custom VJP's backward (lse's cotangent zeros)
         out, lse, dout = rows

@@ -51,7 +51,8 @@ ptxas_report() {
 # rows_launch.sh, dkv_split.sh, forward_grid.sh and key_step.sh; earlier
 # scripts that used them left main with their options: forward_release.sh
 # and dq_reduce_probe.sh are at commit a32f37e, one_pass.sh at 520f3a5,
-# dkv_strips.sh at 28b11ca, dq_grid.sh at 5e02067.
+# dkv_strips.sh at 28b11ca, dq_grid.sh at 5e02067, dkv_loads.sh (its option
+# became the only order) at 74ef073.
 
 # lab_start OUT COMMIT PART: a one-GPU lab script's arguments into out,
 # commit and part (a missing one exits with $usage), its environment, OUT.

@@ -65,14 +65,13 @@ DKV_REGISTERS = (240, 24)
 # +1.3-2.1 % backward on the window (level on causal documents).
 DQ_MASK_TEST = "bounds"
 DKV_MASK_TEST = "folded"
-# When a dK/dV strip reads its lse and delta (column vectors) from shared
-# memory (Config.dkv_loads): "late", the default, right before their first
-# use, after the product before it has been waited for; "early" (v28,
-# docs/pallas_flex.md) lse before S^T's product is issued and delta before
-# dV's and dP^T's, so the loads' latency passes under the matmuls. At 32k on
-# an H100 the late loads' consumers held most of dK/dV's short-scoreboard
-# stalls (7.7 % of its samples; dQ, which holds both in registers, 0).
-DKV_LOADS = ("late", "early")
+# A dK/dV strip reads its lse and delta (column vectors in shared memory)
+# before the products they follow are issued: lse before S^T's, delta
+# before dV's and dP^T's, so the loads' latency passes under the matmuls
+# (v28, docs/pallas_flex.md). Read right before their first use instead,
+# their consumers held most of dK/dV's short-scoreboard stalls, and the
+# backward ran 2.5-7 % slower at 16k-32k on an H100 though ptxas spills
+# less that way (164-192 against 232-280 bytes a thread).
 
 
 def problem(block_q: int, block_k: int, dtype, head_dim: int) -> str | None:
@@ -96,14 +95,10 @@ class Config:
     # strips, so a warpgroup's scores take 1/parts of the registers (2 was
     # the faster measured: docs/pallas_flex.md, "Constants").
     parts: int = 2
-    dkv_loads: str = "late"  # DKV_LOADS
 
     def __post_init__(self):
         if self.parts not in PARTS:
             raise ValueError(f"parts={self.parts}: choose one of {', '.join(map(str, PARTS))}")
-        if self.dkv_loads not in DKV_LOADS:
-            raise ValueError(f"dkv_loads={self.dkv_loads!r}: choose one of "
-                             f"{', '.join(DKV_LOADS)}")
         if self.stages < 2:
             raise ValueError(f"stages={self.stages}: the ring needs 2 or more")
 
@@ -122,8 +117,7 @@ def backward(q, k, v, dout, lse2, delta, geometry: Geometry, tables,
     dq = _dq(q, k, v, dout, lse_safe, delta, geometry, tables, scale, stages, parts,
              dq_heads_together)
     dk, dv = _dkv(q, head_split.spread(k, dkv_split), head_split.spread(v, dkv_split), dout,
-                  lse_safe, delta, geometry, tables, scale, stages, heads_together, parts,
-                  config.dkv_loads == "early")
+                  lse_safe, delta, geometry, tables, scale, stages, heads_together, parts)
     return dq, head_split.fold(dk, dkv_split), head_split.fold(dv, dkv_split)
 
 
@@ -223,7 +217,7 @@ def _dq(q, k, v, dout, lse, delta, geometry: Geometry, tables, scale, stages, pa
 
 
 def _dkv(q, k, v, dout, lse, delta, geometry: Geometry, tables, scale, stages,
-         heads_together, parts, early_loads=False):
+         heads_together, parts):
     batch, _, heads, head_dim = q.shape
     kv_heads = k.shape[2]
     group = heads // kv_heads
@@ -278,7 +272,7 @@ def _dkv(q, k, v, dout, lse, delta, geometry: Geometry, tables, scale, stages,
                     dk, dv, _ = dkv_strip(
                         k_smem, v_smem, q_smem.at[slot, strip], do_smem.at[slot, strip],
                         lse_smem.at[slot, strip], delta_smem.at[slot, strip], dk, dv, mask,
-                        waits, qk_scale, early_loads)
+                        waits, qk_scale)
                 plgpu.barrier_arrive(consumed.at[slot])
                 return dk, dv
 
@@ -333,13 +327,12 @@ def _dkv(q, k, v, dout, lse, delta, geometry: Geometry, tables, scale, stages,
 
 
 def dkv_strip(k_smem, v_smem, q_part, do_part, lse_part, delta_part, dk, dv, mask, waits,
-              qk_scale, early_loads=False):
+              qk_scale):
     """One strip of a dK/dV tile, transposed so the warpgroup's key rows
     are wgmma's M: S^T = K Q^T (mask(S^T) on a partial tile), P^T,
     dV += P^T dO, dP^T = V dO^T, dS^T, dK += dS^T Q. waits: the lse, dO and
     delta barriers to wait for before their first use (empty: loaded).
-    early_loads: lse and delta read before the products they follow are
-    issued (DKV_LOADS "early"), not after those are waited for.
+    lse and delta are read before the products they follow are issued.
     Returns dK, dV and dS^T in the inputs' dtype."""
     lse_wait, do_wait, delta_wait = waits or (None,) * 3
     dtype = q_part.dtype
@@ -349,16 +342,14 @@ def dkv_strip(k_smem, v_smem, q_part, do_part, lse_part, delta_part, dk, dv, mas
             plgpu.barrier_wait(wait)
         return plgpu.load(part, (), layout=COLUMN)
 
-    lse = column(lse_wait, lse_part) if early_loads else None
+    lse = column(lse_wait, lse_part)
     s_t = product(k_smem, plgpu.transpose_ref(q_part, (1, 0)))
     if mask is not None:
         s_t = mask(s_t)
-    if lse is None:
-        lse = column(lse_wait, lse_part)
     p_t = jnp.exp2(s_t * qk_scale - lax.broadcast_in_dim(lse, s_t.shape, [1]))
     if do_wait is not None:
         plgpu.barrier_wait(do_wait)
-    delta = column(delta_wait, delta_part) if early_loads else None
+    delta = column(delta_wait, delta_part)
 
     def dv_and_dp(refs):  # two wgmmas, one wait
         dv_ref, dp_ref = refs
@@ -367,8 +358,6 @@ def dkv_strip(k_smem, v_smem, q_part, do_part, lse_part, delta_part, dk, dv, mas
 
     zeros = plgpu.layout_cast(jnp.zeros(s_t.shape, jnp.float32), plgpu.Layout.WGMMA)
     dv, dp_t = pl.run_state(dv_and_dp)((plgpu.ACC.init(dv), plgpu.ACC.init(zeros)))
-    if delta is None:
-        delta = column(delta_wait, delta_part)
     ds_t = (p_t * (dp_t - lax.broadcast_in_dim(delta, dp_t.shape, [1]))).astype(dtype)
     return accumulate(dk, ds_t, q_part), dv, ds_t
 
