@@ -117,7 +117,14 @@ _BUILTIN_BACKENDS = {
                "at 192 on an H200 and an H100), so one-GPU forward figures measured at "
                "192-key steps on such masks may move; full, causal and prefix_lm_causal are "
                "unchanged (docs/pallas_flex.md)",
-               scope="jax_backends.pallas_flex.changed_rows:narrow_keys_by_default"),)),
+               scope="jax_backends.pallas_flex.changed_rows:narrow_keys_by_default"),
+        Change("2026-12-06T07:16:32+00:00", "8c1c11c", ("bwd",),
+               "its Mosaic (Hopper) dK/dV kernel reads each strip's softmax statistics before "
+               "the matmuls they follow are issued (+2.5 to +7.1 % backward at 16k-32k on one "
+               "H100), so every backward figure of its Mosaic kernels may move, one GPU or CP; "
+               "outputs, the forward and the Triton backward are unchanged "
+               "(docs/pallas_flex.md)",
+               scope="jax_backends.pallas_flex.changed_rows:mosaic_backward"),)),
     "jax.cp_allgather": Entry("jax_backends.cp.allgather:AllGatherBackend", "cp"),
     "jax.cp_ring": Entry("jax_backends.cp.ring:RingBackend", "cp"),
     "jax.cp_ulysses": Entry("jax_backends.cp.ulysses:UlyssesBackend", "cp"),

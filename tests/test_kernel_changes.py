@@ -14,7 +14,8 @@ from lcab.report import changes, export, headline, legend, tables
 from lcab.report import sources as loading
 
 (PALLAS_FLEX_V9, PALLAS_FLEX_V13, PALLAS_FLEX_V15, PALLAS_FLEX_V22,
- PALLAS_FLEX_V23, PALLAS_FLEX_V25, PALLAS_FLEX_V26, PALLAS_FLEX_V26_CUT) = registry.all_backends()[
+ PALLAS_FLEX_V23, PALLAS_FLEX_V25, PALLAS_FLEX_V26, PALLAS_FLEX_V26_CUT,
+ PALLAS_FLEX_V28) = registry.all_backends()[
     "jax.pallas_flex"].changes
 RING_FLEX_FIX = registry.all_backends()["torch.cp_ring_flex"].changes[-1]
 GROUPCAST_PADDING = registry.all_backends()["jax.cp_groupcast"].changes[-1]
@@ -22,6 +23,7 @@ BEFORE = "2026-11-28T11:27:32+00:00"  # a second before that commit
 AFTER = "2026-11-28T11:27:34+00:00"
 LATEST = "2026-11-29T14:30:00+00:00"  # after every change declared
 LATER_THAN_V23 = "2026-12-03T18:16:30+00:00"
+AFTER_EVERY_CHANGE = "2026-12-31T00:00:00+00:00"
 
 
 def row(**fields):
@@ -43,24 +45,25 @@ def test_every_declared_change_names_its_time_commit_and_directions():
 
 
 def test_a_row_predates_the_changes_made_after_it_in_its_direction():
-    assert registry.changes_since(row()) == [PALLAS_FLEX_V9, PALLAS_FLEX_V15]
-    assert registry.changes_since(row(timestamp=AFTER)) == [PALLAS_FLEX_V15]
-    assert registry.changes_since(row(timestamp=LATEST)) == []
+    assert registry.changes_since(row()) == [PALLAS_FLEX_V9, PALLAS_FLEX_V15, PALLAS_FLEX_V28]
+    assert registry.changes_since(row(timestamp=AFTER)) == [PALLAS_FLEX_V15, PALLAS_FLEX_V28]
+    assert registry.changes_since(row(timestamp=LATEST)) == [PALLAS_FLEX_V28]
+    assert registry.changes_since(row(timestamp=AFTER_EVERY_CHANGE)) == []
     # Each change moves its own directions only.
     assert registry.changes_since(row(direction="fwd")) == [PALLAS_FLEX_V13]
     assert registry.changes_since(row(direction="fwd", timestamp=AFTER)) == [PALLAS_FLEX_V13]
     assert registry.changes_since(row(direction="fwd", timestamp=LATEST)) == []
     # A CP row takes its inner kernel's changes; another inner, none.
     assert registry.changes_since(row(backend="jax.cp_ring", inner="jax.pallas_flex")) == [
-        PALLAS_FLEX_V9, PALLAS_FLEX_V15]
+        PALLAS_FLEX_V9, PALLAS_FLEX_V15, PALLAS_FLEX_V28]
     assert registry.changes_since(row(backend="jax.cp_ring", inner="jax.cudnn")) == []
     # A row written before the `inner` column names its kernel in the notes.
     assert registry.changes_since(row(backend="jax.cp_ring", inner=None,
                                       notes="ring; dispatch=zigzag; inner jax.pallas_flex (x)")
-                                  ) == [PALLAS_FLEX_V9, PALLAS_FLEX_V15]
+                                  ) == [PALLAS_FLEX_V9, PALLAS_FLEX_V15, PALLAS_FLEX_V28]
     # A time without an offset is UTC; no time or an unknown backend: nothing to say.
-    assert registry.changes_since(row(timestamp="2026-11-28T11:27:32")) == [PALLAS_FLEX_V9,
-                                                                            PALLAS_FLEX_V15]
+    assert registry.changes_since(row(timestamp="2026-11-28T11:27:32")) == [
+        PALLAS_FLEX_V9, PALLAS_FLEX_V15, PALLAS_FLEX_V28]
     assert registry.changes_since(row(timestamp=None)) == []
     assert registry.changes_since(row(timestamp=float("nan"))) == []
     assert registry.changes_since(row(backend="jax.plugin")) == []
@@ -81,23 +84,25 @@ def test_a_scoped_change_marks_only_the_rows_it_can_move():
     """The dK/dV split reaches the Mosaic backward of a short or lopsided
     one-GPU workload; a long causal pass, the Triton backward, a row that
     set its split and a CP row (whose inner keeps whole programs) are
-    left unmarked, and so is every forward."""
+    left unmarked, and so is every forward. The statistics read early
+    (v28) mark every backward that may have run the Mosaic kernels."""
     from jax_backends.pallas_flex import changed_rows, mosaic_bwd_sm90
 
     assert changed_rows.MOSAIC_BACKWARD_BLOCK == mosaic_bwd_sm90.BLOCK
-    assert registry.changes_since(short()) == [PALLAS_FLEX_V22]
-    assert registry.changes_since(short(mask="full")) == [PALLAS_FLEX_V22]
-    assert registry.changes_since(short(seqlen=32768)) == []
+    v28 = [PALLAS_FLEX_V28]
+    assert registry.changes_since(short()) == [PALLAS_FLEX_V22, *v28]
+    assert registry.changes_since(short(mask="full")) == [PALLAS_FLEX_V22, *v28]
+    assert registry.changes_since(short(seqlen=32768)) == v28
     assert registry.changes_since(short(direction="fwd")) == [PALLAS_FLEX_V23]
     assert registry.changes_since(short(notes=MOSAIC_NOTES.replace("backward Mosaic",
                                                                    "backward Triton"))) == []
-    assert registry.changes_since(short(options='{"dkv_split": "1"}')) == []
-    assert registry.changes_since(short(heads_q=8, heads_kv=8)) == []  # no query heads to split
+    assert registry.changes_since(short(options='{"dkv_split": "1"}')) == v28
+    assert registry.changes_since(short(heads_q=8, heads_kv=8)) == v28  # no query heads to split
     ring = short(backend="jax.cp_ring", inner="jax.pallas_flex", cp_size=2, suite="cp")
-    assert registry.changes_since(ring) == []
+    assert registry.changes_since(ring) == v28
     assert registry.changes_since({**ring, "direction": "fwd"}) == []
     # A workload it cannot rebuild is marked: unsure says it may have moved.
-    assert registry.changes_since(short(mask="no_such_mask")) == [PALLAS_FLEX_V22]
+    assert registry.changes_since(short(mask="no_such_mask")) == [PALLAS_FLEX_V22, *v28]
     unsure = registry.Change(LATEST, "abc1234", ("bwd",), "x", scope="no.such.module:f")
     assert unsure.can_move(short())
 
@@ -162,7 +167,8 @@ def test_rows_head_after_head_mark_forward_rows_whose_programs_walk_many_keys():
                                           options='{"rows_launch": "heads_together"}')) == [
         PALLAS_FLEX_V26]
     assert registry.changes_since(forward(mask="full", seqlen=32768, cp_size=2)) == []
-    assert registry.changes_since(forward(mask="full", seqlen=32768, direction="bwd")) == []
+    assert registry.changes_since(forward(mask="full", seqlen=32768, direction="bwd")) == [
+        PALLAS_FLEX_V28]
 
     rows = loading.load([canonical.ROOT / "results" / "2026-11-27-h200-blog"])
     rows = rows[(rows["backend"] == "jax.pallas_flex") & (rows["direction"] == "fwd")
@@ -251,7 +257,7 @@ def test_the_split_marks_the_committed_short_rows_and_no_long_ones():
 
 def test_a_marked_figure_carries_the_flag_after_its_others():
     assert tables.format_row(row()) == "400" + legend.FLAG_CHANGED
-    assert tables.format_row(row(timestamp=LATEST)) == "400"
+    assert tables.format_row(row(timestamp=AFTER_EVERY_CHANGE)) == "400"
     assert tables.format_row(row(check_err=None, spread=2.0)) == "400~?" + legend.FLAG_CHANGED
     # A dated record of one version leaves it out; a failed row shows its code alone.
     assert tables.format_row(row(), mark_changes=False) == "400"
@@ -261,29 +267,33 @@ def test_a_marked_figure_carries_the_flag_after_its_others():
 
 def test_a_page_names_each_change_once_with_the_figures_it_marks():
     rows = pd.DataFrame([row(timestamp=AFTER), row(direction="fwd", timestamp=LATEST),
-                         row(timestamp=LATEST),
+                         row(timestamp=AFTER_EVERY_CHANGE),
                          row(backend="jax.cp_ring", inner="jax.pallas_flex", timestamp=AFTER),
                          row(backend="jax.cp_ring", inner="jax.pallas_flex", status="OOM")])
     lines = changes.markdown(rows)
-    assert len(lines) == 2 and lines[0].startswith("Figures marked †")
-    assert PALLAS_FLEX_V15.commit in lines[1] and "`jax.pallas_flex` changed at" in lines[1]
-    assert "2 bwd figures here predate it (`jax.cp_ring`, `jax.pallas_flex`" in lines[1]
-    headline_line = (f"† measured before `jax.pallas_flex` changed at {PALLAS_FLEX_V15.commit} "
-                     f"(2026-11-29): {PALLAS_FLEX_V15.what}.")
-    assert changes.markdown(rows, count=False) == [headline_line]
+    assert len(lines) == 3 and lines[0].startswith("Figures marked †")
+    for line, change in zip(lines[1:], (PALLAS_FLEX_V15, PALLAS_FLEX_V28)):
+        assert change.commit in line and "`jax.pallas_flex` changed at" in line
+        assert "2 bwd figures here predate it (`jax.cp_ring`, `jax.pallas_flex`" in line
+    headline_lines = [f"† measured before `jax.pallas_flex` changed at {change.commit} "
+                      f"({change.when[:10]}): {change.what}."
+                      for change in (PALLAS_FLEX_V15, PALLAS_FLEX_V28)]
+    assert changes.markdown(rows, count=False) == headline_lines
     assert changes.markdown(rows.iloc[[1, 2]]) == []
-    # Three changes: each named once, oldest first, with the figures it marks.
-    three = changes.markdown(pd.DataFrame([row(), row(direction="fwd")]))
-    assert len(three) == 4
+    # Four changes: each named once, oldest first, with the figures it marks.
+    four = changes.markdown(pd.DataFrame([row(), row(direction="fwd")]))
+    assert len(four) == 5
     assert [change.commit in line for change, line in zip(
-        (PALLAS_FLEX_V9, PALLAS_FLEX_V13, PALLAS_FLEX_V15), three[1:])] == [True] * 3
-    assert "1 fwd figures here predate it" in three[2]
-    assert "1 bwd figures here predate it" in three[3]
+        (PALLAS_FLEX_V9, PALLAS_FLEX_V13, PALLAS_FLEX_V15, PALLAS_FLEX_V28), four[1:])] == [
+        True] * 4
+    assert "1 fwd figures here predate it" in four[2]
+    assert "1 bwd figures here predate it" in four[3] and "1 bwd figures" in four[4]
 
 
 def test_the_committed_h200_cp_run_is_marked_where_it_predates_the_change():
     """Every backward figure of pallas_flex, and of the JAX strategies
-    running it, was measured before its latest backward change (the older
+    running it, was measured before its latest backward change (the
+    statistics read early), most before the one of 2026-11-29 too (the older
     ones before the launch-order change too; group-cast's cp-2 rows at 32k
     also before its own); forward figures before the forward's change bar
     those measured again since; torch figures were touched by none (the
@@ -296,8 +306,12 @@ def test_the_committed_h200_cp_run_is_marked_where_it_predates_the_change():
     jax_marked = marked[marked["framework"] == "jax"]
     backward = jax_marked[jax_marked["direction"] == "bwd"]
     marks = backward["changed_since"].str.split()
-    assert all(PALLAS_FLEX_V15.commit in commits for commits in marks)
-    assert {len(commits) for commits in marks} == {1, 2, 3}
+    # Every backward predates the statistics read early (2026-12-06); those
+    # measured before 2026-11-29 predate older changes too.
+    assert all(commits[-1] == PALLAS_FLEX_V28.commit for commits in marks)
+    older = [commits[:-1] for commits in marks if len(commits) > 1]
+    assert all(PALLAS_FLEX_V15.commit in commits for commits in older)
+    assert {len(commits) for commits in older} == {1, 2, 3}
     own = marks.apply(lambda commits: GROUPCAST_PADDING.commit in commits)
     assert set(backward.loc[own, "backend"]) == {"jax.cp_groupcast"}
     assert all(PALLAS_FLEX_V9.commit in commits for commits in marks[own])
@@ -311,9 +325,12 @@ def test_the_committed_h200_cp_run_is_marked_where_it_predates_the_change():
     # and 128k the persistent forward grid (2026-12-03) marks the documents'
     # forwards, whose programs walk few keys, and the rows head after head
     # (2026-12-04) full's and causal's, whose programs walk many.
+    # The statistics read early (2026-12-06) mark every one-GPU backward.
     one_gpu = jax_marked[jax_marked["suite"] != "cp"]
-    assert set(one_gpu["backend"]) == {"jax.pallas_flex"} and set(one_gpu["direction"]) == {
-        "fwd"}
+    assert set(one_gpu["backend"]) == {"jax.pallas_flex"}
+    assert set(one_gpu.loc[one_gpu["direction"] == "bwd", "changed_since"]) == {
+        PALLAS_FLEX_V28.commit}
+    one_gpu = one_gpu[one_gpu["direction"] == "fwd"]
     # (192-key steps, 2026-12-05, mark the last two as well).
     v23, v25, v26 = (PALLAS_FLEX_V23.commit, PALLAS_FLEX_V25.commit, PALLAS_FLEX_V26.commit)
     assert set(one_gpu["changed_since"]) == {v23, f"{v25} {v26}", v26}
@@ -331,8 +348,9 @@ def test_the_committed_h200_cp_run_is_marked_where_it_predates_the_change():
     assert lines
     for line in lines:
         jax_single, jax_cp2 = line.split("|")[3:5]
-        # the one-GPU forward predates the persistent grid, its backward nothing
-        assert re.search(r"\d+† / \d+ pallas_flex", jax_single), line
+        # the one-GPU forward predates the persistent grid, its backward the
+        # statistics read early
+        assert re.search(r"\d+† / \d+† pallas_flex", jax_single), line
         assert re.search(r"\d+† \w+ / \d+† \w+", jax_cp2), line
 
 
@@ -351,8 +369,8 @@ def test_a_ratio_to_one_gpu_marks_the_figure_that_predates_the_change(tmp_path):
     assert re.fullmatch(r"\d+† / \d+ = \d\.\d\d", forward["ring/jax.cp_ring"])
     forward = table.loc[("full", 65536, "fwd", 2)]  # the one-GPU forward: its rows order
     assert re.fullmatch(r"\d+ / \d+† = \d\.\d\d", forward["ring/jax.cp_ring"])
-    backward = table.loc[("causal", 16384, "bwd", 2)]
-    assert re.fullmatch(r"\d+† / \d+ = \d\.\d\d", backward["ring/jax.cp_ring"])
+    backward = table.loc[("causal", 16384, "bwd", 2)]  # both before the statistics read early
+    assert re.fullmatch(r"\d+† / \d+† = \d\.\d\d", backward["ring/jax.cp_ring"])
     before, after = "2026-11-27T10:00:00+00:00", "2099-01-01T00:00:00+00:00"
     made_up = tables.cp_vs_single_table(loaded(tmp_path, [
         row("jax.pallas_flex", mask="full", timestamp=before),
@@ -378,10 +396,11 @@ def test_advice_says_which_rows_it_read_predate_a_change():
     said = evidence.load("H100").describe().splitlines()
     predating = [line for line in said if "predate a later change" in line]
     # One line per change, each naming its commit and its direction.
-    assert len(predating) == 8
+    assert len(predating) == 9
     assert [change.commit in line for change, line in zip(
         (PALLAS_FLEX_V9, GROUPCAST_PADDING, PALLAS_FLEX_V13, PALLAS_FLEX_V15, PALLAS_FLEX_V22,
-         PALLAS_FLEX_V23, PALLAS_FLEX_V25, PALLAS_FLEX_V26), predating)] == [True] * 8
+         PALLAS_FLEX_V23, PALLAS_FLEX_V25, PALLAS_FLEX_V26, PALLAS_FLEX_V28), predating)] == [
+        True] * 9
     for line, direction in zip(predating, ("bwd", "bwd", "fwd", "bwd", "bwd", "fwd", "fwd",
-                                           "fwd")):
+                                           "fwd", "bwd")):
         assert re.match(rf"\d+ {direction} rows read here", line), line

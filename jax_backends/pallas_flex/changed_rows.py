@@ -88,6 +88,13 @@ def narrow_keys_by_default(row: Mapping) -> bool:
     return _default_key_block_ran_wide(row) is True and not _wide_by_default(row)
 
 
+def mosaic_backward(row: Mapping) -> bool:
+    """Whether the row's backward may have run the Mosaic kernels: every
+    row of jax.pallas_flex or over it (CP, a module) but those whose notes
+    say the backward ran Triton (a row without notes: unsure, so yes)."""
+    return "backward Triton" not in str(row.get("notes") or "")
+
+
 def _default_key_block_ran_wide(row: Mapping) -> bool | None:
     """Whether a one-GPU Mosaic forward row with block_k unset and the grid
     not set persistent ran 192-key steps (its note); None for other rows."""
