@@ -12,8 +12,12 @@
 #       'h200 blog --out=@R/2026-11-27-h200-blog --parts=changed --measure_again=changed'
 #
 # A SPEC is the card's short name (h100, h200: a substring of nvidia-smi's
-# name), the sweep, and flags for the runner; @R stands for /tmp/r. Run it
-# with the GPU wheels installed on PYTHONPATH (tokamax, flash_attn3_jax).
+# name), the sweep, and flags for the runner (split at spaces, so no value
+# may hold one); @R stands for /tmp/r. Run it with the GPU wheels installed
+# on PYTHONPATH (tokamax, flash_attn3_jax); for the tree and the wheels to
+# fit one call, leave the settled studies (results/gpu, results/model,
+# results/cpu, the CP runs, docs/results) out of the copy: the code the
+# sweeps run does not read them.
 set -u
 usage="usage: canonical_call.sh OUT COMMIT BUDGET_S 'CARD SWEEP [FLAGS]'..."
 out=${1:?$usage}
