@@ -28,7 +28,8 @@ export XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
   TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 
 # tokamax imports xprof only for a profiling helper LCAB never calls; its
-# wheel (32 MB) does not fit beside the others, so an empty module stands in.
+# wheel (32 MB) does not fit beside the others, so an empty module stands in,
+# in /tmp/site, where the wheels' install line puts them (on PYTHONPATH).
 if ! python3 -c "import xprof" 2>/dev/null; then
   stub=/tmp/site/xprof/cli/tools
   mkdir -p "$stub"
@@ -37,8 +38,14 @@ if ! python3 -c "import xprof" 2>/dev/null; then
 fi
 
 root=/tmp/r
-mkdir -p "$root" "$out"
-cp -r results/20* "$root/"
+mkdir -p "$out"
+# A machine still warm from an earlier call keeps that call's rows here,
+# newer than the tree's copy of them: copying over them would lose them.
+if [ -d "$root" ]; then
+  echo "going on with $root from an earlier call on this machine"
+else
+  mkdir -p "$root" && cp -r results/20* "$root/"
+fi
 card=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | tr '[:upper:]' '[:lower:]')
 echo "card: $card"
 end=$((SECONDS + budget))
