@@ -538,3 +538,66 @@ def test_each_pass_takes_its_own_launch_order_through_ops(monkeypatch, dkv_launc
     dkv = (kv_heads, blocks, batch) if dkv_launch == "heads_together" else (
         blocks, kv_heads, batch)
     assert sorted(launched) == sorted([rows, rows, dkv])  # forward, dQ, dK/dV
+
+
+def backward_modules(monkeypatch, config, name="causal_document") -> list[str]:
+    """The Mosaic backward's two kernels (dQ, dK/dV) as lowered for a GPU
+    on the host, as text."""
+    from jax._src.pallas.mosaic_gpu import lowering as mosaic_lowering
+
+    modules = []
+    lower = mosaic_lowering.lower_pipelined_jaxpr_to_module
+    monkeypatch.setattr(mosaic_lowering, "lower_pipelined_jaxpr_to_module",
+                        lambda *args, **kwargs: modules.append(lower(*args, **kwargs))
+                        or modules[-1])
+    mosaic_backward_text(name, config, 128, jnp.bfloat16, False)
+    assert len(modules) == 2
+    return [str(module.module) for module in modules]
+
+
+@pytest.mark.parametrize("parts", [1, 2])
+def test_the_backward_can_pass_over_quarters_the_mask_does_not_see(monkeypatch, parts):
+    """v29 (option backward_quarters=seen): in a partial tile each strip of
+    dQ and dK/dV runs under a branch on the plan's quarter code, so each
+    kernel gains one branch a strip and keeps its products (none is copied
+    into a second path); it lowers on every family."""
+    default = backward_modules(monkeypatch, mosaic_bwd_sm90.Config(parts=parts))
+    seen = backward_modules(monkeypatch, mosaic_bwd_sm90.Config(parts=parts, skip_quarters=True))
+    for before, after in zip(default, seen):
+        assert after.count("wgmma.mma_async") == before.count("wgmma.mma_async")
+        assert after.count("scf.index_switch") == before.count("scf.index_switch") + parts
+        # Every barrier is still waited for, strips run or not.
+        assert after.count("mbarrier.try_wait") == before.count("mbarrier.try_wait")
+    config = mosaic_bwd_sm90.Config(parts=parts, skip_quarters=True)
+    for name in MASK_NAMES:
+        text = mosaic_backward_text(name, config, 128, jnp.bfloat16, parts == 2)
+        assert "lcab_flex_dq_mosaic" in text and "lcab_flex_dkv_mosaic" in text, name
+
+
+@pytest.mark.parametrize("parts", [1, 2])
+def test_a_strip_runs_where_its_quarters_hold_a_pair(parts):
+    """quarters_seen reads the plan's bit 2 * query half + key half: dQ's
+    warpgroup holds a query half and its strips are key halves, dK/dV's the
+    other way round; one strip spans both quarters of its half."""
+    codes = range(16)
+    for code in codes:
+        for wg in (0, 1):
+            for part in range(parts):
+                halves = (part,) if parts == 2 else (0, 1)
+                dq = any(code >> (2 * wg + h) & 1 for h in halves)
+                dkv = any(code >> (2 * h + wg) & 1 for h in halves)
+                assert bool(mosaic_bwd_sm90.quarters_seen(jnp.int32(code), wg, part, parts)) == dq
+                assert bool(mosaic_bwd_sm90.quarters_seen(jnp.int32(code), wg, part, parts,
+                                                          transposed=True)) == dkv
+    # The causal diagonal (code 0b1101): dQ's upper rows skip the right keys,
+    # dK/dV's right keys skip the upper queries.
+    assert not mosaic_bwd_sm90.quarters_seen(jnp.int32(0b1101), 0, 1, 2)
+    assert not mosaic_bwd_sm90.quarters_seen(jnp.int32(0b1101), 1, 0, 2, transposed=True)
+
+
+def test_the_quarters_option_reaches_the_mosaic_backward():
+    backend = registry.load_backend("jax.pallas_flex", {"backward_quarters": "seen"})
+    assert backend.lowering.mosaic_backward.skip_quarters
+    assert not registry.load_backend("jax.pallas_flex", {}).lowering.mosaic_backward.skip_quarters
+    with pytest.raises(registry.Unavailable, match="choose one of all, seen"):
+        registry.load_backend("jax.pallas_flex", {"backward_quarters": "some"})
