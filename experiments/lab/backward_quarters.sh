@@ -9,13 +9,15 @@
 # check: the GPU tests (seen against all, bit for bit, and against the
 # float64 reference on six families, one and two strips), then all 16
 # families at 1k with seen, forward and backward, the full-size check on,
-# under ptxas's report; ab: all and seen in turn (two rounds,
+# under ptxas's report; kernels: dQ and dK/dV timed alone
+# (experiments/lab/backward_kernels.py), all, seen, all, seen, on the
+# documents and the window at 16k and 32k; ab: all and seen in turn (two rounds,
 # LCAB_LAB_ROUNDS), backward, the documents and the window at 2k, 16k
 # and 32k; guard: the same on full and causal at 16k and 32k. Each run
 # writes OUT/<name>/ and its .log, packed into OUT/rows.tgz after each;
 # the last lines are one short table per run.
 #
-#   experiments/lab/backward_quarters.sh OUT COMMIT check|ab|guard
+#   experiments/lab/backward_quarters.sh OUT COMMIT check|kernels|ab|guard
 #
 # COMMIT: the full hash, written out (experiments/README.md says why).
 #
@@ -29,13 +31,18 @@
 # the branch: the backward gains about 0.7-1.2x that share, so
 # causal_document +15-30 % at 2k, +3-7 % at 16k, +2-4 % at 32k;
 # full_document +12-20 %, +2-4 %, +1.5-3 %; sliding_window_causal
-# +3.5-7 %; causal within 1 % at 16k-32k, full within 0.5 %. It would lose
-# if ptxas spills much more in dK/dV across the branches (232-280 bytes a
-# thread now). seen becomes the default if ab gains beyond the two
+# +3.5-7 %; causal within 1 % at 16k-32k, full within 0.5 %. Two risks
+# would shrink it: the two compute warpgroups release each ring slot
+# together (two slots), so a warpgroup that passes a strip can run ahead
+# by a tile or two only, and the gain falls towards the slower
+# warpgroup's (at most 0 on causal's dQ, where only warpgroup 0 passes;
+# the window's dQ passes on warpgroup 0 at the diagonal and 1 at the far
+# edge, so it balances); and ptxas may spill more in dK/dV across the
+# branches (232-280 bytes a thread now). seen becomes the default if ab gains beyond the two
 # rounds' spread on every cell and guard loses nowhere by more than
 # 0.5 %; else it leaves main with its rows.
 set -uo pipefail
-usage="usage: $0 OUT COMMIT check|ab|guard"
+usage="usage: $0 OUT COMMIT check|kernels|ab|guard"
 source "$(dirname "$0")/pack.sh"
 lab_start "$@"
 run() { pallas_flex_run "$@"; }  # name, seconds, then lcab.experiments flags
@@ -43,6 +50,17 @@ case $part in
   check)
     kernel_gpu_test unseen_quarters 240
     check_every_family check-seen backward_quarters=seen ;;
+  kernels)
+    for name in all-1 seen-1 all-2 seen-2; do
+      mkdir -p "$out/kernels-$name"
+      MOSAIC_GPU_DUMP_PTXAS=1 run_packed "$out" "kernels-$name" timeout -k 10 \
+        "${LCAB_LAB_SECONDS:-130}" python3 experiments/lab/backward_kernels.py --kernels=dq,dkv \
+        --masks=causal_document,full_document,sliding_window_causal --seqlens=16k,32k \
+        "--options=backward_quarters=${name%-*}" "--out=$out/kernels-$name/rows.jsonl"
+      ptxas_report "$out" "kernels-$name"
+      grep '^|' "$out/kernels-$name.log"
+    done
+    exit 0 ;;
   ab)
     ab_rounds backward_quarters "${LCAB_LAB_SECONDS:-150}" "all seen" --directions=bwd \
       --seqlens=2k,16k,32k --masks=causal_document,full_document,sliding_window_causal ;;

@@ -164,6 +164,8 @@ class PallasFlexBackend(Backend):
         if workload.dtype == "float32" and not lowering.interpret:
             mode += ", float32 in TF32 matmuls"
         options = "".join(f"; {key}={value}" for key, value in self.set_options.items())
+        if "backward_quarters" in self.set_options and chosen["backward"] == "Triton":
+            options += " (backward_quarters unused: it is the Mosaic backward's)"
         return Support.yes(f"block plan from the mask's slices; GQA unrepeated; {mode}{options}")
 
     def probe_needs(self, workload: Workload) -> ProbeNeeds:

@@ -101,7 +101,8 @@ class Config:
     # v29, an option while measured: in a partial tile, a warpgroup passes
     # over a strip whose quarter tiles the mask does not see (the plan's
     # quarter codes) instead of computing zeros there; exact (those
-    # products add nothing), same barriers either way.
+    # products add nothing). A passed strip still waits for the barriers
+    # the strip would have (phases flip per wait), where it would have.
     skip_quarters: bool = False
 
     def __post_init__(self):
@@ -165,10 +166,10 @@ def _dq(q, k, v, dout, lse, delta, geometry: Geometry, tables, scale, config: Co
             def visit(step, kb, j, dq):
                 slot = slot_of(step)
                 first = None if j is None else slice_bounds(ids, slices, lo[qi, j])
-                skipping = skip and j is not None
+                # A partial tile's quarter code, read before the waits (its
+                # branches need it before any product can issue).
+                code = quarters[qi, j] if skip and j is not None else None
                 plgpu.barrier_wait(k_loaded.at[slot])
-                if skipping:  # every barrier is waited for, strips run or not
-                    plgpu.barrier_wait(v_loaded.at[slot])
                 for part in range(parts):  # the tile's keys in `parts` column strips
                     k_part = k_smem.at[slot, pl.ds(part * cols, cols)]
                     v_part = v_smem.at[slot, pl.ds(part * cols, cols)]
@@ -179,17 +180,21 @@ def _dq(q, k, v, dout, lse, delta, geometry: Geometry, tables, scale, config: Co
                             s = masked(s, first, ids, slices, lo[qi, j], hi[qi, j], row0,
                                        kb * geometry.block_k + part * cols, test=DQ_MASK_TEST)
                         p = jnp.exp2(s * qk_scale - lax.broadcast_in_dim(lse, s.shape, [0]))
-                        if part == 0 and not skipping:
+                        if part == 0:
                             plgpu.barrier_wait(v_loaded.at[slot])
                         dp = product(do_smem, plgpu.transpose_ref(v_part, (1, 0)))
                         ds = p * (dp - lax.broadcast_in_dim(delta, dp.shape, [0]))
                         return accumulate(dq, ds.astype(dtype), k_part)
 
-                    if skipping:  # this warpgroup's query rows are the tile's half `wg`
-                        seen = quarters_seen(quarters[qi, j], wg, part, parts)
-                        dq = lax.cond(seen, strip, lambda dq: dq, dq)
-                    else:
+                    def passed(dq, part=part):  # strip's waits, nothing else
+                        if part == 0:
+                            plgpu.barrier_wait(v_loaded.at[slot])
+                        return dq
+
+                    if code is None:
                         dq = strip(dq)
+                    else:  # this warpgroup's query rows are the tile's half `wg`
+                        dq = lax.cond(quarters_seen(code, wg, part, parts), strip, passed, dq)
                 plgpu.barrier_arrive(v_consumed.at[slot])
                 plgpu.barrier_arrive(k_consumed.at[slot])
                 return dq
@@ -284,17 +289,14 @@ def _dkv(q, k, v, dout, lse, delta, geometry: Geometry, tables, scale, config: C
                 dk, dv = carry
                 slot = slot_of(step)
                 first = None if j is None else slice_bounds(ids, slices, lo[kj, j])
-                skipping = skip and j is not None
+                code = quarters[kj, j] if skip and j is not None else None  # as dQ's
                 plgpu.barrier_wait(q_loaded.at[slot])
-                row_waits = (lse_loaded.at[slot], do_loaded.at[slot], delta_loaded.at[slot])
-                if skipping:  # every barrier is waited for, strips run or not
-                    for wait in row_waits:
-                        plgpu.barrier_wait(wait)
                 for part in range(parts):  # the tile's queries in `parts` strips
                     queries = pl.ds(part * cols, cols)
                     mask = None if j is None else functools.partial(
                         mask_strip, first, j, qb * block_q + part * cols)
-                    waits = row_waits if part == 0 and not skipping else ()
+                    waits = (lse_loaded.at[slot], do_loaded.at[slot],
+                             delta_loaded.at[slot]) if part == 0 else ()
 
                     def strip(grads, queries=queries, mask=mask, waits=waits):
                         dk, dv, _ = dkv_strip(
@@ -303,11 +305,16 @@ def _dkv(q, k, v, dout, lse, delta, geometry: Geometry, tables, scale, config: C
                             waits, qk_scale)
                         return dk, dv
 
-                    if skipping:  # this warpgroup's key rows are the tile's half `wg`
-                        seen = quarters_seen(quarters[kj, j], wg, part, parts, transposed=True)
-                        dk, dv = lax.cond(seen, strip, lambda grads: grads, (dk, dv))
-                    else:
+                    def passed(grads, waits=waits):  # strip's waits, nothing else
+                        for wait in waits:
+                            plgpu.barrier_wait(wait)
+                        return grads
+
+                    if code is None:
                         dk, dv = strip((dk, dv))
+                    else:  # this warpgroup's key rows are the tile's half `wg`
+                        seen = quarters_seen(code, wg, part, parts, transposed=True)
+                        dk, dv = lax.cond(seen, strip, passed, (dk, dv))
                 plgpu.barrier_arrive(consumed.at[slot])
                 return dk, dv
 
