@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from lcab import results
+from lcab import results, runner
 from lcab.experiments import presets
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -46,7 +46,12 @@ def test_the_default_cpu_run_times_every_backend_without_noise_errors(tmp_path):
     timed = [r for r in rows if r["status"] == "OK"]
     for row in timed:
         assert 0 < row["p20_ms"] <= row["median_ms"] <= row["p80_ms"]
-        assert min(row["samples_ms"]) > 0 and len(row["samples_ms"]) >= int(preset["iters"])
+        samples = row["samples_ms"]
+        assert len(samples) >= int(preset["iters"])
+        # A backward sample is a fwd+bwd sample less the forward's median, so a
+        # busy CPU can push a few to zero or below; the harness lets at most
+        # runner.BELOW_SHARE of them be (a full suite on 2 cores did it once).
+        assert sum(s <= 0 for s in samples) <= runner.BELOW_SHARE * len(samples), samples
         assert row["check_err"] is not None and row["check_err"] < 5e-3  # float32 tolerance
     table = run.stdout.split("Legend:")[0]
     assert "| causal_document" in table and "ERR" not in table
