@@ -15,7 +15,9 @@
 # LCAB_LAB_ROUNDS), backward, the documents and the window at 2k, 16k
 # and 32k; guard: the same on full and causal at 16k and 32k. Each run
 # writes OUT/<name>/ and its .log, packed into OUT/rows.tgz after each;
-# the last lines are one short table per run.
+# the last lines are one short table per run. LCAB_LAB_SEQLENS narrows
+# ab's and guard's lengths (say 2k,16k) where a call's ten minutes would
+# not hold them all.
 #
 #   experiments/lab/backward_quarters.sh OUT COMMIT check|kernels|ab|guard
 #
@@ -63,10 +65,10 @@ case $part in
     exit 0 ;;
   ab)
     ab_rounds backward_quarters "${LCAB_LAB_SECONDS:-150}" "all seen" --directions=bwd \
-      --seqlens=2k,16k,32k --masks=causal_document,full_document,sliding_window_causal ;;
+      "--seqlens=${LCAB_LAB_SEQLENS:-2k,16k,32k}" --masks=causal_document,full_document,sliding_window_causal ;;
   guard)
     ab_rounds backward_quarters "${LCAB_LAB_SECONDS:-130}" "all seen" --directions=bwd \
-      --seqlens=16k,32k --masks=full,causal ;;
+      "--seqlens=${LCAB_LAB_SEQLENS:-16k,32k}" --masks=full,causal ;;
   *) echo "$usage" >&2; exit 2 ;;
 esac
 summaries "$out"
