@@ -47,7 +47,6 @@ set -uo pipefail
 usage="usage: $0 OUT COMMIT check|kernels|ab|guard"
 source "$(dirname "$0")/pack.sh"
 lab_start "$@"
-run() { pallas_flex_run "$@"; }  # name, seconds, then lcab.experiments flags
 case $part in
   check)
     kernel_gpu_test unseen_quarters 240

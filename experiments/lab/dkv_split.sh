@@ -20,7 +20,6 @@ set -uo pipefail
 usage="usage: $0 OUT COMMIT check|ab"
 source "$(dirname "$0")/pack.sh"
 lab_start "$@"
-run() { pallas_flex_run "$@"; }  # name, seconds, then lcab.experiments flags
 case $part in
   check)
     check_every_family check-auto dkv_split=auto ;;

@@ -46,9 +46,10 @@ ptxas_report() {
     | paste -d' ' - - - | sort | uniq -c
 }
 
-# The one-GPU kernel helpers below (lab_start, pallas_flex_run, ab_rounds,
+# The one-GPU kernel helpers below (lab_start, pallas_flex_run, run, ab_rounds,
 # kernel_gpu_test, check_every_family, ptxas_report) serve clocks.sh,
-# rows_launch.sh, dkv_split.sh, forward_grid.sh and key_step.sh; earlier
+# rows_launch.sh, dkv_split.sh, forward_grid.sh, key_step.sh and
+# backward_quarters.sh; earlier
 # scripts that used them left main with their options: forward_release.sh
 # and dq_reduce_probe.sh are at commit a32f37e, one_pass.sh at 520f3a5,
 # dkv_strips.sh at 28b11ca, dq_grid.sh at 5e02067, dkv_loads.sh (its option
@@ -75,6 +76,10 @@ pallas_flex_run() {
     --reference_cache="$out/references" "--git_commit=$commit" --noprogress --nosummary \
     --out="$out/$name" "$@"
 }
+
+# run NAME SECONDS FLAGS...: the run ab_rounds makes, pallas_flex_run unless
+# a script defines its own after sourcing this file (clocks.sh does).
+run() { pallas_flex_run "$@"; }
 
 # ab_rounds OPTION SECONDS "VALUES" FLAGS...: the script's run (name, seconds,
 # flags) of each of jax.pallas_flex's OPTION VALUES in turn, twice

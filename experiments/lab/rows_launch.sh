@@ -35,7 +35,6 @@ set -uo pipefail
 usage="usage: $0 OUT COMMIT"
 source "$(dirname "$0")/pack.sh"
 lab_start "$1" "${2:-}" rows_launch
-run() { pallas_flex_run "$@"; }  # name, seconds, then lcab.experiments flags
 ab_rounds rows_launch "${LCAB_LAB_SECONDS:-270}" "${LCAB_LAB_VALUES:-heads_together head_major}" \
   --seqlens="${LCAB_LAB_SEQLENS:-16k,32k,64k}" --directions="${LCAB_LAB_DIRECTIONS:-fwd}" \
   ${LCAB_LAB_MASKS:+--masks=$LCAB_LAB_MASKS}
