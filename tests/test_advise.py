@@ -182,6 +182,26 @@ def test_cli_without_canonical_runs_says_so(tmp_path):
     assert "Traceback" not in done.stderr
 
 
+def test_a_guide_cell_tells_an_unmeasured_length_from_a_refused_one():
+    """No ranked candidate: "not measured" where a kernel of the framework was
+    refused only for running shorter lengths (memory is not modelled), "none
+    ranked" where every candidate was refused on its merits."""
+    import pandas as pd
+
+    from lcab.advise import guide
+    from lcab.advise.recommend import MEMORY_NOT_MODELLED
+
+    def frame(*notes):
+        return pd.DataFrame([{"framework": "jax", "strategy": "-", "backend": f"jax.k{i}",
+                              "ranked": False, "note": note} for i, note in enumerate(notes)])
+
+    past = f"not ranked: longer than the 24k it ran on this card, and {MEMORY_NOT_MODELLED}"
+    off = "not ranked: the model is off by 47 % at the nearest measured point (over 25 %)"
+    assert guide.cell(frame(past, off), "jax") == "not measured"
+    assert guide.cell(frame(off, "MISMATCH: max error 0.3"), "jax") == "none ranked"
+    assert guide.cell(frame(past), "torch") == "none ranked"
+
+
 @pytest.mark.slow
 def test_guide_is_generated_from_the_committed_rows(tmp_path):
     path = tmp_path / "guide.md"

@@ -165,14 +165,19 @@ class Evidence:
             gpus_per_node=8, inter=INFINIBAND_NDR))
 
     def describe(self) -> str:
-        """The runs read, one line each: folder, commits, dates; then a line
+        """The runs read, one line each: folder, commits, dates, and how far an
+        unfinished canonical run has got; then a line
         per later kernel change that rows read here predate (lcab.registry.
         Change): the figures built on them, measured or modelled, describe
         the code before it."""
         lines = []
         for folder in self.folders:
             mine = [r for r in self.rows if _inside(r, folder)]
-            lines.append(f"{calibration.where([folder])}: {calibration.about(mine)}")
+            line = f"{calibration.where([folder])}: {calibration.about(mine)}"
+            if unfinished := sources.progress_text(folder):
+                line += (f"; unfinished ({unfinished}): the lengths and families it has not "
+                         "reached yet are missing here")
+            lines.append(line)
         timed = pd.DataFrame([r for r in self.rows if r.get("suite") in ("kernel", "cp")])
         for change, mine in (changes.predated(timed) if len(timed) else {}).items():
             lines.append(f"{len(mine)} {'/'.join(change.directions)} rows read here predate "

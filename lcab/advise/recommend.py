@@ -45,6 +45,9 @@ DIRECTIONS = ("fwd", "bwd")
 MAX_MODEL_ERROR_PCT = 25.0
 MEASURED, MODELLED = "measured", "modelled"
 EXTRAPOLATED = "extrapolated"
+# Ends the note of a one-GPU candidate longer than any length its kernel ran:
+# the guide tells such cells (nothing measured that long) from refused ones.
+MEMORY_NOT_MODELLED = "memory is not modelled"
 COLUMNS = ("rank", "framework", "kernel", "strategy", "backend", "dispatch", "layout",
            "fwd_tflops", "bwd_tflops", "fwd_ms", "bwd_ms", "step_ms", "source", "evidence",
            "model_error", "ranked", "note")
@@ -272,8 +275,8 @@ def _memory_problem(rows: list[dict], seqlen: int) -> str:
         return f"it ran out of memory at {format_seqlen(min(short_oom))} on this card"
     longest = max((int(r["seqlen"]) for r in rows if counted(r)), default=0)
     if seqlen > longest:
-        return (f"longer than the {format_seqlen(longest)} it ran on this card, and memory is "
-                "not modelled")
+        return (f"longer than the {format_seqlen(longest)} it ran on this card, and "
+                f"{MEMORY_NOT_MODELLED}")
     return ""
 
 
