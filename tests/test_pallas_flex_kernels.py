@@ -245,10 +245,10 @@ def test_options_choose_blocks_and_lowering_and_rows_say_so(tmp_path):
                                                         "forward_lowering": "triton"})
     assert backend.forward_blocks == (128, 32) and backend.lowering.forward == "triton"
     # Only what a user would choose is an option; the kernels' settings are
-    # their configs' constants (backward_quarters: v29 while it is measured).
+    # their configs' constants.
     assert sorted(type(backend).options) == [
-        "backward_block_k", "backward_block_q", "backward_lowering", "backward_quarters",
-        "block_k", "block_q", "dkv_launch", "dkv_split", "forward_grid", "forward_lowering",
+        "backward_block_k", "backward_block_q", "backward_lowering", "block_k", "block_q",
+        "dkv_launch", "dkv_split", "forward_grid", "forward_lowering",
         "rows_launch"]
     with pytest.raises(ValueError, match="its options: backward_block_k, backward_block_q"):
         type(backend).parse_options({"num_stages": "3"})
@@ -313,32 +313,3 @@ def test_the_wide_key_block_mosaic_forward_matches_the_reference(name):
     q, k, v, _ = inputs(1000, heads=(4, 2), head_dim=128, batch=1)
     plan = make_plan(mask, 128, mosaic_fwd_sm90.WIDE_BLOCK_K)
     assert_mosaic_forward_matches(mask, plan, Lowering(forward="mosaic"), q, k, v)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("name", ["causal", "causal_document", "full_document",
-                                  "sliding_window_causal", "share_question", "var_block_sparse"])
-@pytest.mark.parametrize("parts", [1, 2])
-def test_the_mosaic_backward_passing_unseen_quarters_is_exact(name, parts):
-    """v29 (backward_quarters=seen) on a Hopper GPU at a length no block
-    divides: a strip whose quarters the mask does not see adds only zeros,
-    so passing over it gives the very same gradients as computing it, bit
-    for bit, and both agree with the float64 reference."""
-    from jax_backends import _shared
-    from jax_backends.pallas_flex import mosaic_bwd_sm90, mosaic_fwd_sm90
-
-    if problem := _shared.gpu_problem(capability=mosaic_fwd_sm90.SM90, exact=True):
-        pytest.skip(problem)
-    mask = small_mask(name, 1000)
-    q, k, v, dout = inputs(1000, heads=(4, 2), head_dim=128, batch=1)
-    got = {}
-    for skip in (False, True):
-        lowering = Lowering(forward="mosaic", backward="mosaic",
-                            mosaic_backward=mosaic_bwd_sm90.Config(parts=parts,
-                                                                   skip_quarters=skip))
-        got[skip] = run_flex(mask, q, k, v, dout, (128, 128), (128, 128), jnp.bfloat16,
-                             lowering)
-    for computed, passed in zip(got[False], got[True]):
-        assert np.array_equal(computed.view(np.uint64), passed.view(np.uint64))
-    args = [np.asarray(jnp.asarray(x, jnp.bfloat16), np.float64) for x in (q, k, v, dout)]
-    assert_matches(mask, got[True], *args, tol=0.04)

@@ -181,12 +181,12 @@ def kernels(workload: Workload, options=None) -> Backward:
     def dq(q, kv, rows):
         dout, lse2, delta = rows
         return mosaic_bwd_sm90._dq(q, *kv, dout, lse2, delta, geometry, arrays(), scale,
-                                   config, dq_together)
+                                   config.stages, config.parts, dq_together)
 
     def dkv(q, kv, rows):  # K/V already repeated `split` times
         dout, lse2, delta = rows
         return mosaic_bwd_sm90._dkv(q, *kv, dout, lse2, delta, geometry, arrays(), scale,
-                                    config, order == "heads_together")
+                                    config.stages, order == "heads_together", config.parts)
 
     def backward(q, kv, rows):  # the custom VJP's backward (lse's cotangent zeros)
         out, lse, dout = rows

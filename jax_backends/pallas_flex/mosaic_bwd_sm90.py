@@ -53,9 +53,6 @@ TRANSFORMS = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
 ROW = plgpu.Layout.WGMMA.reduce(1)  # one value per tile row
 COLUMN = plgpu.Layout.WGMMA.reduce(0)  # one value per tile column
 PARTS = (1, 2)  # strips per tile (Config.parts)
-# The backend's option backward_quarters: "all" strips of a partial tile
-# computed, or only those whose quarters the mask sees (Config.skip_quarters).
-QUARTERS = ("all", "seen")
 # dK/dV's registers per thread: compute and memory warpgroups (setmaxnreg;
 # 2 x 128 x 240 + 128 x 24 of the SM's 64k, FA3's split). Timed alone on
 # a GPU, dK/dV was faster so than with 232 / 40 (docs/pallas_flex.md).
@@ -98,12 +95,6 @@ class Config:
     # strips, so a warpgroup's scores take 1/parts of the registers (2 was
     # the faster measured: docs/pallas_flex.md, "Constants").
     parts: int = 2
-    # v29, an option while measured: in a partial tile, a warpgroup passes
-    # over a strip whose quarter tiles the mask does not see (the plan's
-    # quarter codes) instead of computing zeros there; exact (those
-    # products add nothing). A passed strip still waits for the barriers
-    # the strip would have (phases flip per wait), where it would have.
-    skip_quarters: bool = False
 
     def __post_init__(self):
         if self.parts not in PARTS:
@@ -120,18 +111,18 @@ def backward(q, k, v, dout, lse2, delta, geometry: Geometry, tables,
     heads_together: dK/dV launches every kv head of a block together;
     dq_heads_together: dQ every q head of a block (launch_grid);
     dkv_split: dK/dV programs a kv head's block (head_split)."""
+    stages, parts = config.stages, config.parts
     scale = 1.0 / math.sqrt(q.shape[3])
     lse_safe = jnp.where(lse2 == -jnp.inf, 0.0, lse2)  # rows that see nothing meet only masks
-    dq = _dq(q, k, v, dout, lse_safe, delta, geometry, tables, scale, config,
+    dq = _dq(q, k, v, dout, lse_safe, delta, geometry, tables, scale, stages, parts,
              dq_heads_together)
     dk, dv = _dkv(q, head_split.spread(k, dkv_split), head_split.spread(v, dkv_split), dout,
-                  lse_safe, delta, geometry, tables, scale, config, heads_together)
+                  lse_safe, delta, geometry, tables, scale, stages, heads_together, parts)
     return dq, head_split.fold(dk, dkv_split), head_split.fold(dv, dkv_split)
 
 
-def _dq(q, k, v, dout, lse, delta, geometry: Geometry, tables, scale, config: Config,
+def _dq(q, k, v, dout, lse, delta, geometry: Geometry, tables, scale, stages, parts,
         heads_together):
-    stages, parts, skip = config.stages, config.parts, config.skip_quarters
     batch, _, heads, head_dim = q.shape
     group = heads // k.shape[2]
     rows, dtype = ROWS_PER_WARPGROUP, q.dtype
@@ -140,7 +131,6 @@ def _dq(q, k, v, dout, lse, delta, geometry: Geometry, tables, scale, config: Co
 
     def kernel(*refs):
         *walk, ids, slices, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dq_ref, scoped = refs
-        walk, quarters = (walk[:-1], walk[-1]) if skip else (walk, None)
         (q_smem2, do_smem2, lse_smem2, delta_smem2, k_smem, v_smem), own, loaded, consumed = scoped
         k_loaded, v_loaded = loaded
         k_consumed, v_consumed = consumed
@@ -166,35 +156,20 @@ def _dq(q, k, v, dout, lse, delta, geometry: Geometry, tables, scale, config: Co
             def visit(step, kb, j, dq):
                 slot = slot_of(step)
                 first = None if j is None else slice_bounds(ids, slices, lo[qi, j])
-                # A partial tile's quarter code, read before the waits (its
-                # branches need it before any product can issue).
-                code = quarters[qi, j] if skip and j is not None else None
                 plgpu.barrier_wait(k_loaded.at[slot])
                 for part in range(parts):  # the tile's keys in `parts` column strips
                     k_part = k_smem.at[slot, pl.ds(part * cols, cols)]
                     v_part = v_smem.at[slot, pl.ds(part * cols, cols)]
-
-                    def strip(dq, part=part, k_part=k_part, v_part=v_part):
-                        s = product(q_smem, plgpu.transpose_ref(k_part, (1, 0)))
-                        if j is not None:
-                            s = masked(s, first, ids, slices, lo[qi, j], hi[qi, j], row0,
-                                       kb * geometry.block_k + part * cols, test=DQ_MASK_TEST)
-                        p = jnp.exp2(s * qk_scale - lax.broadcast_in_dim(lse, s.shape, [0]))
-                        if part == 0:
-                            plgpu.barrier_wait(v_loaded.at[slot])
-                        dp = product(do_smem, plgpu.transpose_ref(v_part, (1, 0)))
-                        ds = p * (dp - lax.broadcast_in_dim(delta, dp.shape, [0]))
-                        return accumulate(dq, ds.astype(dtype), k_part)
-
-                    def passed(dq, part=part):  # strip's waits, nothing else
-                        if part == 0:
-                            plgpu.barrier_wait(v_loaded.at[slot])
-                        return dq
-
-                    if code is None:
-                        dq = strip(dq)
-                    else:  # this warpgroup's query rows are the tile's half `wg`
-                        dq = lax.cond(quarters_seen(code, wg, part, parts), strip, passed, dq)
+                    s = product(q_smem, plgpu.transpose_ref(k_part, (1, 0)))
+                    if j is not None:
+                        s = masked(s, first, ids, slices, lo[qi, j], hi[qi, j], row0,
+                                   kb * geometry.block_k + part * cols, test=DQ_MASK_TEST)
+                    p = jnp.exp2(s * qk_scale - lax.broadcast_in_dim(lse, s.shape, [0]))
+                    if part == 0:
+                        plgpu.barrier_wait(v_loaded.at[slot])
+                    dp = product(do_smem, plgpu.transpose_ref(v_part, (1, 0)))
+                    ds = p * (dp - lax.broadcast_in_dim(delta, dp.shape, [0]))
+                    dq = accumulate(dq, ds.astype(dtype), k_part)
                 plgpu.barrier_arrive(v_consumed.at[slot])
                 plgpu.barrier_arrive(k_consumed.at[slot])
                 return dq
@@ -238,12 +213,11 @@ def _dq(q, k, v, dout, lse, delta, geometry: Geometry, tables, scale, config: Co
         compiler_params=plgpu.CompilerParams(approx_math=True),
         kernel_name="lcab_flex_dq_mosaic",
     )
-    return call(*walk_inputs(tables, "by_q", skip), q, k, v, dout, lse, delta)
+    return call(*walk_inputs(tables, "by_q"), q, k, v, dout, lse, delta)
 
 
-def _dkv(q, k, v, dout, lse, delta, geometry: Geometry, tables, scale, config: Config,
-         heads_together):
-    stages, parts, skip = config.stages, config.parts, config.skip_quarters
+def _dkv(q, k, v, dout, lse, delta, geometry: Geometry, tables, scale, stages,
+         heads_together, parts):
     batch, _, heads, head_dim = q.shape
     kv_heads = k.shape[2]
     group = heads // kv_heads
@@ -254,7 +228,6 @@ def _dkv(q, k, v, dout, lse, delta, geometry: Geometry, tables, scale, config: C
     def kernel(*refs):
         *walk, ids, slices, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dk_ref, dv_ref, \
             scoped = refs
-        walk, quarters = (walk[:-1], walk[-1]) if skip else (walk, None)
         (k_smem2, v_smem2, q_smem, do_smem, lse_smem, delta_smem), own, loaded, consumed = scoped
         lo, hi = walk[4], walk[5]
         b, kv_head = lax.axis_index("batch"), lax.axis_index("kv_heads")
@@ -289,32 +262,17 @@ def _dkv(q, k, v, dout, lse, delta, geometry: Geometry, tables, scale, config: C
                 dk, dv = carry
                 slot = slot_of(step)
                 first = None if j is None else slice_bounds(ids, slices, lo[kj, j])
-                code = quarters[kj, j] if skip and j is not None else None  # as dQ's
                 plgpu.barrier_wait(q_loaded.at[slot])
                 for part in range(parts):  # the tile's queries in `parts` strips
-                    queries = pl.ds(part * cols, cols)
+                    strip = pl.ds(part * cols, cols)
                     mask = None if j is None else functools.partial(
                         mask_strip, first, j, qb * block_q + part * cols)
                     waits = (lse_loaded.at[slot], do_loaded.at[slot],
                              delta_loaded.at[slot]) if part == 0 else ()
-
-                    def strip(grads, queries=queries, mask=mask, waits=waits):
-                        dk, dv, _ = dkv_strip(
-                            k_smem, v_smem, q_smem.at[slot, queries], do_smem.at[slot, queries],
-                            lse_smem.at[slot, queries], delta_smem.at[slot, queries], *grads, mask,
-                            waits, qk_scale)
-                        return dk, dv
-
-                    def passed(grads, waits=waits):  # strip's waits, nothing else
-                        for wait in waits:
-                            plgpu.barrier_wait(wait)
-                        return grads
-
-                    if code is None:
-                        dk, dv = strip((dk, dv))
-                    else:  # this warpgroup's key rows are the tile's half `wg`
-                        seen = quarters_seen(code, wg, part, parts, transposed=True)
-                        dk, dv = lax.cond(seen, strip, passed, (dk, dv))
+                    dk, dv, _ = dkv_strip(
+                        k_smem, v_smem, q_smem.at[slot, strip], do_smem.at[slot, strip],
+                        lse_smem.at[slot, strip], delta_smem.at[slot, strip], dk, dv, mask,
+                        waits, qk_scale)
                 plgpu.barrier_arrive(consumed.at[slot])
                 return dk, dv
 
@@ -365,7 +323,7 @@ def _dkv(q, k, v, dout, lse, delta, geometry: Geometry, tables, scale, config: C
         compiler_params=plgpu.CompilerParams(approx_math=True),
         kernel_name="lcab_flex_dkv_mosaic",
     )
-    return call(*walk_inputs(tables, "by_k", skip), q, k, v, dout, lse, delta)
+    return call(*walk_inputs(tables, "by_k"), q, k, v, dout, lse, delta)
 
 
 def dkv_strip(k_smem, v_smem, q_part, do_part, lse_part, delta_part, dk, dv, mask, waits,
@@ -451,18 +409,5 @@ def tiles(count: int, rows: int, head_dim: int, dtype):
     return plgpu.SMEM((count, rows, head_dim), dtype, transforms=TRANSFORMS)
 
 
-def walk_inputs(tables, walk: str, quarters: bool = False):
-    """The kernel's plan inputs: the walk's arrays (with `quarters`, its
-    quarter codes after them), then the slices."""
-    codes = [tables["quarters"][("by_q", "by_k").index(walk)]] if quarters else []
-    return [*tables[walk], *codes, tables["slice_ids"], tables["slices"]]
-
-
-def quarters_seen(code, wg, part, parts: int, transposed: bool = False):
-    """Whether a partial tile's quarter code (plan.quarter_codes: bit
-    2 * query half + key half) has a seen quarter under strip `part` of
-    warpgroup `wg`'s half: the query half (dQ) or, transposed, the key half
-    (dK/dV); a strip spans both quarters of its half when parts is 1."""
-    halves = (part,) if parts == 2 else (0, 1)
-    bits = [(2 * half + wg) if transposed else (2 * wg + half) for half in halves]
-    return functools.reduce(jnp.bitwise_or, [(code >> bit) & 1 for bit in bits]) != 0
+def walk_inputs(tables, walk: str):
+    return [*tables[walk], tables["slice_ids"], tables["slices"]]
