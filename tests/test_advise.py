@@ -11,12 +11,13 @@ import re
 import subprocess
 import sys
 
+import pandas as pd
 import pytest
 
 from lcab import canonical
-from lcab.advise import MAX_MODEL_ERROR_PCT, Question, recommend
+from lcab.advise import MAX_MODEL_ERROR_PCT, Question, guide, recommend
 from lcab.advise import evidence as evidence_lib
-from lcab.advise.recommend import MEASURED, MODELLED
+from lcab.advise.recommend import MEASURED, MEMORY_NOT_MODELLED, MODELLED
 from lcab.model import predict
 from lcab.model.coverage import CallLog
 from lcab.model.strategies import layout
@@ -195,11 +196,6 @@ def test_a_guide_cell_tells_an_unmeasured_length_from_a_refused_one():
     """No ranked candidate: "not measured" where a kernel of the framework was
     refused only for running shorter lengths (memory is not modelled), "none
     ranked" where every candidate was refused on its merits."""
-    import pandas as pd
-
-    from lcab.advise import guide
-    from lcab.advise.recommend import MEMORY_NOT_MODELLED
-
     def frame(*notes):
         return pd.DataFrame([{"framework": "jax", "strategy": "-", "backend": f"jax.k{i}",
                               "ranked": False, "note": note} for i, note in enumerate(notes)])
