@@ -42,3 +42,16 @@ def test_lcab_run_is_the_experiments_cli():
                          cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert run.returncode == 0, run.stderr
     assert "numpy.reference  framework=numpy  suite=kernel  available" in run.stdout
+
+
+@pytest.mark.parametrize("module", sorted({target.split(":")[0] for target in SCRIPTS.values()}))
+@pytest.mark.parametrize("flag", ["--help", "--helpshort", "--helpfull"])
+def test_every_console_script_takes_absl_s_help_flags(module, flag):
+    """Each script answers absl's help flags with its usage and its flags
+    (absl's own scripts exit 1 after help, lcab-sweep 0: either is help)."""
+    run = subprocess.run(["python", "-m", module.removesuffix(".__main__"), flag],
+                         capture_output=True, text=True, timeout=300, cwd=ROOT, check=False,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert run.returncode in (0, 1), run.stderr
+    assert "Unknown command line flag" not in run.stderr + run.stdout
+    assert "--" in run.stdout and "flags" in run.stdout.lower(), run.stdout[-2000:]

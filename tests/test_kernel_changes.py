@@ -1,5 +1,6 @@
-"""Figures measured before a later change to their kernel are marked (†)
-wherever they are shown, and the change is named once under them
+"""Figures measured before a later change to their kernel are marked (†
+and the changes' numbers) wherever they are shown, and each change is
+named once under them, under its number
 (lcab.registry.Change, lcab.report.changes)."""
 
 import datetime
@@ -255,14 +256,32 @@ def test_the_split_marks_the_committed_short_rows_and_no_long_ones():
     assert set(marked[marked["mask"] == "full"]["seqlen"]) == {1024}
 
 
-def test_a_marked_figure_carries_the_flag_after_its_others():
-    assert tables.format_row(row()) == "400" + legend.FLAG_CHANGED
+def test_every_change_has_one_number_by_date_the_same_everywhere():
+    numbers = changes.numbers()
+    declared = {change for entry in registry.all_backends().values() for change in entry.changes}
+    assert set(numbers) == declared and sorted(numbers.values()) == list(
+        range(1, len(declared) + 1))
+    by_number = sorted(numbers, key=numbers.get)
+    times = [datetime.datetime.fromisoformat(change.when) for change in by_number]
+    assert times == sorted(times)
+    # The oldest change of all is the torch ring's fix; pallas_flex's
+    # newest backward change (the statistics read early) is the last.
+    assert numbers[RING_FLEX_FIX] == 1 and numbers[PALLAS_FLEX_V28] == len(declared)
+
+
+def test_a_marked_figure_carries_the_numbers_of_its_changes_after_its_other_flags():
+    numbers = changes.numbers()
+    flag = legend.FLAG_CHANGED + ",".join(
+        str(numbers[change]) for change in (PALLAS_FLEX_V9, PALLAS_FLEX_V15, PALLAS_FLEX_V28))
+    assert flag == "†2,5,11"  # as the README prints them today
+    assert tables.format_row(row()) == "400" + flag
+    assert tables.format_row(row(timestamp=LATEST)) == f"400†{numbers[PALLAS_FLEX_V28]}"
     assert tables.format_row(row(timestamp=AFTER_EVERY_CHANGE)) == "400"
-    assert tables.format_row(row(check_err=None, spread=2.0)) == "400~?" + legend.FLAG_CHANGED
+    assert tables.format_row(row(check_err=None, spread=2.0)) == "400~?" + flag
     # A dated record of one version leaves it out; a failed row shows its code alone.
     assert tables.format_row(row(), mark_changes=False) == "400"
     assert tables.format_row(row(status="OOM")) == "E"
-    assert any(entry.code == legend.FLAG_CHANGED for entry in legend.ENTRIES)
+    assert any(entry.code.startswith(legend.FLAG_CHANGED) for entry in legend.ENTRIES)
 
 
 def test_a_page_names_each_change_once_with_the_figures_it_marks():
@@ -270,12 +289,13 @@ def test_a_page_names_each_change_once_with_the_figures_it_marks():
                          row(timestamp=AFTER_EVERY_CHANGE),
                          row(backend="jax.cp_ring", inner="jax.pallas_flex", timestamp=AFTER),
                          row(backend="jax.cp_ring", inner="jax.pallas_flex", status="OOM")])
+    numbers = changes.numbers()
     lines = changes.markdown(rows)
-    assert len(lines) == 3 and lines[0].startswith("Figures marked †")
+    assert len(lines) == 3 and lines[0].startswith("A figure marked †5,11 was measured before")
     for line, change in zip(lines[1:], (PALLAS_FLEX_V15, PALLAS_FLEX_V28)):
-        assert change.commit in line and "`jax.pallas_flex` changed at" in line
+        assert line.startswith(f"- †{numbers[change]} `jax.pallas_flex` changed at {change.commit}")
         assert "2 bwd figures here predate it (`jax.cp_ring`, `jax.pallas_flex`" in line
-    headline_lines = [f"† measured before `jax.pallas_flex` changed at {change.commit} "
+    headline_lines = [f"†{numbers[change]} measured before `jax.pallas_flex` changed at {change.commit} "
                       f"({change.when[:10]}): {change.what}."
                       for change in (PALLAS_FLEX_V15, PALLAS_FLEX_V28)]
     assert changes.markdown(rows, count=False) == headline_lines
@@ -350,8 +370,8 @@ def test_the_committed_h200_cp_run_is_marked_where_it_predates_the_change():
         jax_single, jax_cp2 = line.split("|")[3:5]
         # the one-GPU forward predates the persistent grid, its backward the
         # statistics read early
-        assert re.search(r"\d+† / \d+† pallas_flex", jax_single), line
-        assert re.search(r"\d+† \w+ / \d+† \w+", jax_cp2), line
+        assert re.search(r"\d+†[\d,]+ / \d+†[\d,]+ pallas_flex", jax_single), line
+        assert re.search(r"\d+†[\d,]+ \w+ / \d+†[\d,]+ \w+", jax_cp2), line
 
 
 def test_a_ratio_to_one_gpu_marks_the_figure_that_predates_the_change(tmp_path):
@@ -366,17 +386,17 @@ def test_a_ratio_to_one_gpu_marks_the_figure_that_predates_the_change(tmp_path):
     _, frame = loading.load_sweeps({"cp": folder})["cp"]
     table = tables.cp_vs_single_table(frame)
     forward = table.loc[("causal", 16384, "fwd", 2)]  # the ring's: a forward change
-    assert re.fullmatch(r"\d+† / \d+ = \d\.\d\d", forward["ring/jax.cp_ring"])
+    assert re.fullmatch(r"\d+†[\d,]+ / \d+ = \d\.\d\d", forward["ring/jax.cp_ring"])
     forward = table.loc[("full", 65536, "fwd", 2)]  # the one-GPU forward: its rows order
-    assert re.fullmatch(r"\d+ / \d+† = \d\.\d\d", forward["ring/jax.cp_ring"])
+    assert re.fullmatch(r"\d+ / \d+†[\d,]+ = \d\.\d\d", forward["ring/jax.cp_ring"])
     backward = table.loc[("causal", 16384, "bwd", 2)]  # both before the statistics read early
-    assert re.fullmatch(r"\d+† / \d+† = \d\.\d\d", backward["ring/jax.cp_ring"])
+    assert re.fullmatch(r"\d+†[\d,]+ / \d+†[\d,]+ = \d\.\d\d", backward["ring/jax.cp_ring"])
     before, after = "2026-11-27T10:00:00+00:00", "2099-01-01T00:00:00+00:00"
     made_up = tables.cp_vs_single_table(loaded(tmp_path, [
         row("jax.pallas_flex", mask="full", timestamp=before),
         row("jax.cp_ring", mask="full", suite="cp", cp_size=2, strategy="ring",
             inner="jax.pallas_flex", timestamp=after)]))
-    assert re.fullmatch(r"\d+ / \d+† = \d\.\d\d",
+    assert re.fullmatch(r"\d+ / \d+†[\d,]+ = \d\.\d\d",
                         made_up.loc[("full", 8192, "fwd", 2)]["ring/jax.cp_ring"])
 
 

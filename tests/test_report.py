@@ -425,20 +425,20 @@ def test_the_readme_cp_targets_come_from_the_committed_h100_rows():
     table = tables.cp_vs_single_table(frame)
     ring = table["ring/jax.cp_ring [dispatch=balanced]"]
     even = table["ring/jax.cp_ring [dispatch=ring_balanced]"]
-    assert ring.loc[("full", 131072, "fwd", 2)] == "394† / 397† = 0.99"
-    assert ring.loc[("full", 131072, "bwd", 2)] == "144† / 145† = 0.99"
-    assert ring.loc[("causal_document", 131072, "fwd", 2)] == "395† / 425† = 0.93"
-    assert ring.loc[("causal_document", 131072, "bwd", 2)] == "127† / 161† = 0.79"
-    assert ring.loc[("causal_document", 65536, "bwd", 2)] == "143† / 165† = 0.87"
-    assert ring.loc[("causal_document", 16384, "fwd", 2)] == "141† / 200† = 0.70"
-    assert even.loc[("causal_document", 65536, "fwd", 2)] == "412† / 435† = 0.95"
-    assert even.loc[("causal_document", 65536, "bwd", 2)] == "159† / 165† = 0.96"
-    assert even.loc[("causal_document", 131072, "fwd", 2)] == "412† / 425† = 0.97"
-    assert even.loc[("causal_document", 131072, "bwd", 2)] == "159† / 161† = 0.99"
-    assert even.loc[("causal_document", 16384, "fwd", 2)] == "140† / 200† = 0.70"
-    assert even.loc[("causal_document", 16384, "bwd", 2)] == "84† / 106† = 0.79"
+    assert ring.loc[("full", 131072, "fwd", 2)] == "394†4 / 397†4 = 0.99"
+    assert ring.loc[("full", 131072, "bwd", 2)] == "144†2,5,11 / 145†2,5,11 = 0.99"
+    assert ring.loc[("causal_document", 131072, "fwd", 2)] == "395†4 / 425†4 = 0.93"
+    assert ring.loc[("causal_document", 131072, "bwd", 2)] == "127†2,5,11 / 161†2,5,11 = 0.79"
+    assert ring.loc[("causal_document", 65536, "bwd", 2)] == "143†2,5,11 / 165†2,5,11 = 0.87"
+    assert ring.loc[("causal_document", 16384, "fwd", 2)] == "141†4 / 200†4 = 0.70"
+    assert even.loc[("causal_document", 65536, "fwd", 2)] == "412†4 / 435†4 = 0.95"
+    assert even.loc[("causal_document", 65536, "bwd", 2)] == "159†2,5,11 / 165†2,5,11 = 0.96"
+    assert even.loc[("causal_document", 131072, "fwd", 2)] == "412†4 / 425†4 = 0.97"
+    assert even.loc[("causal_document", 131072, "bwd", 2)] == "159†2,5,11 / 161†2,5,11 = 0.99"
+    assert even.loc[("causal_document", 16384, "fwd", 2)] == "140†4 / 200†4 = 0.70"
+    assert even.loc[("causal_document", 16384, "bwd", 2)] == "84†2,5,11 / 106†2,5,11 = 0.79"
     # The fused-backward single-GPU rows of the third session are not the baseline.
-    assert ring.loc[("full", 16384, "bwd", 2)] == "154† / 156† = 0.99"
+    assert ring.loc[("full", 16384, "bwd", 2)] == "154†2,5,11 / 156†2,5,11 = 0.99"
 
 
 def test_the_readme_ring_at_8k_per_gpu_comes_from_the_committed_2_gpu_rows():
@@ -450,19 +450,19 @@ def test_the_readme_ring_at_8k_per_gpu_comes_from_the_committed_2_gpu_rows():
     merges = tables.cp_vs_single_table(results.load([folder / "call1"]))
     separate = merges["ring/jax.cp_ring [dispatch=ring_balanced, merge=-]"]
     in_kernel = merges["ring/jax.cp_ring [dispatch=ring_balanced, merge=in_kernel]"]
-    assert separate.loc[("causal_document", 16384, "fwd", 2)] == "141† / 202† = 0.70"
-    assert separate.loc[("causal_document", 16384, "bwd", 2)] == "132† / 188† = 0.71"
-    assert in_kernel.loc[("causal_document", 16384, "fwd", 2)] == "133† / 202† = 0.66"
-    assert in_kernel.loc[("causal_document", 16384, "bwd", 2)] == "109† / 188† = 0.58"
+    assert separate.loc[("causal_document", 16384, "fwd", 2)] == "141†4 / 202†4 = 0.70"
+    assert separate.loc[("causal_document", 16384, "bwd", 2)] == "132†2,5,11 / 188†2,5,11 = 0.71"
+    assert in_kernel.loc[("causal_document", 16384, "fwd", 2)] == "133†4 / 202†4 = 0.66"
+    assert in_kernel.loc[("causal_document", 16384, "bwd", 2)] == "109†2,5,11 / 188†2,5,11 = 0.58"
     v4 = tables.cp_vs_single_table(results.load([folder / "call6"]))
     ring = v4["ring/jax.cp_ring [dispatch=ring_balanced]"]
-    assert ring.loc[("causal_document", 16384, "fwd", 2)] == "142† / 201† = 0.70"
-    assert ring.loc[("causal_document", 16384, "bwd", 2)] == "152† / 225† = 0.67"
-    assert ring.loc[("causal_document", 65536, "fwd", 2)] == "405† / 422† = 0.96"
-    assert ring.loc[("causal_document", 65536, "bwd", 2)] == "334† / 325† = 1.03"
+    assert ring.loc[("causal_document", 16384, "fwd", 2)] == "142†4 / 201†4 = 0.70"
+    assert ring.loc[("causal_document", 16384, "bwd", 2)] == "152†2,5,11 / 225†2,5,11 = 0.67"
+    assert ring.loc[("causal_document", 65536, "fwd", 2)] == "405†4 / 422†4 = 0.96"
+    assert ring.loc[("causal_document", 65536, "bwd", 2)] == "334†2,5,11 / 325†2,5,11 = 1.03"
     allgather = v4["allgather/jax.cp_allgather"]
-    assert allgather.loc[("causal_document", 16384, "fwd", 2)] == "163† / 201† = 0.81"
-    assert allgather.loc[("causal_document", 16384, "bwd", 2)] == "167† / 225† = 0.74"
+    assert allgather.loc[("causal_document", 16384, "fwd", 2)] == "163†4 / 201†4 = 0.81"
+    assert allgather.loc[("causal_document", 16384, "bwd", 2)] == "167†2,5,11 / 225†2,5,11 = 0.74"
 
 
 def _earlier_section(heading: str) -> str:

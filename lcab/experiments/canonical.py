@@ -803,7 +803,8 @@ def _interrupt(signum, frame):
 
 def parse_flags(argv: list[str]) -> list[str]:
     """This module's flags; a bad one is a one-line usage error."""
-    if any(arg in ("--help", "-h", "--helpfull") for arg in argv[1:]):
+    # absl's help flags, all of them, as the other console scripts take them.
+    if any(arg in ("--help", "-h", "-?", "--helpshort", "--helpfull") for arg in argv[1:]):
         print(__doc__.strip() + "\n\nflags:\n" + FLAGS.get_help())
         sys.exit(0)
     try:

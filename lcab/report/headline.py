@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from lcab import canonical, registry
+from lcab import canonical
 from lcab.report import changes, legend, measure, tables
 from lcab.report import sources as loading
 from lcab.status import Status
@@ -56,8 +56,8 @@ def _short(line: str, framework: str) -> str:
 
 def _best(rows: pd.DataFrame, shown: measure.Measure, winners: list | None = None
           ) -> tuple[str, str] | None:
-    """(figure, short line name) of the best row, the figure flagged where
-    its kernel changed since (legend.FLAG_CHANGED); None for no row. The
+    """(figure, short line name) of the best row, the figure marked with the
+    later changes to its kernel that can move it (changes.mark); None for no row. The
     best row is appended to `winners` when given."""
     if rows.empty:
         return None
@@ -67,9 +67,7 @@ def _best(rows: pd.DataFrame, shown: measure.Measure, winners: list | None = Non
     best = ranked.iloc[0]
     if winners is not None:
         winners.append(best.drop("_value"))
-    figure = measure.format_number(float(best["_value"]))
-    if registry.changes_since(best):
-        figure += legend.FLAG_CHANGED
+    figure = measure.format_number(float(best["_value"])) + changes.mark(best)
     return figure, _short(best["line"], best["framework"])
 
 

@@ -19,7 +19,9 @@ from lcab.status import CODES, Status
 
 FLAG_UNSTEADY = "~"  # after a number: the samples' p80 / p20 exceeds SPREAD_LIMIT
 FLAG_UNCHECKED = "?"  # after a number: no full-size check at this workload (lcab.fullcheck)
-FLAG_CHANGED = "†"  # after a number: its kernel changed since (lcab.registry.changes_since)
+# After a number, followed by the changes' numbers: its kernel changed since
+# (lcab.registry.changes_since, numbered by lcab.report.changes.numbers).
+FLAG_CHANGED = "†"
 # Footnote marks after a code (X¹) point to the numbered reason under the table.
 SUPERSCRIPT_DIGITS = str.maketrans("0123456789", "⁰¹²³⁴⁵⁶⁷⁸⁹")
 
@@ -53,8 +55,9 @@ ENTRIES: tuple[Entry, ...] = (
           f"{round((SPREAD_LIMIT - 1) * 100)} % (p80 / p20)", "flag"),
     Entry(FLAG_UNCHECKED, "", "after a number: no full-size check at this workload stands "
           "behind it", "flag"),
-    Entry(FLAG_CHANGED, "", "after a number: measured before a later change to its kernel "
-          "that can move it (the page names the change); older code's figure", "flag"),
+    Entry(f"{FLAG_CHANGED}5,11", "", "after a number: measured before the later changes to its "
+          "kernel that can move it, by number (changes 5 and 11, named under the table or "
+          "at the top of the page); older code's figure", "flag"),
     Entry("X¹", "", "after a code: the numbered reason under the table", "note"),
     Entry("", "", "never measured", "blank"),
 )

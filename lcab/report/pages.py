@@ -198,8 +198,9 @@ class Page:
             self.add("### Context parallel against one GPU", "",
                      "Each strategy's per-GPU TFLOP/s over the TFLOP/s of the kernel it runs "
                      "inside, alone on one GPU, on the same workload: cp / single = ratio. A "
-                     f"figure marked {legend.FLAG_CHANGED} predates a change to its kernel, so "
-                     "its ratio may set two versions of the kernel side by side.",
+                     f"figure marked {legend.FLAG_CHANGED} predates the numbered changes to its "
+                     "kernel (listed at the top of the page), so its ratio may set two versions "
+                     "of the kernel side by side.",
                      "", to_markdown(against))
         spread = balance.balance_table(group)
         if len(spread):

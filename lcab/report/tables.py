@@ -24,11 +24,11 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 
 import pandas as pd
 
-from lcab import registry, results
+from lcab import results
 from lcab.flops import TIMED_DIRECTIONS
 from lcab.masks.factory import MASK_NAMES
-from lcab.report import legend, measure
-from lcab.report.legend import FLAG_CHANGED, FLAG_UNCHECKED, FLAG_UNSTEADY
+from lcab.report import changes, legend, measure
+from lcab.report.legend import FLAG_UNCHECKED, FLAG_UNSTEADY
 from lcab.results import MEASUREMENT_KEY, inner_kernel
 from lcab.runtime import SPREAD_LIMIT
 from lcab.status import CODES, Status
@@ -272,14 +272,14 @@ def status_code(status: str) -> str:
 
 
 def format_cell(status: str, value: float, spread: float | None = None,
-                checked: bool = True, changed: bool = False) -> str:
+                checked: bool = True, changed: str = "") -> str:
     """"612" (or "0.041" below 10) for an OK row's value (TFLOP/s, or median
     ms on a CPU: format_row picks), its status code otherwise.
 
     An OK figure carries FLAG_UNSTEADY when its samples spread more than
     SPREAD_LIMIT (p80 / p20), FLAG_UNCHECKED when no full-size check
-    (lcab.fullcheck) stands behind it and FLAG_CHANGED when its kernel has
-    changed since in a way that can move it.
+    (lcab.fullcheck) stands behind it and `changed`, the mark of the later
+    changes to its kernel that can move it (changes.mark: "†5,11"), if any.
     """
     if status != Status.OK.value:
         return status_code(status)
@@ -290,7 +290,7 @@ def format_cell(status: str, value: float, spread: float | None = None,
         text += FLAG_UNSTEADY
     if not checked:
         text += FLAG_UNCHECKED
-    return text + FLAG_CHANGED if changed else text
+    return text + changed
 
 
 def format_row(row, mark_changes: bool = True) -> str:
@@ -303,7 +303,7 @@ def format_row(row, mark_changes: bool = True) -> str:
     shown = measure.of_device(row.get("device")).column
     return format_cell(row["status"], row.get(shown), row.get("spread"),
                        checked=check is not None and pd.notna(check),
-                       changed=mark_changes and bool(registry.changes_since(row)))
+                       changed=changes.mark(row) if mark_changes else "")
 
 
 def _one_row_per_cell(rows: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
@@ -427,7 +427,7 @@ def _cross_record(first: pd.Series | None, second: pd.Series | None) -> list[str
         if best is None:
             return ["", ""]
         return [best["backend"], format_cell(Status.OK.value, measure.of_device(
-            best.get("device")).value(best), changed=bool(registry.changes_since(best)))]
+            best.get("device")).value(best), changed=changes.mark(best))]
 
     ratio = (f"{first['tflops'] / second['tflops']:.2f}"
              if first is not None and second is not None and second["tflops"] > 0 else "")
@@ -470,10 +470,10 @@ def _inner_baseline(singles: Sequence[tuple[dict, pd.Series]], ran_with: dict) -
 
 
 def _flagged_tflops(row: Mapping) -> str:
-    """A row's TFLOP/s with FLAG_CHANGED when its kernel changed since: a
-    ratio of two figures may then compare two versions of one kernel."""
-    text = measure.format_number(row["tflops"])
-    return text + FLAG_CHANGED if registry.changes_since(row) else text
+    """A row's TFLOP/s with the mark of the later changes to its kernel
+    (changes.mark): a ratio of two figures may then compare two versions of
+    one kernel."""
+    return measure.format_number(row["tflops"]) + changes.mark(row)
 
 
 def cp_vs_single_table(frame: pd.DataFrame) -> pd.DataFrame:
@@ -481,8 +481,8 @@ def cp_vs_single_table(frame: pd.DataFrame) -> pd.DataFrame:
     on the same workload and device (same workload_key and direction).
 
     Index (mask, seqlen, direction, cp_size); one column per strategy line;
-    cells "cp / single = ratio" (each figure flagged FLAG_CHANGED where it
-    predates a change to its kernel), empty where either row is missing or
+    cells "cp / single = ratio" (each figure marked with the later changes
+    to its kernel it predates, changes.mark), empty where either row is missing or
     not OK.
     """
     cp = with_line(suite_rows(frame, "cp"))
