@@ -418,6 +418,8 @@ def test_a_call_without_out_goes_on_with_the_unfinished_run(tmp_path, monkeypatc
             part.name: {"status": "done"} for part in defined.parts("sparsity")}}))
     fresh = runner.default_out("sparsity", gpus)
     assert fresh != older and fresh.name.endswith("-h100-sparsity")
+    # Measuring again (--measure_again, --parts=changed) goes to the finished run.
+    assert runner.default_out("sparsity", gpus, again=True) == older
     # Its parts each take one GPU: four GPUs run them side by side, still h100.
     assert runner.default_out("sparsity", gpus * 4).name.endswith("-h100-sparsity")
     assert runner.default_out("cp", gpus * 4).name.endswith("-h100x4-cp")

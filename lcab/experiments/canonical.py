@@ -282,12 +282,14 @@ def _write_whole(path: pathlib.Path, text: str) -> None:
 
 
 def default_out(sweep: str, gpus: list[dict[str, str]],
-                root: pathlib.Path | None = None) -> pathlib.Path:
+                root: pathlib.Path | None = None, again: bool = False) -> pathlib.Path:
     """<root>/<date>-<device>-<sweep>/ (root: results/): the newest run of
     this sweep on this card while it has parts left (a call after midnight,
     or on a machine of fewer GPUs of the card, goes on with it: the
     card's current run is one, lcab.canonical.current), else a new one
-    dated today. A new run's device is the GPUs its widest part uses: a
+    dated today. With `again` (a call that measures parts again) the card's
+    newest run is the one even when finished: measuring again belongs to a
+    run that has rows. A new run's device is the GPUs its widest part uses: a
     kernel sweep run on four GPUs (--parallel) is still a one-GPU sweep,
     h100, not h100x4."""
     root = canonical.RESULTS if root is None else pathlib.Path(root)
@@ -297,7 +299,7 @@ def default_out(sweep: str, gpus: list[dict[str, str]],
     card = canonical.card_of(device)
     for folder in canonical.folders(sweep, root):
         if canonical.card_of(canonical.parse_folder(folder.name)[1]) == card:
-            if _unfinished(folder):
+            if again or _unfinished(folder):
                 return folder
             break  # the card's newest run is finished: a new one
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
@@ -776,7 +778,9 @@ def main(argv: list[str]) -> int:
         raise app.UsageError("give --out: a run with --extra, or without a GPU, is not a "
                              "canonical run and does not go into results/")
     root = pathlib.Path(RESULTS_ROOT.value) if RESULTS_ROOT.value else None
-    folder = pathlib.Path(OUT.value) if OUT.value else default_out(sweep, found, root)
+    again_wanted = wants_changed or bool(MEASURE_AGAIN.value)
+    folder = (pathlib.Path(OUT.value) if OUT.value
+              else default_out(sweep, found, root, again=again_wanted))
     commit = _commit()
     again_backends: Sequence[str] | Mapping[str, Sequence[str]] = MEASURE_AGAIN_BACKENDS.value
     changed: dict[str, list[str]] = {}
