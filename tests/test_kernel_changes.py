@@ -4,6 +4,7 @@ named once under them, under its number
 (lcab.registry.Change, lcab.report.changes)."""
 
 import datetime
+import json
 import re
 
 import pandas as pd
@@ -427,3 +428,31 @@ def test_advice_says_which_rows_it_read_predate_a_change():
         direction = next((d for c, d in remaining if c.commit in line), None)
         assert direction, f"not a change, or out of order: {line}"
         assert re.match(rf"\d+ {direction} rows read here", line), line
+
+
+def test_of_two_equally_complete_runs_the_headline_reads_the_one_with_fewer_marks(
+        tmp_path, monkeypatch):
+    committed = canonical.RESULTS / "2026-11-27-h100-blog" / "jax-64k-causal" / "kernel_jax.jsonl"
+    measured = [json.loads(line) for line in committed.read_text().splitlines()
+                if '"jax.pallas_flex"' in line and '"bwd"' in line][-1]
+    monkeypatch.setattr(canonical, "RESULTS", tmp_path)
+
+    def run(name, timestamp, parts_done):
+        folder = tmp_path / name / "jax-64k-causal"
+        folder.mkdir(parents=True)
+        folder.joinpath("kernel_jax.jsonl").write_text(
+            json.dumps({**measured, "timestamp": timestamp}) + "\n")
+        parts = {f"part-{i}": {"status": "done"} for i in range(parts_done)}
+        (tmp_path / name / canonical.STATE_NAME).write_text(
+            json.dumps({"sweep": "blog", "calls": [], "parts": parts}))
+        return tmp_path / name
+
+    marked = run("2026-11-27-h200-blog", BEFORE, parts_done=3)  # h200 sorts first by name
+    current = run("2026-11-27-h100-blog", AFTER_EVERY_CHANGE, parts_done=3)
+    assert loading.predating_rows(marked) == 1 and loading.predating_rows(current) == 0
+    assert loading.headline_folders()["blog"] == current
+    # A run with more parts done stays the headline's, marks or not.
+    (marked / canonical.STATE_NAME).write_text(json.dumps(
+        {"sweep": "blog", "calls": [], "parts": {f"part-{i}": {"status": "done"}
+                                                 for i in range(4)}}))
+    assert loading.headline_folders()["blog"] == marked

@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping
 
 import pandas as pd
 
-from lcab import canonical, results
+from lcab import canonical, registry, results
 from lcab.report import tables
 
 Folders = Mapping[str, pathlib.Path] | Iterable[str | pathlib.Path] | None
@@ -73,8 +73,27 @@ def current_folders() -> dict[str, pathlib.Path]:
 
 def headline_folders() -> dict[str, pathlib.Path]:
     """sweep -> the most complete of its current runs (the README shows one
-    run of each sweep; the pages show them all)."""
-    return {sweep: runs[0] for sweep in canonical.SWEEPS if (runs := canonical.current(sweep))}
+    run of each sweep; the pages show them all); between runs equally
+    complete, the one with fewer rows measured before a later change to
+    their kernel (fewer marked cells), then the newer."""
+    chosen = {}
+    for sweep in canonical.SWEEPS:
+        runs = canonical.current(sweep)
+        if runs:
+            complete = [run for run in runs
+                        if canonical.parts_done(run) == canonical.parts_done(runs[0])]
+            chosen[sweep] = min(complete, key=predating_rows)  # min keeps the first of a tie
+    return chosen
+
+
+def predating_rows(folder: pathlib.Path) -> int:
+    """How many of a run's standing rows (the newest of each measurement,
+    outside reruns and set-aside files) predate a later change to their
+    kernel: the cells a table marks."""
+    paths = [path for path in sorted(folder.rglob("*.jsonl"))
+             if ".before-" not in path.name and not canonical.is_rerun(path, folder)]
+    rows = results.newest_rows(results.read_rows(paths)) if paths else []
+    return sum(1 for row in rows if registry.changes_since(row))
 
 
 def named_folders(folders: Folders = None) -> dict[str, pathlib.Path]:
