@@ -7,8 +7,9 @@ set). Each run of one on a GPU machine lands in
 with its RUN.md). The model reads the newest folder of each sweep; the
 results pages read the current run of each card (a newer run on one card
 supersedes the older ones there, never another card's), and the README's
-headline the most complete of those. Folders are found from this
-package's location, so any working directory will do.
+headline the most complete of those (lcab.report.sources.headline_folders).
+Folders are found from this package's location, so any working directory
+will do.
 """
 
 from __future__ import annotations

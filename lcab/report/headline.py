@@ -6,7 +6,8 @@
     headline.caption()       # that, as one line per sweep
 
 From one run of each canonical sweep: the most complete of its current
-runs (the newest on each card, lcab.canonical.current); a line under the
+runs (the newest on each card, lcab.canonical.current), and of runs
+equally complete the one with fewer marked (†) rows; a line under the
 tables names the other cards' current runs, whose tables are on the
 results pages:
 
