@@ -488,6 +488,23 @@ def test_a_run_with_extra_flags_or_without_a_gpu_needs_its_own_out(tmp_path):
     assert "Traceback" not in done.stderr
 
 
+@pytest.mark.parametrize("folder, refused", [
+    ("2026-12-07-h100-blog", True),  # a canonical GPU run's folder, wherever it lies
+    ("2026-12-07-cpu-blog", False),  # a rehearsal
+    ("rehearsal", False),
+])
+def test_a_canonical_run_refuses_a_tree_that_differs_from_its_commit(tmp_path, folder, refused):
+    done = subprocess.run([sys.executable, "-m", "lcab.experiments.canonical", "sparsity",
+                           f"--out={tmp_path / folder}", "--git_commit=abc1234+dirty",
+                           "--parts=jax-block_sparse-16k", "--budget_s=1"],
+                          capture_output=True, text=True, cwd=ROOT, timeout=120)
+    said = "the tree differs from abc1234 (git status): commit first"
+    assert (said in done.stderr) == refused, done.stderr
+    assert "Traceback" not in done.stderr
+    if refused:
+        assert done.returncode != 0 and not (tmp_path / folder).exists()
+
+
 @pytest.mark.slow
 def test_parallel_parts_run_side_by_side_one_per_gpu(tmp_path, plugin_path):
     """--parallel: one-GPU parts on their own GPU and cores, at the same

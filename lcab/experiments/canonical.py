@@ -316,6 +316,14 @@ def _unfinished(folder: pathlib.Path) -> bool:
     return counts is not None and counts[0] < counts[1]
 
 
+def _is_published(folder: pathlib.Path) -> bool:
+    """Whether rows written to `folder` would be a canonical GPU run's
+    (<date>-<device>-<sweep>/, wherever its root lies: a borrowed machine
+    writes into a copy of results/)."""
+    parsed = canonical.parse_folder(folder.name)
+    return bool(parsed) and parsed[1] != "cpu"
+
+
 def _commit() -> str:
     from lcab.provenance import named_commit
 
@@ -782,6 +790,11 @@ def main(argv: list[str]) -> int:
     folder = (pathlib.Path(OUT.value) if OUT.value
               else default_out(sweep, found, root, again=again_wanted))
     commit = _commit()
+    if commit.endswith("+dirty") and _is_published(folder):
+        # A published row must name the files it measured; "+dirty" names none.
+        raise app.UsageError(
+            f"the tree differs from {commit.removesuffix('+dirty')[:7]} (git status): commit "
+            f"first, or give --out outside a canonical run's folder for a rehearsal")
     again_backends: Sequence[str] | Mapping[str, Sequence[str]] = MEASURE_AGAIN_BACKENDS.value
     changed: dict[str, list[str]] = {}
     if wants_changed:
