@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping
 
 import pandas as pd
 
-from lcab import canonical, registry, results
+from lcab import canonical, results
 from lcab.report import tables
 
 Folders = Mapping[str, pathlib.Path] | Iterable[str | pathlib.Path] | None
@@ -87,13 +87,12 @@ def headline_folders() -> dict[str, pathlib.Path]:
 
 
 def predating_rows(folder: pathlib.Path) -> int:
-    """How many of a run's standing rows (the newest of each measurement,
-    outside reruns and set-aside files) predate a later change to their
-    kernel: the cells a table marks."""
-    paths = [path for path in sorted(folder.rglob("*.jsonl"))
-             if ".before-" not in path.name and not canonical.is_rerun(path, folder)]
-    rows = results.newest_rows(results.read_rows(paths)) if paths else []
-    return sum(1 for row in rows if registry.changes_since(row))
+    """How many of a run's standing rows (its parts', not its reruns')
+    predate a later change to their kernel: the cells a table marks."""
+    from lcab.experiments.changed_parts import predating
+
+    return sum(predating(part).total() for part in sorted(folder.iterdir())
+               if part.is_dir() and part.name != canonical.RERUNS)
 
 
 def named_folders(folders: Folders = None) -> dict[str, pathlib.Path]:
