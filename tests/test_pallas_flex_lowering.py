@@ -451,6 +451,59 @@ def test_the_launch_orders_are_options_that_reach_the_lowering():
         registry.load_backend("jax.pallas_flex", {"rows_launch": "sideways"})
 
 
+def test_the_dq_reduce_probe_hands_each_strip_to_a_reducer_warp(monkeypatch):
+    """dq_reduce_probe (a timing probe for a one-pass backward): in the
+    dK/dV kernel each compute warpgroup waits for its staging slot and
+    hands it over once a strip, at named barriers of 160 threads (its 128
+    and the reducer warp's 32); "reduce" issues a bulk reduce-add per
+    share, "reduce2" two, "handshake" none. The default kernel has none of
+    it. Lowered for every family."""
+    from jax._src.pallas.mosaic_gpu import lowering as mosaic_lowering
+
+    modules = []
+    lower = mosaic_lowering.lower_pipelined_jaxpr_to_module
+    monkeypatch.setattr(mosaic_lowering, "lower_pipelined_jaxpr_to_module",
+                        lambda *args, **kwargs: modules.append(lower(*args, **kwargs))
+                        or modules[-1])
+
+    def dkv_kernel(probe, name, head_dim=128, dkv_split=1) -> str:
+        """The dK/dV kernel's Mosaic module, as text."""
+        modules.clear()
+        config = mosaic_bwd_sm90.Config(dq_reduce_probe=probe)
+        mosaic_backward_text(name, config, head_dim, jnp.bfloat16, False, dkv_split)
+        assert len(modules) == 2  # dQ's kernel, then dK/dV's
+        return str(modules[1].module)
+
+    handover = {"bar.arrive $0, 160;", "bar.sync $0, 160;"}
+    barriers = lambda text: set(re.findall(r"bar\.\w+ [$0-9]+, [0-9]+;", text))
+    reduces = lambda text: text.count("cp.reduce.async.bulk")
+    default = dkv_kernel("none", "causal_document")
+    assert not handover & barriers(default)
+    assert reduces(default) == 0
+    for name in MASK_NAMES:
+        texts = {probe: dkv_kernel(probe, name) for probe in ("handshake", "reduce", "reduce2")}
+        assert all(handover <= barriers(text) for text in texts.values()), name
+        # Each strip's two shares (one a compute warpgroup), on each path of the walk.
+        assert reduces(texts["handshake"]) == 0, name
+        assert reduces(texts["reduce"]) >= 4, name
+        assert reduces(texts["reduce2"]) == 2 * reduces(texts["reduce"]), name
+    assert reduces(dkv_kernel("reduce", "causal", head_dim=64)) >= 4  # 32-column shares
+    assert reduces(dkv_kernel("reduce2", "full", dkv_split=2)) >= 8
+
+
+def test_the_dq_reduce_probe_is_an_option_that_reaches_the_lowering():
+    assert registry.load_backend("jax.pallas_flex", {}).lowering.mosaic_backward == \
+        mosaic_bwd_sm90.Config()
+    probed = registry.load_backend("jax.pallas_flex", {"dq_reduce_probe": "reduce2"})
+    assert probed.lowering.mosaic_backward == mosaic_bwd_sm90.Config(dq_reduce_probe="reduce2")
+    assert "dq_reduce_probe=reduce2" in probed.mask_support(cpu_workload()).how
+    with pytest.raises(registry.Unavailable,
+                       match="choose one of none, handshake, reduce, reduce2"):
+        registry.load_backend("jax.pallas_flex", {"dq_reduce_probe": "atomic"})
+    for settings in ({"parts": 1}, {"stages": 3}):
+        with pytest.raises(ValueError, match="parts=2, stages=2"):
+            mosaic_bwd_sm90.Config(dq_reduce_probe="handshake", **settings)
+
 def dkv_traffic(monkeypatch, config) -> str:
     """The Mosaic dK/dV kernel's waits, products and column loads in program
     order, as lowered for a GPU on the host: "B" an mbarrier wait, "L" a run
