@@ -61,6 +61,14 @@ def parse_folder(name: str) -> tuple[str, str, str] | None:
     return match["date"], match["device"], match["sweep"]
 
 
+def is_gpu_run(name: str) -> bool:
+    """Whether a folder named `name` holds a canonical run on GPUs
+    (<date>-<device>-<sweep>, the device not "cpu": runs on a CPU are
+    rehearsals and never count)."""
+    parsed = parse_folder(name)
+    return parsed is not None and parsed[1] != "cpu"
+
+
 def folders(sweep: str, results: pathlib.Path | None = None) -> list[pathlib.Path]:
     """Every committed GPU run of one canonical sweep, newest first: by
     date, then, among runs of one day (on two kinds of card, say), the one
@@ -70,8 +78,7 @@ def folders(sweep: str, results: pathlib.Path | None = None) -> list[pathlib.Pat
         raise ValueError(f"unknown sweep {sweep!r}; canonical sweeps: {', '.join(SWEEPS)}")
     results = RESULTS if results is None else results  # read when called: tests move it
     found = [path for path in results.glob("*-*-*") if path.is_dir()
-             and (parsed := parse_folder(path.name)) and parsed[2] == sweep
-             and parsed[1] != "cpu"]
+             and is_gpu_run(path.name) and parse_folder(path.name)[2] == sweep]
     return sorted(found, key=lambda path: (parse_folder(path.name)[0], parts_done(path),
                                            path.name), reverse=True)
 

@@ -316,14 +316,6 @@ def _unfinished(folder: pathlib.Path) -> bool:
     return counts is not None and counts[0] < counts[1]
 
 
-def _is_published(folder: pathlib.Path) -> bool:
-    """Whether rows written to `folder` would be a canonical GPU run's
-    (<date>-<device>-<sweep>/, wherever its root lies: a borrowed machine
-    writes into a copy of results/)."""
-    parsed = canonical.parse_folder(folder.name)
-    return bool(parsed) and parsed[1] != "cpu"
-
-
 def _commit() -> str:
     from lcab.provenance import named_commit
 
@@ -790,8 +782,10 @@ def main(argv: list[str]) -> int:
     folder = (pathlib.Path(OUT.value) if OUT.value
               else default_out(sweep, found, root, again=again_wanted))
     commit = _commit()
-    if commit.endswith("+dirty") and _is_published(folder):
-        # A published row must name the files it measured; "+dirty" names none.
+    if commit.endswith("+dirty") and canonical.is_gpu_run(folder.name):
+        # A published row must name the files it measured; "+dirty" names
+        # none. By name, wherever the folder lies: a borrowed machine writes
+        # into a copy of results/.
         raise app.UsageError(
             f"the tree differs from {commit.removesuffix('+dirty')[:7]} (git status): commit "
             f"first, or give --out outside a canonical run's folder for a rehearsal")
