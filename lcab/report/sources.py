@@ -80,8 +80,8 @@ def headline_folders() -> dict[str, pathlib.Path]:
     for sweep in canonical.SWEEPS:
         runs = canonical.current(sweep)
         if runs:
-            complete = [run for run in runs
-                        if canonical.parts_done(run) == canonical.parts_done(runs[0])]
+            most = canonical.parts_done(runs[0])  # current() puts the most complete first
+            complete = [run for run in runs if canonical.parts_done(run) == most]
             chosen[sweep] = min(complete, key=predating_rows)  # min keeps the first of a tie
     return chosen
 
