@@ -322,6 +322,18 @@ def mosaic_grids(monkeypatch) -> list:
     return launched
 
 
+def mosaic_modules(monkeypatch) -> list:
+    """Every Mosaic GPU kernel lowered from here on (JAX's lowering results:
+    .module, .grid), in order; Mosaic lowers on a CPU meanwhile."""
+    from jax._src.pallas.mosaic_gpu import lowering as mosaic_lowering
+
+    modules = []
+    lower = mosaic_lowering.lower_pipelined_jaxpr_to_module
+    monkeypatch.setattr(mosaic_lowering, "lower_pipelined_jaxpr_to_module",
+                        lambda *args, **kwargs: modules.append(lower(*args, **kwargs))
+                        or modules[-1])
+    return modules
+
 def cpu_workload(head_dim=64):
     return Workload(1, 256, 256, 4, 2, head_dim, "bfloat16", small_mask("causal", 256))
 
@@ -458,13 +470,7 @@ def test_the_dq_reduce_probe_hands_each_strip_to_a_reducer_warp(monkeypatch):
     and the reducer warp's 32); "reduce" issues a bulk reduce-add per
     share, "reduce2" two, "handshake" none. The default kernel has none of
     it. Lowered for every family."""
-    from jax._src.pallas.mosaic_gpu import lowering as mosaic_lowering
-
-    modules = []
-    lower = mosaic_lowering.lower_pipelined_jaxpr_to_module
-    monkeypatch.setattr(mosaic_lowering, "lower_pipelined_jaxpr_to_module",
-                        lambda *args, **kwargs: modules.append(lower(*args, **kwargs))
-                        or modules[-1])
+    modules = mosaic_modules(monkeypatch)
 
     def dkv_kernel(probe, name, head_dim=128, dkv_split=1) -> str:
         """The dK/dV kernel's Mosaic module, as text."""
@@ -509,13 +515,7 @@ def dkv_traffic(monkeypatch, config) -> str:
     order, as lowered for a GPU on the host: "B" an mbarrier wait, "L" a run
     of float32 loads from shared memory (lse, delta), "m" a run of wgmma
     instructions, "C" a commit of a group, "W" a wait for wgmma results."""
-    from jax._src.pallas.mosaic_gpu import lowering as mosaic_lowering
-
-    modules = []
-    lower = mosaic_lowering.lower_pipelined_jaxpr_to_module
-    monkeypatch.setattr(mosaic_lowering, "lower_pipelined_jaxpr_to_module",
-                        lambda *args, **kwargs: modules.append(lower(*args, **kwargs))
-                        or modules[-1])
+    modules = mosaic_modules(monkeypatch)
     plan = make_plan(small_mask("causal_document", 512), 128, 128)
     tables = jax.tree.map(jnp.asarray, plan.tables())
     q = jax.ShapeDtypeStruct((1, plan.padded_q, 2, 128), jnp.bfloat16)
