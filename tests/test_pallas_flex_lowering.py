@@ -472,10 +472,10 @@ def test_the_dq_reduce_probe_hands_each_strip_to_a_reducer_warp(monkeypatch):
     it. Lowered for every family."""
     modules = mosaic_modules(monkeypatch)
 
-    def dkv_kernel(probe, name, head_dim=128, dkv_split=1) -> str:
+    def dkv_kernel(probe, name, head_dim=128, dkv_split=1, layout="rows") -> str:
         """The dK/dV kernel's Mosaic module, as text."""
         modules.clear()
-        config = mosaic_bwd_sm90.Config(dq_reduce_probe=probe)
+        config = mosaic_bwd_sm90.Config(dq_reduce_probe=probe, dq_reduce_layout=layout)
         mosaic_backward_text(name, config, head_dim, jnp.bfloat16, False, dkv_split)
         assert len(modules) == 2  # dQ's kernel, then dK/dV's
         return str(modules[1].module)
@@ -495,6 +495,35 @@ def test_the_dq_reduce_probe_hands_each_strip_to_a_reducer_warp(monkeypatch):
         assert reduces(texts["reduce2"]) == 2 * reduces(texts["reduce"]), name
     assert reduces(dkv_kernel("reduce", "causal", head_dim=64)) >= 4  # 32-column shares
     assert reduces(dkv_kernel("reduce2", "full", dkv_split=2)) >= 8
+    # The layouts (v31) move where the reduce-adds land, not how many there are.
+    for name in ("full", "causal_document", "sliding_window_causal"):
+        for probe in ("reduce", "reduce2"):
+            counts = {reduces(dkv_kernel(probe, name, layout=layout))
+                      for layout in mosaic_bwd_sm90.DQ_REDUCE_LAYOUTS}
+            assert len(counts) == 1 and counts.pop() >= 4, (name, probe)
+    assert reduces(dkv_kernel("reduce", "causal", head_dim=64, layout="rotated")) >= 4
+
+
+def test_the_dq_reduce_probes_strip_layouts_give_each_share_its_own_chunk():
+    """"strips" (FA3's float32 dQ layout): every (batch, head, strip,
+    share) its own chunk, a strip's two shares side by side and a head's
+    strips in order; "rotated": the programs of a head that walk the same
+    strip in step add into different chunks, and each program still covers
+    every strip of the head once."""
+    batches, heads, strips, parts = 2, 3, 8, 2
+    chunk = lambda layout, b, h, s, w, kj: int(mosaic_bwd_sm90.probe_chunk(
+        layout, b, h, s, w, kj, heads, strips, parts))
+    shares = [(b, h, s, w) for b in range(batches) for h in range(heads)
+              for s in range(strips) for w in range(2)]
+    assert [chunk("strips", *share, 0) for share in shares] == list(range(len(shares)))
+    assert {chunk("strips", 1, 2, 5, 1, kj) for kj in range(4)} == {
+        chunk("strips", 1, 2, 5, 1, 0)}  # one place for every program
+    programs = range(strips // parts)
+    for s in range(strips):  # programs in step on strip s
+        assert len({chunk("rotated", 0, 1, s, 0, kj) for kj in programs}) == len(programs)
+    for kj in programs:
+        assert sorted(chunk("rotated", 0, 1, s, 0, kj) for s in range(strips)) == sorted(
+            chunk("strips", 0, 1, s, 0, 0) for s in range(strips))
 
 
 def test_the_dq_reduce_probe_is_an_option_that_reaches_the_lowering():
@@ -509,6 +538,19 @@ def test_the_dq_reduce_probe_is_an_option_that_reaches_the_lowering():
     for settings in ({"parts": 1}, {"stages": 3}):
         with pytest.raises(ValueError, match="parts=2, stages=2"):
             mosaic_bwd_sm90.Config(dq_reduce_probe="handshake", **settings)
+    placed = registry.load_backend("jax.pallas_flex", {"dq_reduce_probe": "reduce",
+                                                       "dq_reduce_layout": "rotated"})
+    assert placed.lowering.mosaic_backward == mosaic_bwd_sm90.Config(
+        dq_reduce_probe="reduce", dq_reduce_layout="rotated")
+    assert "dq_reduce_layout=rotated; dq_reduce_probe=reduce" in placed.mask_support(
+        cpu_workload()).how
+    with pytest.raises(registry.Unavailable, match="choose one of rows, strips, rotated"):
+        registry.load_backend("jax.pallas_flex", {"dq_reduce_probe": "reduce",
+                                                  "dq_reduce_layout": "columns"})
+    for probe in ("none", "handshake"):  # a layout places reduce-adds
+        with pytest.raises(registry.Unavailable, match="needs dq_reduce_probe=reduce"):
+            registry.load_backend("jax.pallas_flex", {"dq_reduce_probe": probe,
+                                                      "dq_reduce_layout": "strips"})
 
 def dkv_traffic(monkeypatch, config) -> str:
     """The Mosaic dK/dV kernel's waits, products and column loads in program

@@ -85,7 +85,14 @@ DKV_MASK_TEST = "folded"
 # thrown away, the traffic of a one-pass kernel over 128 keys a program;
 # "reduce2" reduce-adds it twice, about the L2 bytes a kernel over 64 keys
 # a program would move beside the same matmuls. dK and dV are unchanged.
+# Where the reduce-adds land (Config.dq_reduce_layout, v31): "rows", a
+# buffer shaped like Q, so a share is 64 rows of 256 bytes 32 KB apart
+# (heads between rows); "strips", FA3's float32 dQ layout, each share one
+# contiguous block and a strip's two shares side by side; "rotated", the
+# same with each program's strips shifted by its key block, so programs
+# walking the same strips in step add into different ones.
 DQ_REDUCE_PROBES = ("none", "handshake", "reduce", "reduce2")
+DQ_REDUCE_LAYOUTS = ("rows", "strips", "rotated")
 _STAGED_BARRIER, _FREE_BARRIER = 4, 6  # one each per compute warpgroup
 _PROBE_THREADS = 128 + 32
 
@@ -112,6 +119,7 @@ class Config:
     # the faster measured: docs/pallas_flex.md, "Constants").
     parts: int = 2
     dq_reduce_probe: str = "none"  # DQ_REDUCE_PROBES: a timing probe, not a kernel to keep
+    dq_reduce_layout: str = "rows"  # DQ_REDUCE_LAYOUTS: where the probe's reduce-adds land
 
     def __post_init__(self):
         if self.parts not in PARTS:
@@ -119,6 +127,12 @@ class Config:
         if self.dq_reduce_probe not in DQ_REDUCE_PROBES:
             raise ValueError(f"dq_reduce_probe={self.dq_reduce_probe!r}: choose one of "
                              f"{', '.join(DQ_REDUCE_PROBES)}")
+        if self.dq_reduce_layout not in DQ_REDUCE_LAYOUTS:
+            raise ValueError(f"dq_reduce_layout={self.dq_reduce_layout!r}: choose one of "
+                             f"{', '.join(DQ_REDUCE_LAYOUTS)}")
+        if self.dq_reduce_layout != "rows" and not self.dq_reduce_probe.startswith("reduce"):
+            raise ValueError(f"dq_reduce_layout={self.dq_reduce_layout} places reduce-adds: "
+                             "it needs dq_reduce_probe=reduce or reduce2")
         if self.dq_reduce_probe != "none" and (self.parts, self.stages) != (2, 2):
             raise ValueError("dq_reduce_probe hands over one 64-query strip at a time and its "
                              "staging fills shared memory: parts=2, stages=2")
@@ -141,7 +155,7 @@ def backward(q, k, v, dout, lse2, delta, geometry: Geometry, tables,
              dq_heads_together)
     dk, dv = _dkv(q, head_split.spread(k, dkv_split), head_split.spread(v, dkv_split), dout,
                   lse_safe, delta, geometry, tables, scale, stages, heads_together, parts,
-                  config.dq_reduce_probe)
+                  config.dq_reduce_probe, config.dq_reduce_layout)
     return dq, head_split.fold(dk, dkv_split), head_split.fold(dv, dkv_split)
 
 
@@ -241,7 +255,7 @@ def _dq(q, k, v, dout, lse, delta, geometry: Geometry, tables, scale, stages, pa
 
 
 def _dkv(q, k, v, dout, lse, delta, geometry: Geometry, tables, scale, stages,
-         heads_together, parts, probe="none"):
+         heads_together, parts, probe="none", layout="rows"):
     batch, _, heads, head_dim = q.shape
     kv_heads = k.shape[2]
     group = heads // kv_heads
@@ -250,6 +264,7 @@ def _dkv(q, k, v, dout, lse, delta, geometry: Geometry, tables, scale, stages,
     qk_scale = scale * _LOG2E
     probing = probe != "none"
     share_cols = head_dim // COMPUTE_WARPGROUPS  # each warpgroup's columns of a dQ strip
+    strips = q.shape[1] // cols  # the probe's 64-query strips a head
 
     def kernel(*refs):
         *walk, ids, slices, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dk_ref, dv_ref, \
@@ -334,8 +349,11 @@ def _dkv(q, k, v, dout, lse, delta, geometry: Geometry, tables, scale, stages,
                     for w in range(COMPUTE_WARPGROUPS):
                         named_barrier_at("sync", jnp.int32(_STAGED_BARRIER + w), _PROBE_THREADS)
                         if probe != "handshake":
-                            rows_at = pl.ds(qb * block_q + part * cols, cols)
-                            share = probed.at[b, rows_at, head, pl.ds(w * share_cols, share_cols)]
+                            strip = qb * parts + part
+                            share = probed.at[b, pl.ds(strip * cols, cols), head,
+                                              pl.ds(w * share_cols, share_cols)] \
+                                if layout == "rows" else probed.at[probe_chunk(
+                                    layout, b, head, strip, w, kj, heads, strips, parts)]
                             for _ in range(2 if probe == "reduce2" else 1):
                                 plgpu.copy_smem_to_gmem(staging[0].at[w], share,
                                                         reduction_op="add")
@@ -378,7 +396,9 @@ def _dkv(q, k, v, dout, lse, delta, geometry: Geometry, tables, scale, stages,
     # Every kv head of a block together, or one head after another (ops decides).
     grid, names = launch_grid(("kv_seq", geometry.num_k_blocks), ("kv_heads", kv_heads), batch,
                               heads_together)
-    probe_out = [jax.ShapeDtypeStruct(q.shape, jnp.float32)] if probing else []
+    probed_shape = q.shape if layout == "rows" else (
+        batch * heads * strips * COMPUTE_WARPGROUPS, cols, share_cols)
+    probe_out = [jax.ShapeDtypeStruct(probed_shape, jnp.float32)] if probing else []
     call = plgpu.kernel(
         entry,
         out_type=[jax.ShapeDtypeStruct(k.shape, dtype), jax.ShapeDtypeStruct(v.shape, dtype),
@@ -392,6 +412,17 @@ def _dkv(q, k, v, dout, lse, delta, geometry: Geometry, tables, scale, stages,
     )
     dk, dv, *_ = call(*walk_inputs(tables, "by_k"), q, k, v, dout, lse, delta)
     return dk, dv
+
+
+def probe_chunk(layout, batch_index, head, strip, share, key_block, heads, strips, parts):
+    """The chunk of a "strips" or "rotated" probe buffer that a share
+    lands in: (batch, head, strip, share) in order, so each strip's shares
+    are side by side as in FA3's float32 dQ; "rotated" shifts the strip by
+    the program's key block (parts strips a block), so the programs that
+    walk the same strips in step (full's) add into different chunks."""
+    if layout == "rotated":
+        strip = lax.rem(strip + key_block * parts, strips)
+    return ((batch_index * heads + head) * strips + strip) * COMPUTE_WARPGROUPS + share
 
 
 def dkv_strip(k_smem, v_smem, q_part, do_part, lse_part, delta_part, dk, dv, mask, waits,
