@@ -514,6 +514,7 @@ def named_barrier_at(op: str, barrier, threads: int):
 
     ptx(barrier)
 
+
 def fold_visits(walk, row, body, state):
     """Fold body(step, block, j, carry) over plan row `row` of a walk's refs
     (Walk.arrays order): its full tiles (j None), then its partial tiles (j
