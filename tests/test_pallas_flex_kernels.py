@@ -248,8 +248,8 @@ def test_options_choose_blocks_and_lowering_and_rows_say_so(tmp_path):
     # their configs' constants.
     assert sorted(type(backend).options) == [
         "backward_block_k", "backward_block_q", "backward_lowering", "block_k", "block_q",
-        "dkv_launch", "dkv_split", "dq_reduce_layout", "dq_reduce_probe", "forward_grid",
-        "forward_lowering", "rows_launch"]
+        "dkv_launch", "dkv_split", "forward_grid", "forward_lowering",
+        "rows_launch"]
     with pytest.raises(ValueError, match="its options: backward_block_k, backward_block_q"):
         type(backend).parse_options({"num_stages": "3"})
     with pytest.raises(ValueError, match="block_k='big' is not a int"):

@@ -61,14 +61,10 @@ class PallasFlexBackend(Backend):
     # ("auto": the forward's by plan, dQ's heads together);
     # dkv_split the dK/dV programs a K/V head's block (head_split);
     # forward_grid the Mosaic forward's programs, one per item or one per SM
-    # ("auto" decides per plan; the Triton forward has one grid);
-    # dq_reduce_probe (mosaic_bwd_sm90.DQ_REDUCE_PROBES) adds a one-pass
-    # backward's dQ traffic to the Mosaic dK/dV kernel, to time it, and
-    # dq_reduce_layout (DQ_REDUCE_LAYOUTS) says where that traffic lands.
+    # ("auto" decides per plan; the Triton forward has one grid).
     options = {"block_q": int, "block_k": int, "backward_block_q": int,
                "backward_block_k": int, "forward_lowering": str, "backward_lowering": str,
-               "dkv_launch": str, "rows_launch": str, "dkv_split": str, "forward_grid": str,
-               "dq_reduce_probe": str, "dq_reduce_layout": str}
+               "dkv_launch": str, "rows_launch": str, "dkv_split": str, "forward_grid": str}
     # dkv_split, forward_grid, rows_launch "auto" and the key block by plan
     # were measured on whole single-GPU passes, not on ring steps or CP
     # ranks' sub-masks: inside CP the dK/dV programs stay whole and the
@@ -103,11 +99,6 @@ class PallasFlexBackend(Backend):
                                               ("dkv_split", schedule.DKV_SPLITS),
                                               ("forward_grid", schedule.FORWARD_GRIDS))
                          if key in options}
-        self.mosaic_backward = mosaic_bwd_sm90.Config(
-            dq_reduce_probe=_choice(options, "dq_reduce_probe",
-                                    mosaic_bwd_sm90.DQ_REDUCE_PROBES, "none"),
-            dq_reduce_layout=_choice(options, "dq_reduce_layout",
-                                     mosaic_bwd_sm90.DQ_REDUCE_LAYOUTS, "rows"))
 
     @functools.cached_property
     def lowering(self) -> ops.Lowering:
@@ -118,7 +109,7 @@ class PallasFlexBackend(Backend):
         mosaic = "mosaic" in (forward, backward)
         return ops.Lowering(forward=forward, backward=backward,
                             interpret=_shared.interpret_mode() and not mosaic,
-                            mosaic_backward=self.mosaic_backward, **self.launches)
+                            **self.launches)
 
     @classmethod
     def environment_problem(cls) -> str | None:

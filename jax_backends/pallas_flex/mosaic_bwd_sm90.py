@@ -42,7 +42,6 @@ from jax_backends.pallas_flex.mosaic_fwd_sm90 import (
     fold_visits,
     launch_grid,
     masked,
-    named_barrier_at,
     slice_bounds,
     wait_free,
 )
@@ -73,28 +72,6 @@ DKV_MASK_TEST = "folded"
 # their consumers held most of dK/dV's short-scoreboard stalls, and the
 # backward ran 2.5-7 % slower at 16k-32k on an H100 though ptxas spills
 # less that way (164-192 against 232-280 bytes a thread).
-# A timing probe for a one-pass backward (Config.dq_reduce_probe; v30 in
-# docs/pallas_flex.md, v19's probe brought back with a doubled mode): can a
-# one-pass kernel's float32 dQ shares be summed into global memory by bulk
-# reduce-adds from a warp of dK/dV's memory warpgroup without slowing its
-# compute warpgroups? Each 64-query strip, each compute warpgroup waits for
-# its staging slot to be free and hands it to that warp (two named barriers
-# a warpgroup, 160 threads: its 128 and the warp's 32); "handshake" stops
-# there; "reduce" also has the warp reduce-add the slot (64 x 64 float32,
-# never written: the probe times traffic, not values) into a buffer that is
-# thrown away, the traffic of a one-pass kernel over 128 keys a program;
-# "reduce2" reduce-adds it twice, about the L2 bytes a kernel over 64 keys
-# a program would move beside the same matmuls. dK and dV are unchanged.
-# Where the reduce-adds land (Config.dq_reduce_layout, v31): "rows", a
-# buffer shaped like Q, so a share is 64 rows of 256 bytes 32 KB apart
-# (heads between rows); "strips", FA3's float32 dQ layout, each share one
-# contiguous block and a strip's two shares side by side; "rotated", the
-# same with each program's strips shifted by its key block, so programs
-# walking the same strips in step add into different ones.
-DQ_REDUCE_PROBES = ("none", "handshake", "reduce", "reduce2")
-DQ_REDUCE_LAYOUTS = ("rows", "strips", "rotated")
-_STAGED_BARRIER, _FREE_BARRIER = 4, 6  # one each per compute warpgroup
-_PROBE_THREADS = 128 + 32
 
 
 def problem(block_q: int, block_k: int, dtype, head_dim: int) -> str | None:
@@ -118,24 +95,10 @@ class Config:
     # strips, so a warpgroup's scores take 1/parts of the registers (2 was
     # the faster measured: docs/pallas_flex.md, "Constants").
     parts: int = 2
-    dq_reduce_probe: str = "none"  # DQ_REDUCE_PROBES: a timing probe, not a kernel to keep
-    dq_reduce_layout: str = "rows"  # DQ_REDUCE_LAYOUTS: where the probe's reduce-adds land
 
     def __post_init__(self):
         if self.parts not in PARTS:
             raise ValueError(f"parts={self.parts}: choose one of {', '.join(map(str, PARTS))}")
-        if self.dq_reduce_probe not in DQ_REDUCE_PROBES:
-            raise ValueError(f"dq_reduce_probe={self.dq_reduce_probe!r}: choose one of "
-                             f"{', '.join(DQ_REDUCE_PROBES)}")
-        if self.dq_reduce_layout not in DQ_REDUCE_LAYOUTS:
-            raise ValueError(f"dq_reduce_layout={self.dq_reduce_layout!r}: choose one of "
-                             f"{', '.join(DQ_REDUCE_LAYOUTS)}")
-        if self.dq_reduce_layout != "rows" and not self.dq_reduce_probe.startswith("reduce"):
-            raise ValueError(f"dq_reduce_layout={self.dq_reduce_layout} places reduce-adds: "
-                             "it needs dq_reduce_probe=reduce or reduce2")
-        if self.dq_reduce_probe != "none" and (self.parts, self.stages) != (2, 2):
-            raise ValueError("dq_reduce_probe hands over one 64-query strip at a time and its "
-                             "staging fills shared memory: parts=2, stages=2")
         if self.stages < 2:
             raise ValueError(f"stages={self.stages}: the ring needs 2 or more")
 
@@ -154,8 +117,7 @@ def backward(q, k, v, dout, lse2, delta, geometry: Geometry, tables,
     dq = _dq(q, k, v, dout, lse_safe, delta, geometry, tables, scale, stages, parts,
              dq_heads_together)
     dk, dv = _dkv(q, head_split.spread(k, dkv_split), head_split.spread(v, dkv_split), dout,
-                  lse_safe, delta, geometry, tables, scale, stages, heads_together, parts,
-                  config.dq_reduce_probe, config.dq_reduce_layout)
+                  lse_safe, delta, geometry, tables, scale, stages, heads_together, parts)
     return dq, head_split.fold(dk, dkv_split), head_split.fold(dv, dkv_split)
 
 
@@ -255,23 +217,18 @@ def _dq(q, k, v, dout, lse, delta, geometry: Geometry, tables, scale, stages, pa
 
 
 def _dkv(q, k, v, dout, lse, delta, geometry: Geometry, tables, scale, stages,
-         heads_together, parts, probe="none", layout="rows"):
+         heads_together, parts):
     batch, _, heads, head_dim = q.shape
     kv_heads = k.shape[2]
     group = heads // kv_heads
     rows, dtype, block_q = ROWS_PER_WARPGROUP, q.dtype, geometry.block_q
     cols = block_q // parts
     qk_scale = scale * _LOG2E
-    probing = probe != "none"
-    share_cols = head_dim // COMPUTE_WARPGROUPS  # each warpgroup's columns of a dQ strip
-    strips = q.shape[1] // cols  # the probe's 64-query strips a head
 
     def kernel(*refs):
         *walk, ids, slices, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dk_ref, dv_ref, \
-            scoped = refs if not probing else (*refs[:-2], refs[-1])
-        probed = refs[-2] if probing else None  # the probe's thrown-away dQ sum
-        (k_smem2, v_smem2, q_smem, do_smem, lse_smem, delta_smem, *staging), own, loaded, \
-            consumed = scoped
+            scoped = refs
+        (k_smem2, v_smem2, q_smem, do_smem, lse_smem, delta_smem), own, loaded, consumed = scoped
         lo, hi = walk[4], walk[5]
         b, kv_head = lax.axis_index("batch"), lax.axis_index("kv_heads")
         kj = walk[7][lax.axis_index("kv_seq")]
@@ -316,10 +273,6 @@ def _dkv(q, k, v, dout, lse, delta, geometry: Geometry, tables, scale, stages,
                         k_smem, v_smem, q_smem.at[slot, strip], do_smem.at[slot, strip],
                         lse_smem.at[slot, strip], delta_smem.at[slot, strip], dk, dv, mask,
                         waits, qk_scale)
-                    if probing:  # the strip's dQ share: its slot free, then handed over
-                        named_barrier_at("sync", jnp.int32(_FREE_BARRIER) + wg, _PROBE_THREADS)
-                        named_barrier_at("arrive", jnp.int32(_STAGED_BARRIER) + wg,
-                                         _PROBE_THREADS)
                 plgpu.barrier_arrive(consumed.at[slot])
                 return dk, dv
 
@@ -340,41 +293,7 @@ def _dkv(q, k, v, dout, lse, delta, geometry: Geometry, tables, scale, stages,
                                 (b, head), qb * block_q, block_q)
                 return carry
 
-            if not probing:
-                for_each_head(load, jnp.int32(0))
-                return
-
-            def reduce(step, head, qb, j, carry):  # every strip's shares, in the compute order
-                for part in range(parts):
-                    for w in range(COMPUTE_WARPGROUPS):
-                        named_barrier_at("sync", jnp.int32(_STAGED_BARRIER + w), _PROBE_THREADS)
-                        if probe != "handshake":
-                            strip = qb * parts + part
-                            share = probed.at[b, pl.ds(strip * cols, cols), head,
-                                              pl.ds(w * share_cols, share_cols)] \
-                                if layout == "rows" else probed.at[probe_chunk(
-                                    layout, b, head, strip, w, kj, heads, strips, parts)]
-                            for _ in range(2 if probe == "reduce2" else 1):
-                                plgpu.copy_smem_to_gmem(staging[0].at[w], share,
-                                                        reduction_op="add")
-                            plgpu.wait_smem_to_gmem(0, wait_read_only=True)
-                        named_barrier_at("arrive", jnp.int32(_FREE_BARRIER + w),
-                                         _PROBE_THREADS)
-                return carry
-
-            @plgpu.warp_map
-            def _(warp):  # warp 0 feeds, warp 1 takes the shares
-                @pl.when(warp == 0)
-                def _():
-                    for_each_head(load, jnp.int32(0))
-
-                @pl.when(warp == 1)
-                def _():
-                    for w in range(COMPUTE_WARPGROUPS):  # every slot starts free
-                        named_barrier_at("arrive", jnp.int32(_FREE_BARRIER + w),
-                                         _PROBE_THREADS)
-                    for_each_head(reduce, jnp.int32(0))
-                    plgpu.wait_smem_to_gmem(0)
+            for_each_head(load, jnp.int32(0))
 
     def entry(*refs):
         pl.run_scoped(
@@ -384,9 +303,7 @@ def _dkv(q, k, v, dout, lse, delta, geometry: Geometry, tables, scale, stages,
              tiles(stages, block_q, head_dim, dtype),
              tiles(stages, block_q, head_dim, dtype),
              plgpu.SMEM((stages, block_q), jnp.float32),
-             plgpu.SMEM((stages, block_q), jnp.float32),
-             *([plgpu.SMEM((COMPUTE_WARPGROUPS, cols, share_cols), jnp.float32)]
-               if probing else [])],
+             plgpu.SMEM((stages, block_q), jnp.float32)],
             (plgpu.Barrier(num_barriers=COMPUTE_WARPGROUPS),) * 2,
             (plgpu.Barrier(num_barriers=stages),) * 4,
             plgpu.Barrier(num_arrivals=COMPUTE_WARPGROUPS, num_barriers=stages),
@@ -396,13 +313,9 @@ def _dkv(q, k, v, dout, lse, delta, geometry: Geometry, tables, scale, stages,
     # Every kv head of a block together, or one head after another (ops decides).
     grid, names = launch_grid(("kv_seq", geometry.num_k_blocks), ("kv_heads", kv_heads), batch,
                               heads_together)
-    probed_shape = q.shape if layout == "rows" else (
-        batch * heads * strips * COMPUTE_WARPGROUPS, cols, share_cols)
-    probe_out = [jax.ShapeDtypeStruct(probed_shape, jnp.float32)] if probing else []
     call = plgpu.kernel(
         entry,
-        out_type=[jax.ShapeDtypeStruct(k.shape, dtype), jax.ShapeDtypeStruct(v.shape, dtype),
-                  *probe_out],
+        out_type=[jax.ShapeDtypeStruct(k.shape, dtype), jax.ShapeDtypeStruct(v.shape, dtype)],
         grid=grid,
         grid_names=names,
         num_threads=COMPUTE_WARPGROUPS + 1,
@@ -410,19 +323,7 @@ def _dkv(q, k, v, dout, lse, delta, geometry: Geometry, tables, scale, stages,
         compiler_params=plgpu.CompilerParams(approx_math=True),
         kernel_name="lcab_flex_dkv_mosaic",
     )
-    dk, dv, *_ = call(*walk_inputs(tables, "by_k"), q, k, v, dout, lse, delta)
-    return dk, dv
-
-
-def probe_chunk(layout, batch_index, head, strip, share, key_block, heads, strips, parts):
-    """The chunk of a "strips" or "rotated" probe buffer that a share
-    lands in: (batch, head, strip, share) in order, so each strip's shares
-    are side by side as in FA3's float32 dQ; "rotated" shifts the strip by
-    the program's key block (parts strips a block), so the programs that
-    walk the same strips in step (full's) add into different chunks."""
-    if layout == "rotated":
-        strip = lax.rem(strip + key_block * parts, strips)
-    return ((batch_index * heads + head) * strips + strip) * COMPUTE_WARPGROUPS + share
+    return call(*walk_inputs(tables, "by_k"), q, k, v, dout, lse, delta)
 
 
 def dkv_strip(k_smem, v_smem, q_part, do_part, lse_part, delta_part, dk, dv, mask, waits,

@@ -503,18 +503,6 @@ def _named_barrier(op: str, barrier: int):
     ptx()
 
 
-def named_barrier_at(op: str, barrier, threads: int):
-    """PTX bar.<op> on a named barrier whose number is computed in the
-    kernel (an int32 scalar, the same in every thread of the warpgroup),
-    for `threads` threads (a multiple of 32)."""
-    @plgpu.inline_mgpu(arg_types=(plgpu.Layout.WG_SPLAT,))
-    def ptx(_, barrier):
-        llvm.inline_asm(ir.Type.parse("!llvm.void"), [barrier.registers[()]],
-                        f"bar.{op} $0, {threads};", "r", has_side_effects=True)
-
-    ptx(barrier)
-
-
 def fold_visits(walk, row, body, state):
     """Fold body(step, block, j, carry) over plan row `row` of a walk's refs
     (Walk.arrays order): its full tiles (j None), then its partial tiles (j
