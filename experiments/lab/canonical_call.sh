@@ -28,8 +28,9 @@ export XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
   TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 
 # tokamax imports xprof only for a profiling helper LCAB never calls; its
-# wheel (32 MB) does not fit beside the others, so an empty module stands in,
-# in /tmp/site, where the wheels' install line puts them (on PYTHONPATH).
+# wheel (32 MB) does not fit beside the others (delete it from the wheel
+# folder before carrying that), so an empty module stands in, in
+# /tmp/site, where the wheels' install line puts them (on PYTHONPATH).
 if ! python3 -c "import xprof" 2>/dev/null; then
   stub=/tmp/site/xprof/cli/tools
   mkdir -p "$stub"
