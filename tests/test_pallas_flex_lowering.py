@@ -544,3 +544,74 @@ def test_each_pass_takes_its_own_launch_order_through_ops(monkeypatch, dkv_launc
     dkv = (kv_heads, blocks, batch) if dkv_launch == "heads_together" else (
         blocks, kv_heads, batch)
     assert sorted(launched) == sorted([rows, rows, dkv])  # forward, dQ, dK/dV
+
+
+def forward_module(monkeypatch, config, name="sliding_window_causal") -> str:
+    """The Mosaic forward's kernel as lowered for a GPU on the host, as text."""
+    modules = mosaic_modules(monkeypatch)
+    mosaic_forward_text(name, config=config)
+    assert len(modules) == 1
+    return str(modules[0].module)
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_the_forward_can_take_the_seen_half_of_a_partial_tile(monkeypatch, persistent):
+    """v32 (option forward_halves=seen): a partial tile's step is a switch
+    on the plan's quarter code between the whole tile (today's path) and
+    either 64-key half. A half's scores are 64 x 64 (8 wgmma k-steps of
+    m64n64k16 over head_dim 128, where the default has none) and its P @ V
+    takes K = 64 (4 steps of m64n128k16 instead of 8), and each half waits
+    for the barriers the whole tile's step waits for, once: V loaded and
+    the next K (mbarriers), and the turns (named barriers 4 and 5, each
+    arrived at and synced on once). It lowers on every family, per item and persistent."""
+    base = {"persistent": persistent, "programs": 3 if persistent else None}
+    default = forward_module(monkeypatch, mosaic_fwd_sm90.Config(**base))
+    halves = forward_module(monkeypatch, mosaic_fwd_sm90.Config(halves=True, **base))
+    assert default.count("m64n64k16") == 0
+    assert halves.count("m64n64k16") == 2 * 8
+    assert halves.count("m64n128k16") == default.count("m64n128k16") + 2 * 4
+    assert halves.count("mbarrier.try_wait") == default.count("mbarrier.try_wait") + 2 * 2
+    for turn in (f"bar.{op} {barrier}, 256;" for op in ("arrive", "sync") for barrier in (4, 5)):
+        assert halves.count(turn) == default.count(turn) + 2, turn
+    config = mosaic_fwd_sm90.Config(halves=True, **base)
+    for name in MASK_NAMES:
+        text = mosaic_forward_text(name, config=config)
+        assert text.count("stablehlo.custom_call @mosaic_gpu") == 1, name
+
+
+def test_the_halves_leave_other_key_blocks_as_they_are():
+    """The quarter codes split a tile at 64 keys: a 64- or 192-key plan's
+    forward is the same kernel with or without the option."""
+    for block_k in (64, mosaic_fwd_sm90.WIDE_BLOCK_K):
+        with_halves = mosaic_forward_text("causal_document", block_k=block_k,
+                                          config=mosaic_fwd_sm90.Config(halves=True))
+        assert with_halves == mosaic_forward_text("causal_document", block_k=block_k), block_k
+
+
+def test_a_warpgroup_takes_the_half_its_rows_see():
+    """half_step reads bits 2 * wg (first key half) and 2 * wg + 1 (second)
+    of the quarter code: both seen, the whole tile (0); the first or none,
+    the first half (1: a masked half adds nothing); the second alone, the
+    second half (2)."""
+    for code in range(16):
+        for wg in (0, 1):
+            first, second = code >> (2 * wg) & 1, code >> (2 * wg + 1) & 1
+            want = 0 if first and second else 2 if second else 1
+            assert int(mosaic_fwd_sm90.half_step(jnp.int32(code), jnp.int32(wg))) == want
+    # The causal diagonal (0b1101): the upper rows see the first keys only.
+    assert int(mosaic_fwd_sm90.half_step(jnp.int32(0b1101), jnp.int32(0))) == 1
+    assert int(mosaic_fwd_sm90.half_step(jnp.int32(0b1101), jnp.int32(1))) == 0
+
+
+def test_the_halves_option_reaches_the_mosaic_forward():
+    backend = registry.load_backend("jax.pallas_flex", {"forward_halves": "seen"})
+    assert backend.lowering.mosaic_forward.halves
+    assert backend.lowering.mosaic_forward_for(
+        make_plan(small_mask("causal", 300), 128, 128).geometry, jnp.bfloat16, 128).halves
+    assert not registry.load_backend("jax.pallas_flex", {}).lowering.mosaic_forward.halves
+    with pytest.raises(registry.Unavailable, match="choose one of all, seen"):
+        registry.load_backend("jax.pallas_flex", {"forward_halves": "some"})
+    # Where the Triton forward runs (here, a CPU), the row's note says the
+    # option went unused rather than label a default run "seen".
+    workload = Workload(1, 200, 200, 4, 2, 32, "float32", small_mask("causal", 200))
+    assert "forward_halves unused" in backend.mask_support(workload).how

@@ -195,3 +195,47 @@ def test_rows_launch_auto_starts_long_rows_head_after_head():
     assert rows(make_mask("full", 32768), "heads_together") == "heads_together"
     with pytest.raises(ValueError, match="auto, heads_together, head_major"):
         ops.Lowering(rows_launch="sideways")
+
+
+@pytest.mark.parametrize("name", MASK_NAMES)
+@pytest.mark.parametrize("blocks", [(16, 16), (32, 16), (128, 128)])
+def test_each_partial_tile_knows_which_quarters_the_mask_sees(name, blocks):
+    """The quarter codes (v32's forward halves) against the dense mask:
+    bit 2 * (query half) + (key half) set exactly where the quarter holds a
+    visible pair, in both walks, past the sequence's end included."""
+    mask = small_mask(name, 1000 if blocks == (128, 128) else 200)
+    plan = make_plan(mask, *blocks)
+    dense = np.zeros((plan.padded_q, plan.padded_k), bool)
+    dense[: mask.seqlen_q, : mask.seqlen_k] = mask.to_dense()
+    bq, bk = plan.block_q, plan.block_k
+    hq, hk = bq // 2, bk // 2
+
+    def expected(qb, kb):
+        tile = dense[qb * bq:(qb + 1) * bq, kb * bk:(kb + 1) * bk]
+        return sum(int(tile[u * hq:(u + 1) * hq, r * hk:(r + 1) * hk].any()) << (2 * u + r)
+                   for u in (0, 1) for r in (0, 1))
+
+    codes = set()
+    for qb in range(plan.num_q_blocks):
+        for j in range(plan.by_q.partials[qb]):
+            kb = plan.by_q.block[qb, j]
+            assert plan.by_q.quarters[qb, j] == expected(qb, kb), (qb, kb)
+            codes.add(int(plan.by_q.quarters[qb, j]))
+    for kb in range(plan.num_k_blocks):
+        for j in range(plan.by_k.partials[kb]):
+            qb = plan.by_k.block[kb, j]
+            assert plan.by_k.quarters[kb, j] == expected(qb, kb), (qb, kb)
+    assert 0 not in codes  # a visited tile holds a pair, so some quarter does
+    if name in ("causal", "sliding_window_causal") and blocks == (128, 128):
+        assert 0b1101 in codes  # the diagonal: the upper right quarter unseen
+
+
+def test_stacked_plans_carry_their_quarter_codes():
+    plans = [make_plan(small_mask(name, 300), 128, 128) for name in ("causal", "full_document")]
+    _, tables = stack_plans(plans)
+    for walk in (0, 1):
+        for rank, plan in enumerate(plans):
+            own = plan.tables()["quarters"][walk]
+            stacked = tables["quarters"][walk][rank]
+            assert np.array_equal(stacked[:, : own.shape[1]], own)
+            assert not stacked[:, own.shape[1]:].any()
