@@ -245,10 +245,10 @@ def test_options_choose_blocks_and_lowering_and_rows_say_so(tmp_path):
                                                         "forward_lowering": "triton"})
     assert backend.forward_blocks == (128, 32) and backend.lowering.forward == "triton"
     # Only what a user would choose is an option; the kernels' settings are
-    # their configs' constants (forward_halves: v32 while it is measured).
+    # their configs' constants.
     assert sorted(type(backend).options) == [
         "backward_block_k", "backward_block_q", "backward_lowering", "block_k", "block_q",
-        "dkv_launch", "dkv_split", "forward_grid", "forward_halves", "forward_lowering",
+        "dkv_launch", "dkv_split", "forward_grid", "forward_lowering",
         "rows_launch"]
     with pytest.raises(ValueError, match="its options: backward_block_k, backward_block_q"):
         type(backend).parse_options({"num_stages": "3"})
@@ -313,38 +313,3 @@ def test_the_wide_key_block_mosaic_forward_matches_the_reference(name):
     q, k, v, _ = inputs(1000, heads=(4, 2), head_dim=128, batch=1)
     plan = make_plan(mask, 128, mosaic_fwd_sm90.WIDE_BLOCK_K)
     assert_mosaic_forward_matches(mask, plan, Lowering(forward="mosaic"), q, k, v)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("name", ["causal", "causal_document", "full_document",
-                                  "sliding_window_causal", "share_question", "var_block_sparse"])
-@pytest.mark.parametrize("grid", ["per_item", "persistent"])
-def test_the_mosaic_forward_on_seen_halves_matches_the_reference(name, grid):
-    """v32 (forward_halves=seen) on a Hopper GPU at a length no block
-    divides: a warpgroup that takes only the seen 64-key half of a partial
-    tile gives the output and lse of the whole tile (the half it leaves
-    holds no pair), against the float64 reference and within a few bf16
-    steps of the default's."""
-    from jax_backends import _shared
-    from jax_backends.pallas_flex import mosaic_fwd_sm90
-
-    if problem := _shared.gpu_problem(capability=mosaic_fwd_sm90.SM90, exact=True):
-        pytest.skip(problem)
-    mask = small_mask(name, 1000)
-    q, k, v, _ = inputs(1000, heads=(4, 2), head_dim=128, batch=1)
-    plan = make_plan(mask, 128, 128)
-    args = [jnp.asarray(x, jnp.bfloat16) for x in (q, k, v)]
-    got = {}
-    for halves in (False, True):
-        lowering = Lowering(forward="mosaic", forward_grid=grid,
-                            mosaic_forward=mosaic_fwd_sm90.Config(halves=halves))
-        if halves:
-            assert_mosaic_forward_matches(mask, plan, lowering, q, k, v)
-        got[halves] = [np.asarray(x, np.float64) for x in jax.jit(
-            lambda q, k, v, lowering=lowering: flex_attention(q, k, v, plan, plan, lowering))(
-                *args)]
-    (out, lse), (half_out, half_lse) = got[False], got[True]
-    assert np.array_equal(np.isinf(lse), np.isinf(half_lse))
-    finite = ~np.isinf(lse)
-    np.testing.assert_allclose(half_lse[finite], lse[finite], atol=1e-4, rtol=0)
-    np.testing.assert_allclose(half_out, out, atol=0.02 * max(1.0, np.abs(out).max()), rtol=0)

@@ -48,13 +48,13 @@ ptxas_report() {
 
 # The one-GPU kernel helpers below (lab_start, pallas_flex_run, run, ab_rounds,
 # kernel_gpu_test, check_every_family, ptxas_report) serve clocks.sh,
-# rows_launch.sh, dkv_split.sh, forward_grid.sh, key_step.sh and
-# forward_halves.sh; earlier
+# rows_launch.sh, dkv_split.sh, forward_grid.sh and key_step.sh; earlier
 # scripts that used them left main with their options: forward_release.sh
 # is at commit a32f37e, dq_reduce_probe.sh at a32f37e (v19) and 90d886b
 # (v30, v31), one_pass.sh at 520f3a5,
 # dkv_strips.sh at 28b11ca, dq_grid.sh at 5e02067, dkv_loads.sh (its option
-# became the only order) at 74ef073, backward_quarters.sh at d1227e1.
+# became the only order) at 74ef073, backward_quarters.sh at d1227e1,
+# forward_halves.sh at a6824bf.
 
 # lab_start OUT COMMIT PART: a one-GPU lab script's arguments into out,
 # commit and part (a missing one exits with $usage), its environment, OUT.

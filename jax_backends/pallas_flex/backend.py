@@ -61,13 +61,10 @@ class PallasFlexBackend(Backend):
     # ("auto": the forward's by plan, dQ's heads together);
     # dkv_split the dK/dV programs a K/V head's block (head_split);
     # forward_grid the Mosaic forward's programs, one per item or one per SM
-    # ("auto" decides per plan; the Triton forward has one grid);
-    # forward_halves whether a Mosaic forward warpgroup takes a partial tile's
-    # one seen 64-key half alone: "all" (never) or "seen" (v32).
+    # ("auto" decides per plan; the Triton forward has one grid).
     options = {"block_q": int, "block_k": int, "backward_block_q": int,
                "backward_block_k": int, "forward_lowering": str, "backward_lowering": str,
-               "dkv_launch": str, "rows_launch": str, "dkv_split": str, "forward_grid": str,
-               "forward_halves": str}
+               "dkv_launch": str, "rows_launch": str, "dkv_split": str, "forward_grid": str}
     # dkv_split, forward_grid, rows_launch "auto" and the key block by plan
     # were measured on whole single-GPU passes, not on ring steps or CP
     # ranks' sub-masks: inside CP the dK/dV programs stay whole and the
@@ -102,8 +99,6 @@ class PallasFlexBackend(Backend):
                                               ("dkv_split", schedule.DKV_SPLITS),
                                               ("forward_grid", schedule.FORWARD_GRIDS))
                          if key in options}
-        halves = _choice(options, "forward_halves", mosaic_fwd_sm90.HALVES, "all")
-        self.mosaic_forward = mosaic_fwd_sm90.Config(halves=halves == "seen")
 
     @functools.cached_property
     def lowering(self) -> ops.Lowering:
@@ -114,7 +109,7 @@ class PallasFlexBackend(Backend):
         mosaic = "mosaic" in (forward, backward)
         return ops.Lowering(forward=forward, backward=backward,
                             interpret=_shared.interpret_mode() and not mosaic,
-                            mosaic_forward=self.mosaic_forward, **self.launches)
+                            **self.launches)
 
     @classmethod
     def environment_problem(cls) -> str | None:
@@ -164,11 +159,6 @@ class PallasFlexBackend(Backend):
         if workload.dtype == "float32" and not lowering.interpret:
             mode += ", float32 in TF32 matmuls"
         options = "".join(f"; {key}={value}" for key, value in self.set_options.items())
-        if ("forward_halves" in self.set_options and self.mosaic_forward.halves
-                and (chosen["forward"] == "Triton"
-                     or not self.mosaic_forward.uses_halves(forward_blocks[1]))):
-            options += (" (forward_halves unused: it is the Mosaic forward's, on "
-                        f"{2 * mosaic_fwd_sm90.HALF_TILE_KEYS}-key tiles)")
         return Support.yes(f"block plan from the mask's slices; GQA unrepeated; {mode}{options}")
 
     def probe_needs(self, workload: Workload) -> ProbeNeeds:

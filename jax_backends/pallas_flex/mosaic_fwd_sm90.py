@@ -60,11 +60,6 @@ _FAR = 1 << 30  # a diagonal offset no tile reaches: "no edge on this side"
 # measured best (mosaic_bwd_sm90; docs/pallas_flex.md, v12-v15).
 MASK_TESTS = ("bounds", "folded", "offset")
 FORWARD_MASK_TEST = "offset"
-# The backend's option forward_halves (Config.halves, v32): "all", a partial
-# tile's 128 keys computed by both warpgroups, or "seen", a warpgroup whose
-# 64 rows see only one 64-key half of it (the plan's quarter codes) takes
-# that half alone: half the scores, half of P @ V.
-HALVES = ("all", "seen")
 # Named barriers of the turns, one per compute warpgroup: Mosaic GPU takes
 # barrier 0 and one per warpgroup (1-3) for itself.
 _TURN_BARRIER = 4
@@ -88,8 +83,6 @@ _REDUCTION_SCRATCH = 2048
 # (FA3 steps 176 keys on masks that are neither causal nor local; wgmma
 # under the 128-byte swizzle takes K in groups of 64, so 176 cannot be.)
 WIDE_BLOCK_K = 192
-# The keys of a half tile (Config.halves): wgmma's K under the 128-byte swizzle.
-HALF_TILE_KEYS = 64
 
 
 def _reduction_scratch(block_k: int) -> int:
@@ -132,21 +125,12 @@ class Config:
     stages: int = 2  # shared-memory slots of the K/V ring
     persistent: bool = False
     programs: int | None = None
-    # v32: a partial tile's warpgroup that sees one 64-key half of it takes
-    # that half alone (HALVES "seen"); 128-key plans only (uses_halves).
-    halves: bool = False
 
     def __post_init__(self):
         if self.stages < 2:
             raise ValueError(f"stages={self.stages}: the K/V ring needs 2 or more")
         if self.programs is not None and self.programs < 1:
             raise ValueError(f"programs={self.programs}: a persistent grid needs 1 or more")
-
-    def uses_halves(self, block_k: int) -> bool:
-        """Whether the forward of `block_k`-key tiles takes halves: the
-        quarter codes split a tile at block_k / 2, and wgmma's 64-key steps
-        under the 128-byte swizzle fit a 128-key tile alone."""
-        return self.halves and block_k == HALF_TILE_KEYS * 2
 
 
 def problem(block_q: int, block_k: int, dtype, head_dim: int,
@@ -222,16 +206,13 @@ def forward(q, k, v, geometry: Geometry, tables, config: Config = Config(),
     rows = ROWS_PER_WARPGROUP
     dtype = q.dtype
     qk_scale = _LOG2E / math.sqrt(head_dim)
-    halves = config.uses_halves(block_k)
-    codes = [tables["quarters"][0]] if halves else []  # read only by partial tiles' halves
-    walk = [*tables["by_q"], *codes, tables["slice_ids"], tables["slices"]]
+    walk = [*tables["by_q"], tables["slice_ids"], tables["slices"]]
     q_blocks = geometry.num_q_blocks
     sms = (config.programs or streaming_multiprocessors()) if persistent else None
     items = WorkItems(q_blocks, heads, batch, heads_together, sms)
 
     def kernel(*refs):
         *walk_refs, ids, slices, q_ref, k_ref, v_ref, out_ref, lse_ref, scoped = refs
-        walk_refs, quarters = (walk_refs[:-1], walk_refs[-1]) if halves else (walk_refs, None)
         lo, hi, order = walk_refs[4], walk_refs[5], walk_refs[7]
         (q_smem2, k_smem, v_smem, lse_smem2, *staging), loaded, consumed = scoped
         o_smem2 = staging[0] if persistent else q_smem2  # the default stages out over Q
@@ -287,58 +268,43 @@ def forward(q, k, v, geometry: Geometry, tables, config: Config = Config(),
                     turns.start()
 
                 def visit(step, kb, j, carry):
+                    acc, m, l = carry
                     slot = slot_of(step)
 
                     # A partial tile's first slice, loaded before the matmul.
                     first = None if j is None else slice_bounds(ids, slices, lo[qi, j])
 
-                    def tile_step(key0, width, carry):
-                        """The step over the tile's keys [key0, key0 + width)."""
-                        acc, m, l = carry
-                        whole = width == block_k
-                        k_tile = k_smem.at[slot] if whole else k_smem.at[slot, pl.ds(key0, width)]
-                        v_tile = v_smem.at[slot] if whole else v_smem.at[slot, pl.ds(key0, width)]
+                    def scores(acc_ref):
+                        plgpu.wgmma(acc_ref, q_smem,
+                                    plgpu.transpose_ref(k_smem.at[slot], (1, 0)))
+                        turns.scores_issued()
+                        return acc_ref[...]
 
-                        def scores(acc_ref):
-                            plgpu.wgmma(acc_ref, q_smem, plgpu.transpose_ref(k_tile, (1, 0)))
-                            turns.scores_issued()
-                            return acc_ref[...]
-
-                        s = pl.run_scoped(scores, plgpu.ACC((rows, width), jnp.float32))
-                        plgpu.barrier_arrive(k_consumed.at[slot])
-                        if persistent:  # the item's last scores have read Q: load the next
-                            pl.when(step + 1 == end)(lambda: load_next_q(n))
-                        if j is not None:  # (no "+ 0" on the whole tile: today's IR)
-                            s = masked(s, first, ids, slices, lo[qi, j], hi[qi, j], row0,
-                                       kb * block_k + key0 if key0 else kb * block_k,
-                                       test=FORWARD_MASK_TEST)
-                        m_next = jnp.maximum(m, s.max(axis=1) * qk_scale)
-                        # Rows that have seen nothing yet only meet partial tiles.
-                        m_safe = m_next if j is None else jnp.where(m_next == -jnp.inf, 0.0,
-                                                                    m_next)
-                        alpha = jnp.exp2(m - m_safe)
-                        p = jnp.exp2(s * qk_scale - lax.broadcast_in_dim(m_safe, s.shape, [0]))
-                        acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
-                        l = l * alpha
-                        p16 = p.astype(dtype)
-                        if head_dim <= 128:  # FA3's order for small heads (measured in JAX's)
-                            l = l + p.sum(axis=1)
-                            acc, l, m_next, p16 = lax.optimization_barrier((acc, l, m_next, p16))
-                        turns.before_values(v_loaded.at[slot])
-                        if head_dim > 128:
-                            l = l + p.sum(axis=1)
-                        acc = accumulate(acc, p16, v_tile,
-                                         lambda: _wait_next(step, end, k_loaded, slot_of))
-                        plgpu.barrier_arrive(v_consumed.at[slot])
-                        return acc, m_next, l
-
-                    if j is None or not halves:
-                        return tile_step(0, block_k, carry)
-                    half = HALF_TILE_KEYS
-                    steps = (functools.partial(tile_step, 0, block_k),
-                             functools.partial(tile_step, 0, half),
-                             functools.partial(tile_step, half, half))
-                    return lax.switch(half_step(quarters[qi, j], wg), steps, carry)
+                    s = pl.run_scoped(scores, plgpu.ACC((rows, block_k), jnp.float32))
+                    plgpu.barrier_arrive(k_consumed.at[slot])
+                    if persistent:  # the item's last scores have read Q: load the next
+                        pl.when(step + 1 == end)(lambda: load_next_q(n))
+                    if j is not None:
+                        s = masked(s, first, ids, slices, lo[qi, j], hi[qi, j], row0,
+                                   kb * block_k, test=FORWARD_MASK_TEST)
+                    m_next = jnp.maximum(m, s.max(axis=1) * qk_scale)
+                    # Rows that have seen nothing yet only meet partial tiles.
+                    m_safe = m_next if j is None else jnp.where(m_next == -jnp.inf, 0.0, m_next)
+                    alpha = jnp.exp2(m - m_safe)
+                    p = jnp.exp2(s * qk_scale - lax.broadcast_in_dim(m_safe, s.shape, [0]))
+                    acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
+                    l = l * alpha
+                    p16 = p.astype(dtype)
+                    if head_dim <= 128:  # FA3's order for small heads (measured in JAX's kernel)
+                        l = l + p.sum(axis=1)
+                        acc, l, m_next, p16 = lax.optimization_barrier((acc, l, m_next, p16))
+                    turns.before_values(v_loaded.at[slot])
+                    if head_dim > 128:
+                        l = l + p.sum(axis=1)
+                    acc = accumulate(acc, p16, v_smem.at[slot],
+                                     lambda: _wait_next(step, end, k_loaded, slot_of))
+                    plgpu.barrier_arrive(v_consumed.at[slot])
+                    return acc, m_next, l
 
                 step, (acc, m, l) = fold_visits(walk_refs, qi, visit, (step0, (acc, m, l)))
                 if not persistent:
@@ -659,16 +625,6 @@ def in_range(c, start, stop, per_row=lambda x: x):
     width = jnp.maximum(stop - start, 0).astype(jnp.uint32)
     offset = (c - per_row(start)).astype(jnp.uint32)
     return offset < per_row(width)
-
-
-def half_step(code, wg):
-    """Which step a compute warpgroup takes over a partial tile whose
-    quarter code (plan.quarter_codes: bit 2 * query half + key half) is
-    `code`: 0 both key halves (the whole tile), 1 the first half alone
-    (also where its rows see neither: the masked half gives nothing), 2 the
-    second half alone. Its rows are the tile's query half `wg`."""
-    seen = lax.shift_right_logical(code, 2 * wg) & 3
-    return jnp.where(seen == 3, 0, jnp.where(seen == 2, 2, 1))
 
 
 def _wait_next(step, end, k_loaded, slot_of):

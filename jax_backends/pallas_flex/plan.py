@@ -52,11 +52,6 @@ class Walk:
     hi: np.ndarray
     partials: np.ndarray
     order: np.ndarray
-    # Per partial tile (as `block`), which of its four quarter tiles any of
-    # its slices sees: bit 2 * (query half) + (key half) (`quarter_codes`).
-    # Not among `arrays()`: only the Mosaic forward's halves (v32) read it, by_q's
-    # (v29's backward read by_k's too; it left main).
-    quarters: np.ndarray
 
     @property
     def full_visits(self) -> int:
@@ -132,8 +127,7 @@ class FlexPlan:
     def tables(self) -> dict[str, tuple[np.ndarray, ...] | np.ndarray]:
         """The integer arrays the kernels read (a pytree)."""
         return {"by_q": self.by_q.arrays(), "by_k": self.by_k.arrays(),
-                "slice_ids": self.slice_ids, "slices": self.slices,
-                "quarters": (self.by_q.quarters, self.by_k.quarters)}
+                "slice_ids": self.slice_ids, "slices": self.slices}
 
 
 def stack_plans(plans) -> tuple[Geometry, dict]:
@@ -161,7 +155,6 @@ def stack_plans(plans) -> tuple[Geometry, dict]:
         "by_k": tuple(map(stack, *(t["by_k"] for t in trees))),
         "slice_ids": stack(*(t["slice_ids"] for t in trees)),
         "slices": stack(*(t["slices"] for t in trees)),
-        "quarters": tuple(map(stack, *(t["quarters"] for t in trees))),
     }
 
 
@@ -179,15 +172,11 @@ def make_plan(mask: AttnMask, block_q: int, block_k: int) -> FlexPlan:
     slice_ids, starts, stops = _slices_of_tiles(table, partial_keys, block_q, block_k, nk)
     lo = np.zeros(len(tile_key), np.int64)
     hi = np.zeros(len(tile_key), np.int64)
-    quarters = np.zeros(len(tile_key), np.int64)
     lo[partial], hi[partial] = starts, stops
-    quarters[partial] = quarter_codes(table, slice_ids, starts, stops, qb[partial],
-                                      kb[partial], block_q, block_k)
 
-    by_q = _walk(qb, kb, partial, lo, hi, quarters, nq)
+    by_q = _walk(qb, kb, partial, lo, hi, nq)
     order = np.lexsort((qb, kb))
-    by_k = _walk(kb[order], qb[order], partial[order], lo[order], hi[order], quarters[order],
-                 nk)
+    by_k = _walk(kb[order], qb[order], partial[order], lo[order], hi[order], nk)
     dkv_work = _work((by_k.run_stop - by_k.run_start).sum(axis=1), by_k.partials)
     row_tiles = np.bincount(qb, minlength=nq)
     walking = row_tiles[row_tiles > 0]
@@ -208,7 +197,7 @@ def _padded(values: np.ndarray) -> np.ndarray:
     return out
 
 
-def _walk(outer, inner, partial, lo, hi, quarters, n_outer) -> Walk:
+def _walk(outer, inner, partial, lo, hi, n_outer) -> Walk:
     """A Walk from tiles sorted by (outer, inner)."""
     full = ~partial
     f_outer, f_inner = outer[full], inner[full]
@@ -217,11 +206,11 @@ def _walk(outer, inner, partial, lo, hi, quarters, n_outer) -> Walk:
     first = np.flatnonzero(starts_run)
     last = np.append(first[1:], len(f_outer))[: len(first)] - 1  # no full tiles: none
     run_start, run_stop, runs = _rows(f_outer[first], n_outer, f_inner[first], f_inner[last] + 1)
-    block, p_lo, p_hi, p_quarters, partials = _rows(outer[partial], n_outer, inner[partial],
-                                                    lo[partial], hi[partial], quarters[partial])
+    block, p_lo, p_hi, partials = _rows(outer[partial], n_outer, inner[partial], lo[partial],
+                                        hi[partial])
     work = _work(np.bincount(f_outer, minlength=n_outer), partials)
     return Walk(run_start, run_stop, runs, block, p_lo, p_hi, partials,
-                np.argsort(-work, kind="stable").astype(np.int32), p_quarters)
+                np.argsort(-work, kind="stable").astype(np.int32))
 
 
 # A partial tile costs more than a full one (its element mask is built from
@@ -248,27 +237,6 @@ def _rows(owner, n_outer, *values):
         table[owner, position] = value
         tables.append(table)
     return (*tables, count)
-
-
-def quarter_codes(table, slice_ids, starts, stops, q_blocks, k_blocks, block_q: int,
-                  block_k: int) -> np.ndarray:
-    """For each tile (q_blocks[i], k_blocks[i]) with slices
-    slice_ids[starts[i]:stops[i]], a 4-bit code of the quarter tiles
-    (block_q / 2 x block_k / 2) in which any of them sees a pair, exactly:
-    bit 2 * (query half) + (key half). A quarter past the sequence is
-    unseen."""
-    tile = np.repeat(np.arange(len(starts)), stops - starts)
-    rows = table[slice_ids[: len(tile)]]
-    half_q, half_k = block_q // 2, block_k // 2
-    codes = np.zeros(len(starts), np.int64)
-    for upper in (0, 1):
-        for right in (0, 1):
-            row0 = q_blocks[tile] * block_q + upper * half_q
-            col0 = k_blocks[tile] * block_k + right * half_k
-            seen = slices_lib.visible_counts(rows, row0, row0 + half_q, col0, col0 + half_k)
-            tile_seen = np.bincount(tile, weights=seen, minlength=len(starts)) > 0
-            codes |= tile_seen.astype(np.int64) << (2 * upper + right)
-    return codes
 
 
 def _slices_of_tiles(table, tile_keys, block_q, block_k, nk):
