@@ -245,10 +245,10 @@ def test_options_choose_blocks_and_lowering_and_rows_say_so(tmp_path):
                                                         "forward_lowering": "triton"})
     assert backend.forward_blocks == (128, 32) and backend.lowering.forward == "triton"
     # Only what a user would choose is an option; the kernels' settings are
-    # their configs' constants.
+    # their configs' constants (forward_overlap: v33 while it is measured).
     assert sorted(type(backend).options) == [
         "backward_block_k", "backward_block_q", "backward_lowering", "block_k", "block_q",
-        "dkv_launch", "dkv_split", "forward_grid", "forward_lowering",
+        "dkv_launch", "dkv_split", "forward_grid", "forward_lowering", "forward_overlap",
         "rows_launch"]
     with pytest.raises(ValueError, match="its options: backward_block_k, backward_block_q"):
         type(backend).parse_options({"num_stages": "3"})
@@ -263,11 +263,14 @@ def test_block_sizes_must_be_triton_tiles():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("programs", [1, 3, None])
-def test_the_persistent_mosaic_forward_matches_the_reference_across_empty_items(programs):
+@pytest.mark.parametrize("overlap", [False, True])
+def test_the_persistent_mosaic_forward_matches_the_reference_across_empty_items(programs,
+                                                                               overlap):
     """v23's grid on a Hopper GPU: q blocks that see nothing (a CP rank's
     ring step has them) between and after ones that do, one program
     walking every item or a few dealing them out; its output and lse
-    against the float64 reference, bf16 tolerance."""
+    against the float64 reference, bf16 tolerance. With v33's overlap the
+    turns run on across items with and without visits."""
     from jax_backends import _shared
     from jax_backends.pallas_flex import mosaic_fwd_sm90
 
@@ -279,7 +282,7 @@ def test_the_persistent_mosaic_forward_matches_the_reference_across_empty_items(
                                  AttnSlice(768, 1024, 640, 1024, "causal")])
     q, k, v, _ = inputs(1024, heads=(4, 2), head_dim=128, batch=1)
     plan = make_plan(mask, 128, 128)
-    config = mosaic_fwd_sm90.Config(programs=programs)
+    config = mosaic_fwd_sm90.Config(programs=programs, overlap=overlap)
     lowering = Lowering(forward="mosaic", forward_grid="persistent", mosaic_forward=config)
     assert_mosaic_forward_matches(mask, plan, lowering, q, k, v)
 
@@ -313,3 +316,38 @@ def test_the_wide_key_block_mosaic_forward_matches_the_reference(name):
     q, k, v, _ = inputs(1000, heads=(4, 2), head_dim=128, batch=1)
     plan = make_plan(mask, 128, mosaic_fwd_sm90.WIDE_BLOCK_K)
     assert_mosaic_forward_matches(mask, plan, Lowering(forward="mosaic"), q, k, v)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["full", "causal", "causal_document", "full_document",
+                                  "sliding_window_causal", "share_question", "var_block_sparse"])
+@pytest.mark.parametrize("grid,block_k", [("per_item", 128), ("persistent", 128),
+                                          ("per_item", 192)])
+def test_the_overlapped_mosaic_forward_matches_the_reference(name, grid, block_k):
+    """v33 (forward_overlap=intra) on a Hopper GPU at a length no block
+    divides: a tile's softmax under the last tile's P @ V gives the
+    default's output and lse, against the float64 reference and within a
+    few bf16 steps of the default's (the same sums in the same order)."""
+    from jax_backends import _shared
+    from jax_backends.pallas_flex import mosaic_fwd_sm90
+
+    if problem := _shared.gpu_problem(capability=mosaic_fwd_sm90.SM90, exact=True):
+        pytest.skip(problem)
+    mask = small_mask(name, 1000)
+    q, k, v, _ = inputs(1000, heads=(4, 2), head_dim=128, batch=1)
+    plan = make_plan(mask, 128, block_k)
+    args = [jnp.asarray(x, jnp.bfloat16) for x in (q, k, v)]
+    got = {}
+    for overlap in (False, True):
+        lowering = Lowering(forward="mosaic", forward_grid=grid,
+                            mosaic_forward=mosaic_fwd_sm90.Config(overlap=overlap))
+        if overlap:
+            assert_mosaic_forward_matches(mask, plan, lowering, q, k, v)
+        got[overlap] = [np.asarray(x, np.float64) for x in jax.jit(
+            lambda q, k, v, lowering=lowering: flex_attention(q, k, v, plan, plan, lowering))(
+                *args)]
+    (out, lse), (overlap_out, overlap_lse) = got[False], got[True]
+    assert np.array_equal(np.isinf(lse), np.isinf(overlap_lse))
+    finite = ~np.isinf(lse)
+    np.testing.assert_allclose(overlap_lse[finite], lse[finite], atol=1e-4, rtol=0)
+    np.testing.assert_allclose(overlap_out, out, atol=0.02 * max(1.0, np.abs(out).max()), rtol=0)

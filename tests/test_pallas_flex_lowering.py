@@ -544,3 +544,68 @@ def test_each_pass_takes_its_own_launch_order_through_ops(monkeypatch, dkv_launc
     dkv = (kv_heads, blocks, batch) if dkv_launch == "heads_together" else (
         blocks, kv_heads, batch)
     assert sorted(launched) == sorted([rows, rows, dkv])  # forward, dQ, dK/dV
+
+
+def forward_module(monkeypatch, config, name="sliding_window_causal") -> str:
+    """The Mosaic forward's kernel as lowered for a GPU on the host, as text."""
+    modules = mosaic_modules(monkeypatch)
+    mosaic_forward_text(name, config=config)
+    assert len(modules) == 1
+    return str(modules[0].module)
+
+
+def wgmma_traffic(text: str) -> str:
+    """The kernel's wgmma groups, waits, turns and exponentials in program
+    order: C a committed group, W<n> a wait for at most n in flight, A/S a
+    turn barrier arrived at or synced on, E a run of exponentials."""
+    codes = {"commit": "C", "bar.arrive": "A", "bar.sync": "S", "ex2": "E"}
+    found = re.findall(r"wgmma\.(commit)\.group|wgmma\.wait\.group\.sync\.aligned (\d)"
+                       r"|(bar\.arrive|bar\.sync) [45]|(ex2)\.approx", text)
+    traffic = "".join(codes[commit or turn or ex2] if not wait else f"W{wait}"
+                      for commit, wait, turn, ex2 in found)
+    return re.sub(r"E+", "E", re.sub(r"A+", "A", re.sub(r"S+", "S", traffic)))
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_the_forward_can_run_a_tiles_softmax_under_the_last_p_at_v(monkeypatch, persistent):
+    """v33 (option forward_overlap=intra): in a visit after an item's
+    first, one turn issues the tile's scores and the last tile's P @ V
+    (two groups of 8 m64n128k16 steps each) and waits for the scores alone
+    (wait 1); the softmax's exponentials run before the wait for P @ V
+    (wait 0). The item's first visit issues its scores alone, and one more
+    turn after the last visit issues the last P @ V (8 steps). Each visit
+    waits for its own K tile and the last one's V tile, so the kernel waits
+    on as many mbarriers as the default. Lowers on every family."""
+    base = {"persistent": persistent, "programs": 3 if persistent else None}
+    default = forward_module(monkeypatch, mosaic_fwd_sm90.Config(**base))
+    overlap = forward_module(monkeypatch, mosaic_fwd_sm90.Config(overlap=True, **base))
+    # two visit bodies (full runs, partial tiles), each: first visit 8, later 16; last 8
+    assert default.count("m64n128k16") == 2 * 16
+    assert overlap.count("m64n128k16") == 2 * (8 + 16) + 8
+    assert overlap.count("mbarrier.try_wait") == default.count("mbarrier.try_wait")
+    assert "W1" not in wgmma_traffic(default)
+    later, first = "SCCAW1EW0", "CAW0E"  # a later visit's turn, then the first visit's
+    assert wgmma_traffic(overlap).count(later + first) == 2
+    assert wgmma_traffic(overlap).count("SCW0") == 1  # the last P @ V: a turn, no hand-over
+    config = mosaic_fwd_sm90.Config(overlap=True, **base)
+    for name in MASK_NAMES:
+        text = mosaic_forward_text(name, config=config)
+        assert text.count("stablehlo.custom_call @mosaic_gpu") == 1, name
+    for block_k in (64, mosaic_fwd_sm90.WIDE_BLOCK_K):  # one program per item at 192 keys
+        per_item = mosaic_fwd_sm90.Config(overlap=True)
+        assert mosaic_forward_text("causal_document", block_k=block_k, config=per_item) != \
+            mosaic_forward_text("causal_document", block_k=block_k), block_k
+
+
+def test_the_overlap_option_reaches_the_mosaic_forward():
+    backend = registry.load_backend("jax.pallas_flex", {"forward_overlap": "intra"})
+    assert backend.lowering.mosaic_forward.overlap
+    assert backend.lowering.mosaic_forward_for(
+        make_plan(small_mask("causal", 300), 128, 128).geometry, jnp.bfloat16, 128).overlap
+    assert not registry.load_backend("jax.pallas_flex", {}).lowering.mosaic_forward.overlap
+    with pytest.raises(registry.Unavailable, match="choose one of none, intra"):
+        registry.load_backend("jax.pallas_flex", {"forward_overlap": "some"})
+    # Where the Triton forward runs (here, a CPU), the row's note says the
+    # option went unused rather than label a default run "intra".
+    workload = Workload(1, 200, 200, 4, 2, 32, "float32", small_mask("causal", 200))
+    assert "forward_overlap unused" in backend.mask_support(workload).how

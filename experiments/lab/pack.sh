@@ -48,7 +48,8 @@ ptxas_report() {
 
 # The one-GPU kernel helpers below (lab_start, pallas_flex_run, run, ab_rounds,
 # kernel_gpu_test, check_every_family, ptxas_report) serve clocks.sh,
-# rows_launch.sh, dkv_split.sh, forward_grid.sh and key_step.sh; earlier
+# rows_launch.sh, dkv_split.sh, forward_grid.sh, key_step.sh and
+# forward_overlap.sh; earlier
 # scripts that used them left main with their options: forward_release.sh
 # is at commit a32f37e, dq_reduce_probe.sh at a32f37e (v19) and 90d886b
 # (v30, v31), one_pass.sh at 520f3a5,

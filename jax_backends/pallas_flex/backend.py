@@ -61,10 +61,13 @@ class PallasFlexBackend(Backend):
     # ("auto": the forward's by plan, dQ's heads together);
     # dkv_split the dK/dV programs a K/V head's block (head_split);
     # forward_grid the Mosaic forward's programs, one per item or one per SM
-    # ("auto" decides per plan; the Triton forward has one grid).
+    # ("auto" decides per plan; the Triton forward has one grid);
+    # forward_overlap whether a Mosaic forward warpgroup runs a tile's
+    # softmax under the last tile's P @ V: "none" or "intra" (v33, FA3's).
     options = {"block_q": int, "block_k": int, "backward_block_q": int,
                "backward_block_k": int, "forward_lowering": str, "backward_lowering": str,
-               "dkv_launch": str, "rows_launch": str, "dkv_split": str, "forward_grid": str}
+               "dkv_launch": str, "rows_launch": str, "dkv_split": str, "forward_grid": str,
+               "forward_overlap": str}
     # dkv_split, forward_grid, rows_launch "auto" and the key block by plan
     # were measured on whole single-GPU passes, not on ring steps or CP
     # ranks' sub-masks: inside CP the dK/dV programs stay whole and the
@@ -99,6 +102,8 @@ class PallasFlexBackend(Backend):
                                               ("dkv_split", schedule.DKV_SPLITS),
                                               ("forward_grid", schedule.FORWARD_GRIDS))
                          if key in options}
+        overlap = _choice(options, "forward_overlap", mosaic_fwd_sm90.OVERLAPS, "none")
+        self.mosaic_forward = mosaic_fwd_sm90.Config(overlap=overlap == "intra")
 
     @functools.cached_property
     def lowering(self) -> ops.Lowering:
@@ -109,7 +114,7 @@ class PallasFlexBackend(Backend):
         mosaic = "mosaic" in (forward, backward)
         return ops.Lowering(forward=forward, backward=backward,
                             interpret=_shared.interpret_mode() and not mosaic,
-                            **self.launches)
+                            mosaic_forward=self.mosaic_forward, **self.launches)
 
     @classmethod
     def environment_problem(cls) -> str | None:
@@ -159,6 +164,8 @@ class PallasFlexBackend(Backend):
         if workload.dtype == "float32" and not lowering.interpret:
             mode += ", float32 in TF32 matmuls"
         options = "".join(f"; {key}={value}" for key, value in self.set_options.items())
+        if self.mosaic_forward.overlap and chosen["forward"] == "Triton":
+            options += " (forward_overlap unused: it is the Mosaic forward's)"
         return Support.yes(f"block plan from the mask's slices; GQA unrepeated; {mode}{options}")
 
     def probe_needs(self, workload: Workload) -> ProbeNeeds:

@@ -125,12 +125,19 @@ class Config:
     stages: int = 2  # shared-memory slots of the K/V ring
     persistent: bool = False
     programs: int | None = None
+    # v33 (option forward_overlap=intra, unmeasured): FA3's overlap inside a
+    # warpgroup; a turn issues tile j's scores and tile j-1's P @ V
+    # together and the softmax of tile j runs while P @ V does (_Overlap).
+    overlap: bool = False
 
     def __post_init__(self):
         if self.stages < 2:
             raise ValueError(f"stages={self.stages}: the K/V ring needs 2 or more")
         if self.programs is not None and self.programs < 1:
             raise ValueError(f"programs={self.programs}: a persistent grid needs 1 or more")
+
+
+OVERLAPS = ("none", "intra")  # the backend's forward_overlap choices (Config.overlap)
 
 
 def problem(block_q: int, block_k: int, dtype, head_dim: int,
@@ -258,14 +265,32 @@ def forward(q, k, v, geometry: Geometry, tables, config: Config = Config(),
                                       plgpu.Layout.WGMMA.reduce(1))
                 l = plgpu.layout_cast(jnp.zeros((rows,), jnp.float32), plgpu.Layout.WGMMA.reduce(1))
 
-                @pl.when(visits > 0)
-                def _():
-                    plgpu.barrier_wait(k_loaded.at[slot_of(step0) if persistent else 0])
+                if not config.overlap:  # v33 waits for each visit's K tile in the visit
+                    @pl.when(visits > 0)
+                    def _():
+                        plgpu.barrier_wait(k_loaded.at[slot_of(step0) if persistent else 0])
 
                 if persistent:  # an item that sees nothing is done with its Q at once
                     pl.when(visits == 0)(lambda: load_next_q(n))
                 else:  # a persistent program's turns run on across its items
                     turns.start()
+
+                def scores_read(step):  # after a tile's scores: its K slot, the next Q
+                    plgpu.barrier_arrive(k_consumed.at[slot_of(step)])
+                    if persistent:  # the item's last scores have read Q: load the next
+                        pl.when(step + 1 == end)(lambda: load_next_q(n))
+
+                def softmax(s, j, first, kb, m, l):
+                    """v33's softmax of one tile's scores: (m_next, alpha, P in
+                    the input dtype, l rescaled and summed)."""
+                    if j is not None:
+                        s = masked(s, first, ids, slices, lo[qi, j], hi[qi, j], row0,
+                                   kb * block_k, test=FORWARD_MASK_TEST)
+                    m_next = jnp.maximum(m, s.max(axis=1) * qk_scale)
+                    m_safe = m_next if j is None else jnp.where(m_next == -jnp.inf, 0.0, m_next)
+                    alpha = jnp.exp2(m - m_safe)
+                    p = jnp.exp2(s * qk_scale - lax.broadcast_in_dim(m_safe, s.shape, [0]))
+                    return m_next, alpha, p.astype(dtype), l * alpha + p.sum(axis=1)
 
                 def visit(step, kb, j, carry):
                     acc, m, l = carry
@@ -306,7 +331,24 @@ def forward(q, k, v, geometry: Geometry, tables, config: Config = Config(),
                     plgpu.barrier_arrive(v_consumed.at[slot])
                     return acc, m_next, l
 
-                step, (acc, m, l) = fold_visits(walk_refs, qi, visit, (step0, (acc, m, l)))
+                if config.overlap:
+                    overlapped = _Overlap(
+                        q_smem=q_smem, k_smem=k_smem, v_smem=v_smem, k_loaded=k_loaded,
+                        v_loaded=v_loaded, k_consumed=k_consumed, v_consumed=v_consumed,
+                        turns=turns, slot_of=slot_of, first_step=step0, softmax=softmax,
+                        scores_read=scores_read)
+
+                    def visit_overlapped(step, kb, j, carry):
+                        first = None if j is None else slice_bounds(ids, slices, lo[qi, j])
+                        return overlapped.visit(step, kb, j, first, carry)
+
+                    p_none = plgpu.layout_cast(jnp.zeros((rows, block_k), dtype),
+                                               plgpu.Layout.WGMMA)
+                    step, carry = fold_visits(walk_refs, qi, visit_overlapped,
+                                              (step0, (acc, m, l, p_none)))
+                    acc, m, l = overlapped.last_values(visits > 0, step, carry)
+                else:
+                    step, (acc, m, l) = fold_visits(walk_refs, qi, visit, (step0, (acc, m, l)))
                 if not persistent:
                     turns.finish()
                 seen = l > 0
@@ -455,6 +497,99 @@ class WorkItems:
                       lambda n, step: body(n, self.item(program, n), step), jnp.int32(0))
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _Overlap:
+    """v33: FA3's overlap inside a compute warpgroup (its IntraWGOverlap,
+    on at head_dim 128 on every mask). A visit's turn on the tensor cores
+    issues tile j's scores and then tile j-1's P @ V; the warpgroup waits
+    for the scores alone (wgmma groups complete in order), runs tile j's
+    mask and softmax while P @ V runs, then waits for it and rescales the
+    output by tile j's alpha. The carry is (acc, m, l, P of the last
+    visit): acc and that P are both relative to m, so acc + P V scaled by
+    alpha is the output relative to the new max. An item's first visit
+    issues its scores alone; after its last, `last_values` takes one more
+    turn for the last P @ V. Each warpgroup syncs and arrives at the turn
+    barriers as often as without the overlap: a visit's one turn covers
+    [S_j, PV_(j-1)], the last P @ V's turn runs on into the next item's
+    first scores (or the end's hand-over, _Turns.finish)."""
+
+    q_smem: object
+    k_smem: object
+    v_smem: object
+    k_loaded: object
+    v_loaded: object
+    k_consumed: object
+    v_consumed: object
+    turns: _Turns
+    slot_of: object
+    first_step: object  # the item's first step (its first visit's)
+    softmax: object  # (s, j, first, kb, m, l) -> (m_next, alpha, p, l)
+    scores_read: object  # (step): release K's slot (and load the next Q)
+
+    def _scores(self, slot, s_ref):
+        plgpu.wgmma(s_ref, self.q_smem, plgpu.transpose_ref(self.k_smem.at[slot], (1, 0)))
+
+    def visit(self, step, kb, j, first, carry):
+        slot = self.slot_of(step)
+        plgpu.barrier_wait(self.k_loaded.at[slot])
+
+        def opening(carry):  # the item's first tile: its scores alone
+            acc, m, l, _ = carry
+
+            def scores(s_ref):
+                self._scores(slot, s_ref)
+                self.turns.scores_issued()
+                return s_ref[...]
+
+            s = pl.run_scoped(scores, plgpu.ACC(s_shape, jnp.float32))
+            self.scores_read(step)
+            m_next, _, p, l = self.softmax(s, j, first, kb, m, l)
+            return acc, m_next, l, p  # acc is still zero
+
+        def overlapped(carry):  # tile j's scores and softmax under tile j-1's P @ V
+            acc, m, l, p_last = carry
+            last = self.slot_of(step - 1)
+            plgpu.barrier_wait(self.v_loaded.at[last])
+            self.turns.take()
+
+            def both(refs):
+                acc_ref, m_ref, l_ref, p_ref, alpha_ref = refs
+
+                def issue(s_ref):
+                    self._scores(slot, s_ref)
+                    plgpu.wgmma(acc_ref, p_ref[...], self.v_smem.at[last])
+                    self.turns.scores_issued()
+                    return plgpu.wgmma_accumulator_load(s_ref, wait_n=1)
+
+                s = pl.run_scoped(issue, plgpu.ACC(s_shape, jnp.float32))
+                self.scores_read(step)
+                m_ref[...], alpha_ref[...], p_ref[...], l_ref[...] = self.softmax(
+                    s, j, first, kb, m, l)
+
+            # run_state's exit waits for P @ V; the softmax ran before it.
+            acc, m_next, l, p, alpha = pl.run_state(both)(
+                (plgpu.ACC.init(acc), m, l, p_last, m))
+            plgpu.barrier_arrive(self.v_consumed.at[last])
+            return acc * lax.broadcast_in_dim(alpha, acc.shape, [0]), m_next, l, p
+
+        s_shape = (carry[3].shape[0], carry[3].shape[1])
+        return lax.cond(step == self.first_step, opening, overlapped, carry)
+
+    def last_values(self, seen_any, step, carry):
+        """(acc, m, l) once the last visit's P @ V is added (`step`: the
+        step after the last visit; `seen_any`: the item had a visit)."""
+        def last_values(carry):
+            acc, m, l, p_last = carry
+            last = self.slot_of(step - 1)
+            plgpu.barrier_wait(self.v_loaded.at[last])
+            self.turns.take()
+            acc = accumulate(acc, p_last, self.v_smem.at[last])
+            plgpu.barrier_arrive(self.v_consumed.at[last])
+            return acc, m, l
+
+        return lax.cond(seen_any, last_values, lambda carry: carry[:3], carry)
+
+
 class _Turns:
     """How the two compute warpgroups take turns on the tensor cores, so
     one's softmax runs under the other's matmuls (module doc). Warpgroup 1
@@ -479,6 +614,10 @@ class _Turns:
     def scores_issued(self):
         """Right after the scores' matmul is issued."""
         self._hand_over()
+
+    def take(self):
+        """v33, before a turn's first matmul: our turn."""
+        self._await_turn()
 
     def before_values(self, v_loaded):
         """After the softmax, before P @ V: the V tile loaded, our turn."""
