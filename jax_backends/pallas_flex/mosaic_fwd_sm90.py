@@ -275,21 +275,28 @@ def forward(q, k, v, geometry: Geometry, tables, config: Config = Config(),
                 else:  # a persistent program's turns run on across its items
                     turns.start()
 
-                def scores_read(step):  # after a tile's scores: its K slot, the next Q
-                    plgpu.barrier_arrive(k_consumed.at[slot_of(step)])
+                def scores_read(slot, step):  # after a tile's scores: its K slot, the next Q
+                    plgpu.barrier_arrive(k_consumed.at[slot])
                     if persistent:  # the item's last scores have read Q: load the next
                         pl.when(step + 1 == end)(lambda: load_next_q(n))
 
-                def softmax(s, j, first, kb, m, l):
-                    """v33's softmax of one tile's scores: (m_next, alpha, P in
-                    the input dtype, l rescaled and summed)."""
+                def tile_softmax(s, j, first, kb, m):
+                    """A tile's scores (partial tiles masked) against the running
+                    max m: (m_next, alpha, P in float32)."""
                     if j is not None:
                         s = masked(s, first, ids, slices, lo[qi, j], hi[qi, j], row0,
                                    kb * block_k, test=FORWARD_MASK_TEST)
                     m_next = jnp.maximum(m, s.max(axis=1) * qk_scale)
+                    # Rows that have seen nothing yet only meet partial tiles.
                     m_safe = m_next if j is None else jnp.where(m_next == -jnp.inf, 0.0, m_next)
                     alpha = jnp.exp2(m - m_safe)
                     p = jnp.exp2(s * qk_scale - lax.broadcast_in_dim(m_safe, s.shape, [0]))
+                    return m_next, alpha, p
+
+                def softmax(s, j, first, kb, m, l):
+                    """v33's: (m_next, alpha, P in the input dtype, l rescaled
+                    and summed)."""
+                    m_next, alpha, p = tile_softmax(s, j, first, kb, m)
                     return m_next, alpha, p.astype(dtype), l * alpha + p.sum(axis=1)
 
                 def visit(step, kb, j, carry):
@@ -306,17 +313,8 @@ def forward(q, k, v, geometry: Geometry, tables, config: Config = Config(),
                         return acc_ref[...]
 
                     s = pl.run_scoped(scores, plgpu.ACC((rows, block_k), jnp.float32))
-                    plgpu.barrier_arrive(k_consumed.at[slot])
-                    if persistent:  # the item's last scores have read Q: load the next
-                        pl.when(step + 1 == end)(lambda: load_next_q(n))
-                    if j is not None:
-                        s = masked(s, first, ids, slices, lo[qi, j], hi[qi, j], row0,
-                                   kb * block_k, test=FORWARD_MASK_TEST)
-                    m_next = jnp.maximum(m, s.max(axis=1) * qk_scale)
-                    # Rows that have seen nothing yet only meet partial tiles.
-                    m_safe = m_next if j is None else jnp.where(m_next == -jnp.inf, 0.0, m_next)
-                    alpha = jnp.exp2(m - m_safe)
-                    p = jnp.exp2(s * qk_scale - lax.broadcast_in_dim(m_safe, s.shape, [0]))
+                    scores_read(slot, step)
+                    m_next, alpha, p = tile_softmax(s, j, first, kb, m)
                     acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
                     l = l * alpha
                     p16 = p.astype(dtype)
@@ -524,7 +522,7 @@ class _Overlap:
     slot_of: object
     first_step: object  # the item's first step (its first visit's)
     softmax: object  # (s, j, first, kb, m, l) -> (m_next, alpha, p, l)
-    scores_read: object  # (step): release K's slot (and load the next Q)
+    scores_read: object  # (slot, step): release K's slot (and load the next Q)
 
     def _scores(self, slot, s_ref):
         plgpu.wgmma(s_ref, self.q_smem, plgpu.transpose_ref(self.k_smem.at[slot], (1, 0)))
@@ -542,7 +540,7 @@ class _Overlap:
                 return s_ref[...]
 
             s = pl.run_scoped(scores, plgpu.ACC(s_shape, jnp.float32))
-            self.scores_read(step)
+            self.scores_read(slot, step)
             m_next, _, p, l = self.softmax(s, j, first, kb, m, l)
             return acc, m_next, l, p  # acc is still zero
 
@@ -562,7 +560,7 @@ class _Overlap:
                     return plgpu.wgmma_accumulator_load(s_ref, wait_n=1)
 
                 s = pl.run_scoped(issue, plgpu.ACC(s_shape, jnp.float32))
-                self.scores_read(step)
+                self.scores_read(slot, step)
                 m_ref[...], alpha_ref[...], p_ref[...], l_ref[...] = self.softmax(
                     s, j, first, kb, m, l)
 
