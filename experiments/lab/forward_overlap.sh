@@ -12,12 +12,17 @@
 # its spills first: about 192 registers a thread are live at 128 keys,
 # about 256 at 192); ab: none and intra in turn (two rounds,
 # LCAB_LAB_ROUNDS), forward, full, causal, causal_document and
-# sliding_window_causal at 16k and 32k; short: the same at 2k. Each run
+# sliding_window_causal at 16k and 32k; short: the same at 2k; keys128:
+# none and intra on full and causal at 32k with 128-key steps forced
+# (block_k=128), where the default steps 192 keys (v26): if intra spills
+# at 192 keys, ab's 32k rows measure the spills, and this part the
+# overlap alone (the GPU tests' 192-key kernels are in check's ptxas
+# report, the 1k runs' are all 128-key ones). Each run
 # writes OUT/<name>/ and its .log, packed into OUT/rows.tgz after each;
 # the last lines are one short table per run. LCAB_LAB_SEQLENS narrows the
 # lengths where a call's ten minutes would not hold them all.
 #
-#   experiments/lab/forward_overlap.sh OUT COMMIT check|ab|short
+#   experiments/lab/forward_overlap.sh OUT COMMIT check|ab|short|keys128
 #
 # COMMIT: the full hash, written out (experiments/README.md says why).
 #
@@ -31,13 +36,14 @@
 # every mask and short loses nowhere by more than 0.5 %; else it leaves
 # main with its rows.
 set -uo pipefail
-usage="usage: $0 OUT COMMIT check|ab|short"
+usage="usage: $0 OUT COMMIT check|ab|short|keys128"
 source "$(dirname "$0")/pack.sh"
 lab_start "$@"
 masks=full,causal,causal_document,sliding_window_causal
 case $part in
   check)
-    kernel_gpu_test "overlapped or empty_items" 300
+    MOSAIC_GPU_DUMP_PTXAS=1 kernel_gpu_test "overlapped or empty_items" 300
+    ptxas_report "$out" gpu-test
     check_every_family check-intra forward_overlap=intra ;;
   ab)
     ab_rounds forward_overlap "${LCAB_LAB_SECONDS:-120}" "none intra" --directions=fwd \
@@ -45,6 +51,14 @@ case $part in
   short)
     ab_rounds forward_overlap "${LCAB_LAB_SECONDS:-100}" "none intra" --directions=fwd \
       "--seqlens=${LCAB_LAB_SEQLENS:-2k}" --masks=$masks ;;
+  keys128)
+    for round in ${LCAB_LAB_ROUNDS:-1 2}; do
+      for value in none intra; do
+        run "$value-keys128-$round" "${LCAB_LAB_SECONDS:-100}" --directions=fwd \
+          --seqlens=32k --masks=full,causal \
+          "--backend_options=jax.pallas_flex:forward_overlap=$value,jax.pallas_flex:block_k=128"
+      done
+    done ;;
   *) echo "$usage" >&2; exit 2 ;;
 esac
 summaries "$out"
