@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import pytest
 
 from jax_backends import _shared
-from jax_backends.pallas_flex import mosaic_bwd_sm90, mosaic_fwd_sm90
+from jax_backends.pallas_flex import mosaic_bwd_sm90, mosaic_fwd_sm90, mosaic_walk
 from jax_backends.pallas_flex.ops import Lowering, flex_attention
 from jax_backends.pallas_flex.plan import make_plan
 from lcab import registry
@@ -127,7 +127,7 @@ def test_a_persistent_grid_takes_every_item_once_in_launch_order(heads_together,
         # the eighth round runs backwards: its two items go to the last programs
         assert taken[2] == [2, 5, 10, 13, 18, 21, 26, 29]
         assert taken[3] == [3, 4, 11, 12, 19, 20, 27, 28]
-    grid, names = mosaic_fwd_sm90.launch_grid(("q_seq", q_blocks), ("heads", heads), batch,
+    grid, names = mosaic_walk.launch_grid(("q_seq", q_blocks), ("heads", heads), batch,
                                               heads_together)
     launched = [dict(zip(names, index)) for index in itertools.product(*map(range, grid))]
     assert [tuple(int(x) for x in items.where(jnp.int32(i))) for i in range(items.count)] == [

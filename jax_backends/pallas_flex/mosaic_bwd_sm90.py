@@ -15,7 +15,7 @@ Two kernels over one FlexPlan of 128 x 128 tiles, as the Triton backward
   Per tile, transposed so the key rows stay the wgmma's M: S^T = K Q^T,
   P^T, dV += P^T dO, dP^T = V dO^T, dK += dS^T Q.
 
-Partial tiles are masked as in the Mosaic forward (mosaic_fwd_sm90.masked,
+Partial tiles are masked as in the Mosaic forward (mosaic_walk.masked,
 one column range per row and slice). Needs bf16 or f16, head_dim 64 or
 128 (shared memory) and a 128 x 128 plan (`problem`). Like the forward it
 has no CPU run; the tests lower it to Mosaic GPU's MLIR.
@@ -34,7 +34,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from jax_backends.pallas_flex import head_split
-from jax_backends.pallas_flex.mosaic_fwd_sm90 import (
+from jax_backends.pallas_flex.mosaic_walk import (
     COMPUTE_WARPGROUPS,
     ROWS_PER_WARPGROUP,
     accumulate,
@@ -57,7 +57,7 @@ PARTS = (1, 2)  # strips per tile (Config.parts)
 # 2 x 128 x 240 + 128 x 24 of the SM's 64k, FA3's split). Timed alone on
 # a GPU, dK/dV was faster so than with 232 / 40 (docs/pallas_flex.md).
 DKV_REGISTERS = (240, 24)
-# How each kernel tests a partial tile's elements (mosaic_fwd_sm90.MASK_TESTS;
+# How each kernel tests a partial tile's elements (mosaic_walk.MASK_TESTS;
 # docs/pallas_flex.md, v12 and v14). dQ: "bounds"; the forward's "offset"
 # cost the backward 2-3 % on causal documents. dK/dV: "folded", its tile's
 # first column taken off the row's bounds once per row instead of added to
