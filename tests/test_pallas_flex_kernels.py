@@ -245,11 +245,12 @@ def test_options_choose_blocks_and_lowering_and_rows_say_so(tmp_path):
                                                         "forward_lowering": "triton"})
     assert backend.forward_blocks == (128, 32) and backend.lowering.forward == "triton"
     # Only what a user would choose is an option; the kernels' settings are
-    # their configs' constants (forward_overlap: v33 while it is measured).
+    # their configs' constants (forward_overlap and forward_registers: v33
+    # and its register split while they are measured).
     assert sorted(type(backend).options) == [
         "backward_block_k", "backward_block_q", "backward_lowering", "block_k", "block_q",
         "dkv_launch", "dkv_split", "forward_grid", "forward_lowering", "forward_overlap",
-        "rows_launch"]
+        "forward_registers", "rows_launch"]
     with pytest.raises(ValueError, match="its options: backward_block_k, backward_block_q"):
         type(backend).parse_options({"num_stages": "3"})
     with pytest.raises(ValueError, match="block_k='big' is not a int"):
@@ -351,3 +352,24 @@ def test_the_overlapped_mosaic_forward_matches_the_reference(name, grid, block_k
     finite = ~np.isinf(lse)
     np.testing.assert_allclose(overlap_lse[finite], lse[finite], atol=1e-4, rtol=0)
     np.testing.assert_allclose(overlap_out, out, atol=0.02 * max(1.0, np.abs(out).max()), rtol=0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["full", "causal_document", "sliding_window_causal"])
+@pytest.mark.parametrize("grid,block_k", [("persistent", 128), ("per_item", 192)])
+@pytest.mark.parametrize("overlap", [False, True])
+def test_the_forward_with_fa3s_register_split_matches_the_reference(name, grid, block_k,
+                                                                     overlap):
+    """forward_registers=240 (240 / 24 registers a thread) on a Hopper GPU,
+    with and without v33's overlap, against the float64 reference."""
+    from jax_backends import _shared
+    from jax_backends.pallas_flex import mosaic_fwd_sm90
+
+    if problem := _shared.gpu_problem(capability=mosaic_fwd_sm90.SM90, exact=True):
+        pytest.skip(problem)
+    mask = small_mask(name, 1000)
+    q, k, v, _ = inputs(1000, heads=(4, 2), head_dim=128, batch=1)
+    config = mosaic_fwd_sm90.Config(overlap=overlap, registers=(240, 24))
+    assert_mosaic_forward_matches(mask, make_plan(mask, 128, block_k),
+                                  Lowering(forward="mosaic", forward_grid=grid,
+                                           mosaic_forward=config), q, k, v)

@@ -597,6 +597,31 @@ def test_the_forward_can_run_a_tiles_softmax_under_the_last_p_at_v(monkeypatch, 
             mosaic_forward_text("causal_document", block_k=block_k), block_k
 
 
+@pytest.mark.parametrize("persistent", [False, True])
+def test_the_forward_takes_the_register_split_asked_for(monkeypatch, persistent):
+    """forward_registers: the compute warpgroups raise their registers to
+    the split's first count and the memory warpgroup lowers its own to the
+    second (232 / 40 by default, FA3's 240 / 24 asked for), on either grid;
+    nothing else in the kernel changes."""
+    base = {"persistent": persistent, "programs": 3 if persistent else None}
+    default = forward_module(monkeypatch, mosaic_fwd_sm90.Config(**base))
+    fa3 = forward_module(monkeypatch, mosaic_fwd_sm90.Config(registers=(240, 24), **base))
+    counts = lambda text: sorted(re.findall(r"setmaxregister (\w+ \d+)", text))
+    assert counts(default) == ["decrease 40", "increase 232"]
+    assert counts(fa3) == ["decrease 24", "increase 240"]
+    assert re.sub(r"setmaxregister \w+ \d+", "", default) == \
+        re.sub(r"setmaxregister \w+ \d+", "", fa3)
+    with pytest.raises(ValueError, match="registers=\\(256, 24\\): choose one of"):
+        mosaic_fwd_sm90.Config(registers=(256, 24))
+    backend = registry.load_backend("jax.pallas_flex", {"forward_registers": "240"})
+    assert backend.lowering.mosaic_forward_for(
+        make_plan(small_mask("causal", 300), 128, 128).geometry, jnp.bfloat16,
+        128).registers == (240, 24)
+    assert registry.load_backend("jax.pallas_flex", {}).mosaic_forward.registers == (232, 40)
+    with pytest.raises(registry.Unavailable, match="choose one of 232, 240"):
+        registry.load_backend("jax.pallas_flex", {"forward_registers": "256"})
+
+
 def test_the_overlap_option_reaches_the_mosaic_forward():
     backend = registry.load_backend("jax.pallas_flex", {"forward_overlap": "intra"})
     assert backend.lowering.mosaic_forward.overlap
@@ -609,3 +634,6 @@ def test_the_overlap_option_reaches_the_mosaic_forward():
     # option went unused rather than label a default run "intra".
     workload = Workload(1, 200, 200, 4, 2, 32, "float32", small_mask("causal", 200))
     assert "forward_overlap unused" in backend.mask_support(workload).how
+    both = registry.load_backend("jax.pallas_flex", {"forward_overlap": "intra",
+                                                     "forward_registers": "240"})
+    assert "(forward_overlap, forward_registers unused" in both.mask_support(workload).how

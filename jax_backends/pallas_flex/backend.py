@@ -64,10 +64,12 @@ class PallasFlexBackend(Backend):
     # ("auto" decides per plan; the Triton forward has one grid);
     # forward_overlap whether a Mosaic forward warpgroup runs a tile's
     # softmax under the last tile's P @ V: "none" or "intra" (v33, FA3's).
+    # forward_registers: the Mosaic forward's compute warpgroups' registers a
+    # thread, "232" (the memory warpgroup 40) or "240" (24: FA3's split).
     options = {"block_q": int, "block_k": int, "backward_block_q": int,
                "backward_block_k": int, "forward_lowering": str, "backward_lowering": str,
                "dkv_launch": str, "rows_launch": str, "dkv_split": str, "forward_grid": str,
-               "forward_overlap": str}
+               "forward_overlap": str, "forward_registers": str}
     # dkv_split, forward_grid, rows_launch "auto" and the key block by plan
     # were measured on whole single-GPU passes, not on ring steps or CP
     # ranks' sub-masks: inside CP the dK/dV programs stay whole and the
@@ -103,7 +105,9 @@ class PallasFlexBackend(Backend):
                                               ("forward_grid", schedule.FORWARD_GRIDS))
                          if key in options}
         overlap = _choice(options, "forward_overlap", mosaic_fwd_sm90.OVERLAPS, "none")
-        self.mosaic_forward = mosaic_fwd_sm90.Config(overlap=overlap == "intra")
+        registers = _choice(options, "forward_registers", mosaic_fwd_sm90.REGISTER_SPLITS, "232")
+        self.mosaic_forward = mosaic_fwd_sm90.Config(
+            overlap=overlap == "intra", registers=mosaic_fwd_sm90.REGISTER_SPLITS[registers])
 
     @functools.cached_property
     def lowering(self) -> ops.Lowering:
@@ -164,8 +168,10 @@ class PallasFlexBackend(Backend):
         if workload.dtype == "float32" and not lowering.interpret:
             mode += ", float32 in TF32 matmuls"
         options = "".join(f"; {key}={value}" for key, value in self.set_options.items())
-        if self.mosaic_forward.overlap and chosen["forward"] == "Triton":
-            options += " (forward_overlap unused: it is the Mosaic forward's)"
+        mosaic_only = [key for key in ("forward_overlap", "forward_registers")
+                       if key in self.set_options]
+        if mosaic_only and chosen["forward"] == "Triton":
+            options += f" ({', '.join(mosaic_only)} unused: the Mosaic forward's)"
         return Support.yes(f"block plan from the mask's slices; GQA unrepeated; {mode}{options}")
 
     def probe_needs(self, workload: Workload) -> ProbeNeeds:

@@ -128,15 +128,28 @@ class Config:
     # warpgroup; a turn issues tile j's scores and tile j-1's P @ V
     # together and the softmax of tile j runs while P @ V does (_Overlap).
     overlap: bool = False
+    # (compute, memory) registers a thread after setmaxnreg (option
+    # forward_registers): every row so far ran 232 / 40; FA3's forward takes
+    # 240 / 24 with two compute warpgroups, and v33's overlap holds two P
+    # tiles at once (about 256 live at 192 keys), so the 8 more may spare
+    # it spills. Unmeasured.
+    registers: tuple[int, int] = (232, 40)
 
     def __post_init__(self):
         if self.stages < 2:
             raise ValueError(f"stages={self.stages}: the K/V ring needs 2 or more")
+        if self.registers not in REGISTER_SPLITS.values():
+            raise ValueError(f"registers={self.registers}: choose one of "
+                             f"{', '.join(map(str, REGISTER_SPLITS.values()))}")
         if self.programs is not None and self.programs < 1:
             raise ValueError(f"programs={self.programs}: a persistent grid needs 1 or more")
 
 
 OVERLAPS = ("none", "intra")  # the backend's forward_overlap choices (Config.overlap)
+# The backend's forward_registers choices: the compute warpgroups' count,
+# and (Config.registers) with the memory warpgroup's; a thread's three
+# warpgroups share 65,536 registers (2 x 240 + 24 = 504 of 512 per lane).
+REGISTER_SPLITS = {"232": (232, 40), "240": (240, 24)}
 
 
 def problem(block_q: int, block_k: int, dtype, head_dim: int,
@@ -217,7 +230,7 @@ def forward(q, k, v, geometry: Geometry, tables, config: Config = Config(),
 
         @pl.when(wg < COMPUTE_WARPGROUPS)
         def _compute():
-            plgpu.set_max_registers(232, action="increase")
+            plgpu.set_max_registers(config.registers[0], action="increase")
             q_smem, o_smem, lse_smem = q_smem2.at[wg], o_smem2.at[wg], lse_smem2.at[wg]
 
             def load_q(row0, head, b):  # this warpgroup's Q rows of an item, by TMA
@@ -353,7 +366,7 @@ def forward(q, k, v, geometry: Geometry, tables, config: Config = Config(),
 
         @pl.when(wg == COMPUTE_WARPGROUPS)
         def _memory():
-            plgpu.set_max_registers(40, action="decrease")
+            plgpu.set_max_registers(config.registers[1], action="decrease")
             kv = ((k_ref, k_smem, k_loaded, k_consumed), (v_ref, v_smem, v_loaded, v_consumed))
 
             def feed_item(n, item, step):
