@@ -15,10 +15,10 @@ warpgroups walk the same row and mask the partial tiles' scores by the
 union of their slices.
 
 The backward is mosaic_bwd_sm90's; both walk the plan through
-mosaic_walk (fold_visits, masked, the K/V feeder). Needs bf16 or f16, head_dim a multiple
-of 64 (at most 256) and a plan of 128-row q blocks and 64-, 128- or (at
-head_dim 128 and below) 192-column kv blocks (`problem` says what does not
-fit).
+mosaic_walk (fold_visits, masked, the K/V feeder). Needs bf16 or f16,
+head_dim a multiple of 64 (at most 256) and a plan of 128-row q blocks
+and 64-, 128- or (at head_dim 128 and below) 192-column kv blocks
+(`problem` says what does not fit).
 It has no CPU path: Mosaic GPU's interpret mode (jax 0.10.2) lacks
 layout_cast and run_state and, with those patched out, hangs on this
 warp-specialised pattern (JAX's own attention_mgpu as well); on a CPU the
