@@ -541,8 +541,7 @@ class _Overlap:
         def overlapped(carry):  # tile j's scores and softmax under tile j-1's P @ V
             acc, m, l, p_last = carry
             last = self.slot_of(step - 1)
-            plgpu.barrier_wait(self.v_loaded.at[last])
-            self.turns.take()
+            self.turns.before_values(self.v_loaded.at[last])
 
             def both(refs):
                 acc_ref, m_ref, l_ref, p_ref, alpha_ref = refs
@@ -573,8 +572,7 @@ class _Overlap:
         def last_values(carry):
             acc, m, l, p_last = carry
             last = self.slot_of(step - 1)
-            plgpu.barrier_wait(self.v_loaded.at[last])
-            self.turns.take()
+            self.turns.before_values(self.v_loaded.at[last])
             acc = accumulate(acc, p_last, self.v_smem.at[last])
             plgpu.barrier_arrive(self.v_consumed.at[last])
             return acc, m, l
@@ -607,12 +605,10 @@ class _Turns:
         """Right after the scores' matmul is issued."""
         self._hand_over()
 
-    def take(self):
-        """v33, before a turn's first matmul: our turn."""
-        self._await_turn()
-
     def before_values(self, v_loaded):
-        """After the softmax, before P @ V: the V tile loaded, our turn."""
+        """Before a turn that issues P @ V (after the softmax; with v33's
+        overlap, before the next tile's scores too): the V tile loaded,
+        our turn."""
         plgpu.barrier_wait(v_loaded)
         self._await_turn()
 
