@@ -128,7 +128,7 @@ def test_a_persistent_grid_takes_every_item_once_in_launch_order(heads_together,
         assert taken[2] == [2, 5, 10, 13, 18, 21, 26, 29]
         assert taken[3] == [3, 4, 11, 12, 19, 20, 27, 28]
     grid, names = mosaic_walk.launch_grid(("q_seq", q_blocks), ("heads", heads), batch,
-                                              heads_together)
+                                          heads_together)
     launched = [dict(zip(names, index)) for index in itertools.product(*map(range, grid))]
     assert [tuple(int(x) for x in items.where(jnp.int32(i))) for i in range(items.count)] == [
         (at["q_seq"], at["heads"], at["batch"]) for at in launched]

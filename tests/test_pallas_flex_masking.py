@@ -37,7 +37,7 @@ def _dense(mask, test: str, transposed: bool, tile: int = 128) -> np.ndarray:
                 sees = (local >= (start - col0)[:, None]) & (local < (stop - col0)[:, None])
             else:
                 sees = mosaic_walk.in_range(local, start - col0, stop - col0,
-                                                lambda x: x[:, None])
+                                            lambda x: x[:, None])
             seen = seen | sees
         tiles.append(seen)
     return np.asarray(jnp.concatenate(tiles, axis=1))[:, :n_cols]
